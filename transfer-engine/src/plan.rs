@@ -1,0 +1,355 @@
+//! Transfer modes and the slice plan both ends derive from a transfer's description.
+//!
+//! Sender and receiver compute the same plan from the same inputs, so a data frame's `sequence` names its
+//! slice exactly and the receiver can check every field of a data header against what it expects.
+
+use std::ops::Range;
+
+use crate::Error;
+use crate::wire::MAX_PAYLOAD;
+
+/// Default slice size of packetized transfers: 64 KiB.
+pub const DEFAULT_SLICE_BYTES: u32 = 64 * 1024;
+/// Smallest slice allowed: below this, headers eat the link.
+pub const MIN_SLICE_BYTES: u32 = 256;
+/// Default smallest contiguous run that auto mode sends exclusive: 1 MiB.
+pub const DEFAULT_EXCLUSIVE_MIN_BYTES: u64 = 1 << 20;
+/// Largest unit auto mode makes of a contiguous run: 64 MiB.
+pub const AUTO_MAX_UNIT_BYTES: u64 = 64 << 20;
+
+/// How a transfer's bytes are cut into units on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransferMode {
+    /// Each block travels whole, as one unit on a channel reserved for it: simple and predictable.
+    Exclusive,
+    /// Blocks are cut into slices of at most `slice_bytes`, interleaved with other sessions, reassembled
+    /// out of order, each checksummed and acknowledged.
+    Packetized {
+        /// Largest slice, in bytes.
+        slice_bytes: u32,
+    },
+    /// Runs of blocks contiguous on both sides of at least `exclusive_min_bytes` travel exclusive (whole
+    /// blocks, merged up to 64 MiB a unit); the rest is packetized with `slice_bytes` slices.
+    Auto {
+        /// Largest slice of the packetized part.
+        slice_bytes: u32,
+        /// Smallest contiguous run sent exclusive.
+        exclusive_min_bytes: u64,
+    },
+}
+
+impl TransferMode {
+    /// Packetized with the default 64 KiB slices.
+    #[must_use]
+    pub fn packetized() -> Self {
+        TransferMode::Packetized {
+            slice_bytes: DEFAULT_SLICE_BYTES,
+        }
+    }
+
+    /// Auto with the default 64 KiB slices and 1 MiB exclusive threshold.
+    #[must_use]
+    pub fn auto() -> Self {
+        TransferMode::Auto {
+            slice_bytes: DEFAULT_SLICE_BYTES,
+            exclusive_min_bytes: DEFAULT_EXCLUSIVE_MIN_BYTES,
+        }
+    }
+
+    /// Short name: `exclusive`, `packetized` or `auto`.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            TransferMode::Exclusive => "exclusive",
+            TransferMode::Packetized { .. } => "packetized",
+            TransferMode::Auto { .. } => "auto",
+        }
+    }
+
+    /// Slice size of the packetized part (exclusive mode has none: whole blocks).
+    fn slice_bytes(&self) -> u32 {
+        match *self {
+            TransferMode::Exclusive => MAX_PAYLOAD,
+            TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
+                slice_bytes
+            }
+        }
+    }
+
+    pub(crate) fn validate(&self, block_bytes: u64) -> Result<(), Error> {
+        let slice = match *self {
+            TransferMode::Exclusive => None,
+            TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
+                Some(slice_bytes)
+            }
+        };
+        if let Some(slice) = slice {
+            if !(MIN_SLICE_BYTES..=MAX_PAYLOAD).contains(&slice) {
+                return Err(Error::InvalidRequest(format!(
+                    "slice of {slice} bytes is outside {MIN_SLICE_BYTES}..={MAX_PAYLOAD}"
+                )));
+            }
+        }
+        if !matches!(self, TransferMode::Packetized { .. }) && block_bytes > u64::from(MAX_PAYLOAD)
+        {
+            return Err(Error::InvalidRequest(format!(
+                "block of {block_bytes} bytes is larger than the {MAX_PAYLOAD}-byte exclusive unit limit: \
+                 use packetized mode"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One unit on the wire: a slice of a block, a whole block, or a run of whole contiguous blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unit {
+    /// Layer (absolute).
+    pub(crate) layer: u32,
+    /// Index of the first block in the transfer's block lists.
+    pub(crate) first: u32,
+    /// Number of blocks the unit touches.
+    pub(crate) blocks: u32,
+    /// Byte offset within the first block.
+    pub(crate) offset: u64,
+    /// Bytes.
+    pub(crate) len: u32,
+    /// Whether the unit travels exclusive (a whole block or run on a reserved channel).
+    pub(crate) exclusive: bool,
+}
+
+/// The units of one transfer, layer-major, and the map from blocks to the units that cover them.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    pub(crate) units: Vec<Unit>,
+    /// First layer transferred.
+    pub(crate) layer_start: u32,
+    /// Blocks per layer in the transfer.
+    pub(crate) blocks_per_layer: u32,
+    /// Number of units covering each slot (`slot = (layer - layer_start) * blocks_per_layer + index`).
+    pub(crate) units_per_slot: Vec<u32>,
+}
+
+impl Plan {
+    /// Cuts the blocks `src[i] -> dst[i]` of layers `layers`, each `block_bytes` long, into units.
+    pub(crate) fn build(
+        block_bytes: u64,
+        layers: Range<u32>,
+        src: &[u32],
+        dst: &[u32],
+        mode: TransferMode,
+    ) -> Result<Self, Error> {
+        mode.validate(block_bytes)?;
+        if src.len() != dst.len() {
+            return Err(Error::InvalidRequest(format!(
+                "{} source blocks but {} destination blocks",
+                src.len(),
+                dst.len()
+            )));
+        }
+        let blocks_per_layer = u32::try_from(src.len())
+            .map_err(|_| Error::InvalidRequest("too many blocks in one transfer".into()))?;
+        if blocks_per_layer == 0 || layers.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a transfer needs at least one layer and one block".into(),
+            ));
+        }
+        let slots = u64::from(layers.end - layers.start) * u64::from(blocks_per_layer);
+        let slots = usize::try_from(slots)
+            .map_err(|_| Error::InvalidRequest("transfer too large".into()))?;
+        let mut plan = Plan {
+            units: Vec::new(),
+            layer_start: layers.start,
+            blocks_per_layer,
+            units_per_slot: vec![0; slots],
+        };
+        for layer in layers {
+            let mut i = 0u32;
+            while i < blocks_per_layer {
+                let run = match mode {
+                    TransferMode::Exclusive => 1,
+                    TransferMode::Packetized { .. } => 0,
+                    TransferMode::Auto {
+                        exclusive_min_bytes,
+                        ..
+                    } => {
+                        let run = contiguous_run(src, dst, i as usize);
+                        if u64::from(run) * block_bytes >= exclusive_min_bytes {
+                            run
+                        } else {
+                            0
+                        }
+                    }
+                };
+                if run == 0 {
+                    plan.push_slices(layer, i, block_bytes, mode.slice_bytes());
+                    i += 1;
+                } else {
+                    plan.push_exclusive_run(layer, i, run, block_bytes);
+                    i += run;
+                }
+            }
+        }
+        u32::try_from(plan.units.len())
+            .map_err(|_| Error::InvalidRequest("more than 2^32 units: use larger slices".into()))?;
+        Ok(plan)
+    }
+
+    /// Slot index of block `index` of `layer`.
+    pub(crate) fn slot(&self, layer: u32, index: u32) -> usize {
+        ((layer - self.layer_start) as usize) * self.blocks_per_layer as usize + index as usize
+    }
+
+    /// Slots covered by `unit`.
+    pub(crate) fn slots(&self, unit: &Unit) -> Range<usize> {
+        let first = self.slot(unit.layer, unit.first);
+        first..first + unit.blocks as usize
+    }
+
+    /// Layer and block index of `slot`.
+    pub(crate) fn slot_position(&self, slot: usize) -> (u32, u32) {
+        let per = self.blocks_per_layer as usize;
+        (self.layer_start + (slot / per) as u32, (slot % per) as u32)
+    }
+
+    /// Number of layers.
+    pub(crate) fn layers(&self) -> u32 {
+        (self.units_per_slot.len() / self.blocks_per_layer as usize) as u32
+    }
+
+    fn push_slices(&mut self, layer: u32, index: u32, block_bytes: u64, slice_bytes: u32) {
+        let mut offset = 0;
+        while offset < block_bytes {
+            let len = (block_bytes - offset).min(u64::from(slice_bytes)) as u32;
+            self.push(Unit {
+                layer,
+                first: index,
+                blocks: 1,
+                offset,
+                len,
+                exclusive: false,
+            });
+            offset += u64::from(len);
+        }
+    }
+
+    fn push_exclusive_run(&mut self, layer: u32, first: u32, run: u32, block_bytes: u64) {
+        let per_unit = (AUTO_MAX_UNIT_BYTES / block_bytes).clamp(1, u64::from(u32::MAX)) as u32;
+        let mut done = 0;
+        while done < run {
+            let blocks = per_unit.min(run - done);
+            let len = (u64::from(blocks) * block_bytes) as u32;
+            self.push(Unit {
+                layer,
+                first: first + done,
+                blocks,
+                offset: 0,
+                len,
+                exclusive: true,
+            });
+            done += blocks;
+        }
+    }
+
+    fn push(&mut self, unit: Unit) {
+        for slot in self.slots(&unit) {
+            self.units_per_slot[slot] += 1;
+        }
+        self.units.push(unit);
+    }
+}
+
+/// Length of the run starting at `i` whose source and destination ids both go up by one each step.
+fn contiguous_run(src: &[u32], dst: &[u32], i: usize) -> u32 {
+    let mut n = 1;
+    while i + n < src.len()
+        && src[i + n - 1].checked_add(1) == Some(src[i + n])
+        && dst[i + n - 1].checked_add(1) == Some(dst[i + n])
+    {
+        n += 1;
+    }
+    n as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn total(plan: &Plan) -> u64 {
+        plan.units.iter().map(|u| u64::from(u.len)).sum()
+    }
+
+    #[test]
+    fn packetized_cuts_blocks_into_slices() {
+        let plan = Plan::build(
+            1000,
+            0..2,
+            &[0, 1],
+            &[5, 6],
+            TransferMode::Packetized { slice_bytes: 256 },
+        )
+        .unwrap();
+        assert_eq!(plan.units.len(), 2 * 2 * 4);
+        assert_eq!(total(&plan), 4000);
+        assert_eq!(plan.units[3].len, 1000 - 3 * 256);
+        assert!(plan.units_per_slot.iter().all(|&n| n == 4));
+    }
+
+    #[test]
+    fn exclusive_sends_whole_blocks() {
+        let plan =
+            Plan::build(4096, 3..5, &[0, 9, 2], &[1, 2, 3], TransferMode::Exclusive).unwrap();
+        assert_eq!(plan.units.len(), 6);
+        assert!(
+            plan.units
+                .iter()
+                .all(|u| u.exclusive && u.len == 4096 && u.blocks == 1)
+        );
+        assert_eq!(plan.slot_position(4), (4, 1));
+    }
+
+    #[test]
+    fn auto_merges_large_contiguous_runs_and_slices_the_rest() {
+        let mode = TransferMode::Auto {
+            slice_bytes: 1024,
+            exclusive_min_bytes: 8192,
+        };
+        // 0..4 -> 10..14 is contiguous on both sides (16 KiB); 7 -> 3 stands alone (4 KiB).
+        let plan = Plan::build(4096, 0..1, &[0, 1, 2, 3, 7], &[10, 11, 12, 13, 3], mode).unwrap();
+        assert_eq!(
+            plan.units[0],
+            Unit {
+                layer: 0,
+                first: 0,
+                blocks: 4,
+                offset: 0,
+                len: 16384,
+                exclusive: true
+            }
+        );
+        assert_eq!(plan.units.len(), 1 + 4);
+        assert!(
+            plan.units[1..]
+                .iter()
+                .all(|u| !u.exclusive && u.len == 1024)
+        );
+        assert_eq!(total(&plan), 5 * 4096);
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        assert!(Plan::build(1024, 0..1, &[0], &[0, 1], TransferMode::Exclusive).is_err());
+        assert!(Plan::build(1024, 0..1, &[], &[], TransferMode::Exclusive).is_err());
+        assert!(
+            Plan::build(
+                1024,
+                0..1,
+                &[0],
+                &[0],
+                TransferMode::Packetized { slice_bytes: 1 }
+            )
+            .is_err()
+        );
+        assert!(Plan::build(2 << 30, 0..1, &[0], &[0], TransferMode::Exclusive).is_err());
+    }
+}

@@ -1,0 +1,155 @@
+//! Pluggable policy: which mode a transfer uses, which traffic class it rides in, where a block should
+//! live and which to evict. The core ships trivial defaults; the `policy` crate has the real ones.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::TransferMode;
+
+/// Traffic classes, highest priority first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TrafficClass {
+    /// Tensor-parallel collectives and control: always first.
+    Collective,
+    /// KV a consumer is blocked on.
+    UrgentKv,
+    /// Prefetch and offload.
+    BulkKv,
+}
+
+impl TrafficClass {
+    /// Every class, highest priority first.
+    pub const ALL: [TrafficClass; 3] = [
+        TrafficClass::Collective,
+        TrafficClass::UrgentKv,
+        TrafficClass::BulkKv,
+    ];
+
+    /// Index in [`TrafficClass::ALL`].
+    #[must_use]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        self as u8
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(code)).copied()
+    }
+}
+
+/// What a policy may look at when deciding how a transfer travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferShape {
+    /// Total bytes.
+    pub bytes: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Blocks per layer.
+    pub blocks: u32,
+    /// Layers.
+    pub layers: u32,
+}
+
+/// Chooses a transfer's wire mode.
+pub trait ModePolicy: Send {
+    /// The mode for a transfer of this shape.
+    fn choose_mode(&self, shape: &TransferShape) -> TransferMode;
+}
+
+/// Chooses a transfer's traffic class.
+pub trait ClassPolicy: Send {
+    /// The class for a transfer of this shape.
+    fn choose_class(&self, shape: &TransferShape) -> TrafficClass;
+}
+
+/// Always the same mode.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedMode(pub TransferMode);
+
+impl ModePolicy for FixedMode {
+    fn choose_mode(&self, _: &TransferShape) -> TransferMode {
+        self.0
+    }
+}
+
+/// Always the same class.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedClass(pub TrafficClass);
+
+impl ClassPolicy for FixedClass {
+    fn choose_class(&self, _: &TransferShape) -> TrafficClass {
+        self.0
+    }
+}
+
+/// A memory tier, nearest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// GPU HBM.
+    Gpu,
+    /// Host DRAM.
+    Host,
+    /// Remote memory or SSD.
+    Remote,
+}
+
+/// A block's identity for tiering: a content key (see the `policy` crate's chained hashes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockKey(pub u64);
+
+/// A move the engine should carry out: `to == None` evicts the block from `from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TierMove {
+    /// The block.
+    pub key: BlockKey,
+    /// Where it is now.
+    pub from: Tier,
+    /// Where it goes, or `None` to drop it.
+    pub to: Option<Tier>,
+}
+
+/// Decides where blocks live. `now` is time since an epoch of the caller's choosing.
+pub trait TierPolicy {
+    /// A new block was stored (at the nearest tier); returns the moves that keep capacities.
+    fn on_insert(
+        &mut self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        request: u64,
+        now: Duration,
+    ) -> Vec<TierMove>;
+    /// A stored block was used by `request`; returns promotions and the demotions they cause.
+    fn on_access(&mut self, key: BlockKey, request: u64, now: Duration) -> Vec<TierMove>;
+    /// Where the block lives, if anywhere.
+    fn tier_of(&self, key: BlockKey) -> Option<Tier>;
+}
+
+/// The trivial default: every block stays on the GPU tier forever, nothing moves.
+#[derive(Debug, Default)]
+pub struct NoTiering {
+    blocks: BTreeMap<BlockKey, Tier>,
+}
+
+impl TierPolicy for NoTiering {
+    fn on_insert(
+        &mut self,
+        key: BlockKey,
+        _: Option<BlockKey>,
+        _: u64,
+        _: Duration,
+    ) -> Vec<TierMove> {
+        self.blocks.insert(key, Tier::Gpu);
+        Vec::new()
+    }
+
+    fn on_access(&mut self, _: BlockKey, _: u64, _: Duration) -> Vec<TierMove> {
+        Vec::new()
+    }
+
+    fn tier_of(&self, key: BlockKey) -> Option<Tier> {
+        self.blocks.get(&key).copied()
+    }
+}

@@ -1,0 +1,270 @@
+//! The receiving end of a session: checks every data header against the plan, tracks verified slices,
+//! acknowledges selectively, and reports blocks and layers as they complete.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::control::{encode_ranges, to_ranges};
+use crate::engine::Placement;
+use crate::plan::Plan;
+use crate::wire::{FrameKind, Header};
+use crate::{
+    BlockId, Body, Counters, Error, Event, KvLayout, Lane, PeerId, RegionId, Role, SessionId,
+    TrafficClass, Transmit,
+};
+
+/// Most ack ranges in one frame.
+const MAX_ACK_RANGES: usize = 8192;
+
+/// What a receiver needs to be created (checked by the engine against its regions first).
+#[derive(Debug)]
+pub(crate) struct ReceiverSpec {
+    pub(crate) id: SessionId,
+    pub(crate) peer: PeerId,
+    pub(crate) dst_region: RegionId,
+    pub(crate) dst_layout: KvLayout,
+    pub(crate) dst_blocks: Vec<u32>,
+    pub(crate) plan: Plan,
+    /// After this, whatever has not verified is reported for recompute.
+    pub(crate) expires: Instant,
+}
+
+/// The receiving end of one session.
+#[derive(Debug)]
+pub(crate) struct ReceiverSession {
+    spec: ReceiverSpec,
+    verified: Vec<bool>,
+    slot_units_left: Vec<u32>,
+    layer_slots_left: Vec<u32>,
+    pending_acks: Vec<u32>,
+    pending_nacks: VecDeque<(u32, u16)>,
+    open_ack_due: bool,
+    close_ack_due: bool,
+    finished: bool,
+    closed: bool,
+    pub(crate) stats: Counters,
+}
+
+impl ReceiverSession {
+    pub(crate) fn new(spec: ReceiverSpec) -> Self {
+        let plan = &spec.plan;
+        Self {
+            verified: vec![false; plan.units.len()],
+            slot_units_left: plan.units_per_slot.clone(),
+            layer_slots_left: vec![plan.blocks_per_layer; plan.layers() as usize],
+            pending_acks: Vec::new(),
+            pending_nacks: VecDeque::new(),
+            open_ack_due: true,
+            close_ack_due: false,
+            finished: false,
+            closed: false,
+            stats: Counters::default(),
+            spec,
+        }
+    }
+
+    pub(crate) fn region(&self) -> RegionId {
+        self.spec.dst_region
+    }
+
+    /// Whether the session has nothing left to do and can be forgotten.
+    pub(crate) fn is_done(&self) -> bool {
+        self.closed && !self.close_ack_due
+    }
+
+    /// Whether a frame is waiting to be sent.
+    pub(crate) fn has_output(&self) -> bool {
+        self.open_ack_due
+            || self.close_ack_due
+            || !self.pending_acks.is_empty()
+            || !self.pending_nacks.is_empty()
+    }
+
+    pub(crate) fn expires(&self) -> Instant {
+        self.spec.expires
+    }
+
+    /// The open frame was sent again (our ack was lost): acknowledge it again.
+    pub(crate) fn on_duplicate_open(&mut self) {
+        self.open_ack_due = true;
+    }
+
+    /// Where the payload of this data frame goes, after checking every header field against the plan.
+    pub(crate) fn placement(&self, header: &Header) -> Result<Placement, Error> {
+        let mismatch = |reason: String| Error::FrameMismatch {
+            session: self.spec.id,
+            reason,
+        };
+        let seq = header.sequence as usize;
+        let Some(unit) = self.spec.plan.units.get(seq) else {
+            return Err(mismatch(format!(
+                "slice {seq} of a session with {} slices",
+                self.spec.plan.units.len()
+            )));
+        };
+        let block = self.spec.dst_blocks[unit.first as usize];
+        if (header.layer, header.block, header.offset, header.length)
+            != (unit.layer, block, unit.offset, unit.len)
+        {
+            return Err(mismatch(format!(
+                "slice {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{}",
+                header.layer,
+                header.block,
+                header.offset,
+                header.length,
+                unit.layer,
+                unit.offset,
+                unit.len
+            )));
+        }
+        if self.verified[seq] || self.closed {
+            return Ok(Placement::Discard);
+        }
+        let offset = self
+            .spec
+            .dst_layout
+            .block_offset(BlockId::new(unit.layer, block))
+            + unit.offset;
+        Ok(Placement::Write {
+            region: self.spec.dst_region,
+            offset,
+            len: unit.len,
+        })
+    }
+
+    /// A data frame's payload was placed (or discarded) and its CRC computed.
+    pub(crate) fn on_data(
+        &mut self,
+        header: &Header,
+        payload_crc: u32,
+        events: &mut VecDeque<Event>,
+    ) -> Result<(), Error> {
+        let placement = self.placement(header)?;
+        let seq = header.sequence;
+        if placement == Placement::Discard {
+            if !self.closed {
+                self.stats.duplicates += 1;
+                self.pending_acks.push(seq);
+            }
+            return Ok(());
+        }
+        if payload_crc != header.crc {
+            self.stats.checksum_failures += 1;
+            self.pending_nacks.push_back((seq, header.attempt));
+            return Ok(());
+        }
+        self.verified[seq as usize] = true;
+        self.pending_acks.push(seq);
+        self.stats.slices_received += 1;
+        self.stats.bytes_received += u64::from(header.length);
+        let unit = self.spec.plan.units[seq as usize];
+        for slot in self.spec.plan.slots(&unit) {
+            self.slot_units_left[slot] -= 1;
+            if self.slot_units_left[slot] > 0 {
+                continue;
+            }
+            let (layer, index) = self.spec.plan.slot_position(slot);
+            self.stats.blocks_delivered += 1;
+            let block = BlockId::new(layer, self.spec.dst_blocks[index as usize]);
+            events.push_back(Event::BlockDelivered {
+                session: self.spec.id,
+                block,
+            });
+            let left = &mut self.layer_slots_left[(layer - self.spec.plan.layer_start) as usize];
+            *left -= 1;
+            if *left == 0 {
+                events.push_back(Event::LayerComplete {
+                    session: self.spec.id,
+                    layer,
+                });
+            }
+        }
+        if self.stats.blocks_delivered == self.slot_units_left.len() as u64 {
+            self.finish(events);
+        }
+        Ok(())
+    }
+
+    /// The sender is done: whatever has not verified is to be recomputed.
+    pub(crate) fn on_close(&mut self, events: &mut VecDeque<Event>) {
+        self.finish(events);
+        self.closed = true;
+        self.close_ack_due = true;
+    }
+
+    /// The session outlived its deadline without a close from the sender.
+    pub(crate) fn expire(&mut self, events: &mut VecDeque<Event>) {
+        self.finish(events);
+        self.closed = true;
+    }
+
+    fn finish(&mut self, events: &mut VecDeque<Event>) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        let plan = &self.spec.plan;
+        let blocks: Vec<BlockId> = (0..self.slot_units_left.len())
+            .filter(|&slot| self.slot_units_left[slot] > 0)
+            .map(|slot| {
+                let (layer, index) = plan.slot_position(slot);
+                BlockId::new(layer, self.spec.dst_blocks[index as usize])
+            })
+            .collect();
+        self.stats.recompute_blocks = blocks.len() as u64;
+        if !blocks.is_empty() {
+            events.push_back(Event::Recompute {
+                session: self.spec.id,
+                role: Role::Receiver,
+                blocks,
+            });
+        }
+        events.push_back(Event::Completed {
+            session: self.spec.id,
+            role: Role::Receiver,
+            stats: self.stats,
+        });
+    }
+
+    /// The next control frame to send back to the sender.
+    pub(crate) fn poll_transmit(&mut self) -> Option<Transmit> {
+        let id = self.spec.id.0;
+        let mut header = if std::mem::take(&mut self.open_ack_due) {
+            Header::new(FrameKind::OpenAck, id)
+        } else if let Some((seq, attempt)) = self.pending_nacks.pop_front() {
+            let mut h = Header::new(FrameKind::Nack, id);
+            h.sequence = seq;
+            h.attempt = attempt;
+            h
+        } else if !self.pending_acks.is_empty() {
+            let mut ranges = to_ranges(&mut self.pending_acks);
+            self.pending_acks.clear();
+            if ranges.len() > MAX_ACK_RANGES {
+                for r in ranges.drain(MAX_ACK_RANGES..) {
+                    self.pending_acks.extend(r);
+                }
+            }
+            let payload = encode_ranges(&ranges);
+            let mut h = Header::new(FrameKind::Ack, id);
+            h.length = payload.len() as u32;
+            h.crc = crate::crc32c(&payload);
+            return Some(self.control(h, Body::Control(payload)));
+        } else if std::mem::take(&mut self.close_ack_due) {
+            Header::new(FrameKind::CloseAck, id)
+        } else {
+            return None;
+        };
+        header.crc = crate::crc32c(&[]);
+        Some(self.control(header, Body::Empty))
+    }
+
+    fn control(&self, header: Header, body: Body) -> Transmit {
+        Transmit {
+            peer: self.spec.peer,
+            header,
+            body,
+            lane: Lane::Shared,
+            class: TrafficClass::Collective,
+        }
+    }
+}

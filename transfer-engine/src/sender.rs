@@ -1,0 +1,431 @@
+//! The sending end of a session: opens it, sends units, retransmits with backoff, gives up with recompute.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::ops::Range;
+use std::time::Instant;
+
+use crate::engine::Ctx;
+use crate::plan::Plan;
+use crate::wire::{FrameKind, Header};
+use crate::{
+    BlockId, Body, Counters, Error, Event, Lane, PayloadRef, PeerId, RegionId, Role, SessionId,
+    TrafficClass, Transmit,
+};
+
+/// Where a sender is in its life. Changes only through [`SenderSession::enter`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SenderState {
+    /// Waiting for the receiver to accept the open.
+    Opening,
+    /// Sending and retransmitting units.
+    Sending,
+    /// Every unit is acknowledged or given up; telling the receiver.
+    Closing,
+    /// Finished.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnitState {
+    Pending,
+    InFlight { attempt: u16 },
+    Resend { attempt: u16 },
+    Acked,
+    Failed,
+}
+
+/// What a sender needs to be created.
+#[derive(Debug)]
+pub(crate) struct SenderSpec {
+    pub(crate) id: SessionId,
+    pub(crate) peer: PeerId,
+    pub(crate) class: TrafficClass,
+    pub(crate) src_region: RegionId,
+    /// Byte offset of each source block of each layer is computed from this layout.
+    pub(crate) src_layout: crate::KvLayout,
+    pub(crate) src_blocks: Vec<u32>,
+    pub(crate) dst_blocks: Vec<u32>,
+    pub(crate) plan: Plan,
+    pub(crate) open_payload: Vec<u8>,
+    pub(crate) deadline: Instant,
+}
+
+/// The sending end of one session.
+#[derive(Debug)]
+pub(crate) struct SenderSession {
+    spec: SenderSpec,
+    state: SenderState,
+    units: Vec<UnitState>,
+    next_new: usize,
+    resend: VecDeque<u32>,
+    timers: BinaryHeap<Reverse<(Instant, u32, u16)>>,
+    control_due: bool,
+    control_attempt: u32,
+    control_timer: Option<Instant>,
+    in_flight_bytes: u64,
+    unresolved: usize,
+    slot_units_left: Vec<u32>,
+    slot_failed: Vec<bool>,
+    pub(crate) stats: Counters,
+}
+
+impl SenderSession {
+    pub(crate) fn new(spec: SenderSpec) -> Self {
+        let n = spec.plan.units.len();
+        Self {
+            state: SenderState::Opening,
+            units: vec![UnitState::Pending; n],
+            next_new: 0,
+            resend: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            control_due: true,
+            control_attempt: 0,
+            control_timer: None,
+            in_flight_bytes: 0,
+            unresolved: n,
+            slot_units_left: spec.plan.units_per_slot.clone(),
+            slot_failed: vec![false; spec.plan.units_per_slot.len()],
+            stats: Counters::default(),
+            spec,
+        }
+    }
+
+    pub(crate) fn peer(&self) -> PeerId {
+        self.spec.peer
+    }
+
+    pub(crate) fn src_region(&self) -> RegionId {
+        self.spec.src_region
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.state == SenderState::Done
+    }
+
+    /// The one place the state changes; an impossible transition is refused.
+    fn enter(&mut self, next: SenderState) -> Result<(), Error> {
+        use SenderState::*;
+        let ok = matches!(
+            (self.state, next),
+            (Opening, Sending) | (Opening | Sending, Closing) | (Opening | Closing, Done)
+        );
+        if !ok {
+            return Err(Error::FrameMismatch {
+                session: self.spec.id,
+                reason: format!("cannot go from {:?} to {next:?}", self.state),
+            });
+        }
+        self.state = next;
+        if next == Closing {
+            self.control_due = true;
+            self.control_attempt = 0;
+            self.control_timer = None;
+        }
+        Ok(())
+    }
+
+    /// The next frame to send, if any is due.
+    pub(crate) fn poll_transmit(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
+        match self.state {
+            SenderState::Opening | SenderState::Closing if self.control_due => {
+                self.control_due = false;
+                self.control_timer =
+                    Some(now + ctx.cfg.backoff.delay(self.control_attempt, ctx.rng));
+                self.control_attempt += 1;
+                Some(self.control_transmit())
+            }
+            SenderState::Sending => self.poll_data(now, ctx),
+            _ => None,
+        }
+    }
+
+    fn control_transmit(&self) -> Transmit {
+        let (kind, body) = if self.state == SenderState::Opening {
+            (
+                FrameKind::Open,
+                Body::Control(self.spec.open_payload.clone()),
+            )
+        } else {
+            (FrameKind::Close, Body::Empty)
+        };
+        let mut header = Header::new(kind, self.spec.id.0);
+        if let Body::Control(payload) = &body {
+            header.length = payload.len() as u32;
+            header.crc = crate::crc32c(payload);
+        }
+        Transmit {
+            peer: self.spec.peer,
+            header,
+            body,
+            lane: Lane::Shared,
+            class: TrafficClass::Collective,
+        }
+    }
+
+    fn poll_data(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
+        while let Some(unit) = self.resend.pop_front() {
+            let UnitState::Resend { attempt } = self.units[unit as usize] else {
+                continue;
+            };
+            if !ctx.budget.try_take() {
+                self.stats.budget_exhausted += 1;
+                self.fail(unit, ctx);
+                continue;
+            }
+            let len = u64::from(self.spec.plan.units[unit as usize].len);
+            self.stats.retransmits += 1;
+            self.stats.retransmit_bytes += len;
+            return Some(self.send_unit(unit, attempt, now, ctx));
+        }
+        let unit = self.next_new;
+        let len = u64::from(self.spec.plan.units.get(unit)?.len);
+        if self.in_flight_bytes > 0 && self.in_flight_bytes + len > ctx.cfg.window_bytes {
+            return None;
+        }
+        self.next_new += 1;
+        self.in_flight_bytes += len;
+        ctx.budget.on_first_send();
+        Some(self.send_unit(unit as u32, 0, now, ctx))
+    }
+
+    fn send_unit(&mut self, index: u32, attempt: u16, now: Instant, ctx: &mut Ctx<'_>) -> Transmit {
+        let unit = self.spec.plan.units[index as usize];
+        self.units[index as usize] = UnitState::InFlight { attempt };
+        self.timers.push(Reverse((
+            now + ctx.cfg.backoff.delay(u32::from(attempt), ctx.rng),
+            index,
+            attempt,
+        )));
+        self.stats.slices_sent += 1;
+        self.stats.bytes_sent += u64::from(unit.len);
+        let layout = &self.spec.src_layout;
+        let src_block = BlockId::new(unit.layer, self.spec.src_blocks[unit.first as usize]);
+        let mut header = Header::new(FrameKind::Data, self.spec.id.0);
+        header.attempt = attempt;
+        header.layer = unit.layer;
+        header.block = self.spec.dst_blocks[unit.first as usize];
+        header.offset = unit.offset;
+        header.length = unit.len;
+        header.sequence = index;
+        let payload = PayloadRef {
+            region: self.spec.src_region,
+            offset: layout.block_offset(src_block) + unit.offset,
+            len: unit.len,
+        };
+        let lane = if unit.exclusive {
+            Lane::Exclusive
+        } else {
+            Lane::Shared
+        };
+        Transmit {
+            peer: self.spec.peer,
+            header,
+            body: Body::Payload(payload),
+            lane,
+            class: self.spec.class,
+        }
+    }
+
+    /// When this session next needs [`SenderSession::handle_timeout`].
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        let unit = match self.state {
+            SenderState::Sending => self.timers.peek().map(|Reverse((t, ..))| *t),
+            _ => None,
+        };
+        let control = match self.state {
+            SenderState::Opening | SenderState::Closing if !self.control_due => self.control_timer,
+            _ => None,
+        };
+        let deadline = matches!(self.state, SenderState::Opening | SenderState::Sending)
+            .then_some(self.spec.deadline);
+        [unit, control, deadline].into_iter().flatten().min()
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        if matches!(self.state, SenderState::Opening | SenderState::Sending)
+            && now >= self.spec.deadline
+        {
+            self.give_up_all(ctx);
+            return;
+        }
+        if self.control_timer.is_some_and(|t| t <= now) && !self.control_due {
+            if self.control_attempt > ctx.cfg.max_retries {
+                match self.state {
+                    SenderState::Opening => self.give_up_all(ctx),
+                    SenderState::Closing => {
+                        let _ = self.enter(SenderState::Done);
+                    }
+                    _ => {}
+                }
+            } else if matches!(self.state, SenderState::Opening | SenderState::Closing) {
+                self.control_due = true;
+            }
+        }
+        while let Some(&Reverse((t, unit, attempt))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if self.units[unit as usize] == (UnitState::InFlight { attempt }) {
+                self.retry(unit, attempt, ctx);
+            }
+        }
+    }
+
+    /// Schedules `unit` (last sent as `attempt`) for resending, or gives it up if it has no tries left.
+    fn retry(&mut self, unit: u32, attempt: u16, ctx: &mut Ctx<'_>) {
+        if u32::from(attempt) >= ctx.cfg.max_retries {
+            self.fail(unit, ctx);
+        } else {
+            self.units[unit as usize] = UnitState::Resend {
+                attempt: attempt + 1,
+            };
+            self.resend.push_back(unit);
+        }
+    }
+
+    pub(crate) fn on_open_ack(&mut self) {
+        if self.state == SenderState::Opening {
+            let _ = self.enter(SenderState::Sending);
+            self.control_timer = None;
+        }
+    }
+
+    pub(crate) fn on_reject(&mut self, reason: String, ctx: &mut Ctx<'_>) {
+        if self.state != SenderState::Opening {
+            return;
+        }
+        ctx.events.push_back(Event::Refused {
+            session: self.spec.id,
+            reason,
+        });
+        for unit in 0..self.units.len() as u32 {
+            self.fail(unit, ctx);
+        }
+        let _ = self.enter(SenderState::Done);
+    }
+
+    pub(crate) fn on_ack(&mut self, ranges: &[Range<u32>], ctx: &mut Ctx<'_>) -> Result<(), Error> {
+        let n = self.units.len() as u32;
+        if let Some(bad) = ranges.iter().find(|r| r.end > n) {
+            return Err(Error::FrameMismatch {
+                session: self.spec.id,
+                reason: format!("ack for slices {bad:?} of a session with {n} slices"),
+            });
+        }
+        for unit in ranges.iter().flat_map(Clone::clone) {
+            match self.units[unit as usize] {
+                UnitState::InFlight { .. } | UnitState::Resend { .. } => self.acked(unit),
+                UnitState::Pending => {
+                    return Err(Error::FrameMismatch {
+                        session: self.spec.id,
+                        reason: format!("ack for slice {unit}, which was never sent"),
+                    });
+                }
+                UnitState::Acked | UnitState::Failed => {}
+            }
+        }
+        self.maybe_finish(ctx);
+        Ok(())
+    }
+
+    pub(crate) fn on_nack(
+        &mut self,
+        unit: u32,
+        attempt: u16,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Error> {
+        match self.units.get(unit as usize) {
+            None => Err(Error::FrameMismatch {
+                session: self.spec.id,
+                reason: format!(
+                    "nack for slice {unit} of a session with {} slices",
+                    self.units.len()
+                ),
+            }),
+            Some(&UnitState::InFlight { attempt: current }) if current == attempt => {
+                self.retry(unit, attempt, ctx);
+                self.maybe_finish(ctx);
+                Ok(())
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub(crate) fn on_close_ack(&mut self) {
+        if self.state == SenderState::Closing {
+            let _ = self.enter(SenderState::Done);
+        }
+    }
+
+    /// Gives up every unresolved unit (deadline, cancel).
+    pub(crate) fn give_up_all(&mut self, ctx: &mut Ctx<'_>) {
+        for unit in 0..self.units.len() as u32 {
+            if !matches!(
+                self.units[unit as usize],
+                UnitState::Acked | UnitState::Failed
+            ) {
+                self.fail(unit, ctx);
+            }
+        }
+    }
+
+    fn acked(&mut self, index: u32) {
+        let unit = self.spec.plan.units[index as usize];
+        self.units[index as usize] = UnitState::Acked;
+        self.unresolved -= 1;
+        self.in_flight_bytes -= u64::from(unit.len);
+        self.stats.bytes_acked += u64::from(unit.len);
+        for slot in self.spec.plan.slots(&unit) {
+            self.slot_units_left[slot] -= 1;
+            if self.slot_units_left[slot] == 0 && !self.slot_failed[slot] {
+                self.stats.blocks_delivered += 1;
+            }
+        }
+    }
+
+    fn fail(&mut self, index: u32, ctx: &mut Ctx<'_>) {
+        let unit = self.spec.plan.units[index as usize];
+        let was = self.units[index as usize];
+        self.units[index as usize] = UnitState::Failed;
+        self.unresolved -= 1;
+        if matches!(was, UnitState::InFlight { .. } | UnitState::Resend { .. }) {
+            self.in_flight_bytes -= u64::from(unit.len);
+        }
+        for slot in self.spec.plan.slots(&unit) {
+            self.slot_failed[slot] = true;
+        }
+        self.maybe_finish(ctx);
+    }
+
+    /// Once every unit is acknowledged or given up: report recompute blocks and completion, then close.
+    fn maybe_finish(&mut self, ctx: &mut Ctx<'_>) {
+        if self.unresolved > 0 || !matches!(self.state, SenderState::Opening | SenderState::Sending)
+        {
+            return;
+        }
+        let plan = &self.spec.plan;
+        let blocks: Vec<BlockId> = (0..self.slot_failed.len())
+            .filter(|&slot| self.slot_failed[slot])
+            .map(|slot| {
+                let (layer, index) = plan.slot_position(slot);
+                BlockId::new(layer, self.spec.src_blocks[index as usize])
+            })
+            .collect();
+        self.stats.recompute_blocks = blocks.len() as u64;
+        if !blocks.is_empty() {
+            ctx.events.push_back(Event::Recompute {
+                session: self.spec.id,
+                role: Role::Sender,
+                blocks,
+            });
+        }
+        ctx.events.push_back(Event::Completed {
+            session: self.spec.id,
+            role: Role::Sender,
+            stats: self.stats,
+        });
+        let _ = self.enter(SenderState::Closing);
+    }
+}

@@ -1,0 +1,166 @@
+//! What drivers exchange with the engine: peers, sessions, transfer requests and transmits.
+
+use std::fmt;
+use std::ops::Range;
+use std::time::Duration;
+
+use crate::wire::{HEADER_LEN, Header};
+use crate::{AccessKey, Error, KvLayout, RegionHandle, RegionId, TrafficClass, TransferMode};
+
+/// A peer engine, as the driver names it (the driver maps it to an address, a connection or a node).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerId(pub u64);
+
+/// A transfer session, unique across engines with distinct engine ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SessionId(pub u64);
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// A request to push KV blocks from a local region into a peer's region.
+#[derive(Debug, Clone)]
+pub struct TransferRequest {
+    /// The receiving engine.
+    pub peer: PeerId,
+    /// Local region holding the source KV.
+    pub src_region: RegionId,
+    /// Layout of the source region.
+    pub src_layout: KvLayout,
+    /// The peer's destination region.
+    pub dst_region: RegionId,
+    /// The destination region's access key.
+    pub dst_key: AccessKey,
+    /// Layout of the destination region.
+    pub dst_layout: KvLayout,
+    /// Layers to move.
+    pub layers: Range<u32>,
+    /// Source block of each transferred block, within each layer.
+    pub src_blocks: Vec<u32>,
+    /// Destination block of each transferred block (same length as `src_blocks`).
+    pub dst_blocks: Vec<u32>,
+    /// Wire mode; `None` lets the engine's mode policy choose.
+    pub mode: Option<TransferMode>,
+    /// Traffic class; `None` lets the engine's class policy choose.
+    pub class: Option<TrafficClass>,
+    /// Time allowed before undelivered blocks are handed back for recompute; `None` uses the engine's.
+    pub deadline: Option<Duration>,
+}
+
+impl TransferRequest {
+    /// Moves every block of every layer of `src` into the same place in `dst` on `peer`.
+    ///
+    /// Both handles must carry a layout (see [`crate::Engine::register_kv_region`]).
+    pub fn whole(peer: PeerId, src: &RegionHandle, dst: &RegionHandle) -> Result<Self, Error> {
+        let missing = || {
+            Error::InvalidRequest(
+                "whole-region transfers need regions registered with a layout".into(),
+            )
+        };
+        let src_layout = src.layout.ok_or_else(missing)?;
+        let dst_layout = dst.layout.ok_or_else(missing)?;
+        let blocks: Vec<u32> =
+            (0..src_layout.blocks_per_layer.min(dst_layout.blocks_per_layer)).collect();
+        Ok(Self {
+            peer,
+            src_region: src.id,
+            src_layout,
+            dst_region: dst.id,
+            dst_key: dst.key,
+            dst_layout,
+            layers: 0..src_layout.layers.min(dst_layout.layers),
+            src_blocks: blocks.clone(),
+            dst_blocks: blocks,
+            mode: None,
+            class: None,
+            deadline: None,
+        })
+    }
+
+    /// The same request with `mode`.
+    #[must_use]
+    pub fn with_mode(mut self, mode: TransferMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// The same request with `deadline`.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+}
+
+/// Which channel a transmit should ride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Any shared channel; packetized slices and control frames interleave here.
+    Shared,
+    /// A channel reserved for this unit for the time it takes (exclusive mode).
+    Exclusive,
+}
+
+/// Where a data transmit's payload lives: `len` bytes at `offset` in local region `region`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadRef {
+    /// Local region.
+    pub region: RegionId,
+    /// First byte.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u32,
+}
+
+impl PayloadRef {
+    /// The byte range within the region.
+    #[must_use]
+    pub fn range(&self) -> Range<usize> {
+        let start = self.offset as usize;
+        start..start + self.len as usize
+    }
+}
+
+/// What follows a transmit's header on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// Nothing.
+    Empty,
+    /// A small control payload, already encoded and checksummed into the header.
+    Control(Vec<u8>),
+    /// KV bytes, read by the driver from a registered region; the driver seals the header with their CRC.
+    Payload(PayloadRef),
+}
+
+/// One frame the engine asks the driver to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination.
+    pub peer: PeerId,
+    /// The header; for [`Body::Payload`] its `crc` is filled in by [`Transmit::seal`].
+    pub header: Header,
+    /// What follows the header.
+    pub body: Body,
+    /// Channel hint.
+    pub lane: Lane,
+    /// Traffic class, for the driver's shaping.
+    pub class: TrafficClass,
+}
+
+impl Transmit {
+    /// Sets the header's CRC from the payload bytes (read from the region [`Body::Payload`] names) and
+    /// returns the encoded header.
+    pub fn seal(&mut self, payload: &[u8]) -> [u8; HEADER_LEN] {
+        self.header.crc = crate::crc32c(payload);
+        self.header.encode()
+    }
+
+    /// Bytes this transmit puts on the wire, header included.
+    #[must_use]
+    pub fn wire_len(&self) -> usize {
+        HEADER_LEN + self.header.length as usize
+    }
+}
