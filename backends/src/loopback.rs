@@ -1,15 +1,19 @@
-//! The in-process loopback backend: a producer engine and a consumer engine in one process.
+//! The in-process loopback backend: a producer engine and a consumer engine in one process, each on its
+//! own thread, joined by bounded channels.
 //!
-//! Every frame goes through the real wire codec; a data frame's payload is copied exactly once, from the
-//! producer's registered region straight into the place the consumer's engine names, and checksummed on
-//! both sides.
+//! Every frame goes through the real wire codec. A data frame's payload is never copied into a message: the
+//! producer checksums it in place and sends the header with a reference to its region; the consumer copies
+//! it once, straight from the producer's region into the place its engine names, and verifies it there.
+//! The producer's checksum pass pulls the bytes into the shared cache just before the consumer copies them,
+//! so the two cores together keep close to the speed of a plain copy.
 
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::time::{Duration, Instant};
 
-use transfer_engine::wire::Header;
+use transfer_engine::wire::{HEADER_LEN, Header};
 use transfer_engine::{
-    Body, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PeerId, Placement, RegionHandle, Role,
-    SessionId, TransferRequest, Transmit,
+    BlockId, Body, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PayloadRef, PeerId,
+    Placement, RegionHandle, Role, SessionId, TransferRequest,
 };
 
 /// The producer's peer id, as the consumer sees it.
@@ -17,29 +21,83 @@ pub const PRODUCER: PeerId = PeerId(1);
 /// The consumer's peer id, as the producer sees it.
 pub const CONSUMER: PeerId = PeerId(2);
 
-/// Errors of the loopback driver itself (the engines' refusals are recorded, not raised).
+/// Frames in flight from producer to consumer: enough to keep both cores busy, few enough that the bytes
+/// the producer just checksummed are still in cache when the consumer copies them.
+const CHANNEL_DEPTH: usize = 16;
+
+/// Errors of the loopback driver itself (the engines' refusals of frames are recorded, not raised).
 #[derive(Debug, thiserror::Error)]
 pub enum LoopbackError {
     /// The engine refused a command.
     #[error(transparent)]
     Engine(#[from] Error),
-    /// A transfer did not finish within the time allowed.
-    #[error("session {session} did not finish within {waited:?}")]
+    /// Transfers did not finish within the time allowed.
+    #[error("{pending} session(s) did not finish within {waited:?}")]
     Stalled {
-        /// The session.
-        session: SessionId,
+        /// Sessions still running.
+        pending: usize,
         /// How long we waited.
         waited: Duration,
     },
 }
 
-/// Which engine of the pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    /// The engine that sends.
-    Producer,
-    /// The engine that receives.
-    Consumer,
+/// One engine with the memory behind its regions, and what it reported.
+#[derive(Debug)]
+pub struct Endpoint {
+    /// The engine.
+    pub engine: Engine,
+    /// Bytes of its regions.
+    pub memory: HostMemory,
+    /// Every event it emitted, in order.
+    pub events: Vec<Event>,
+    /// Every frame it refused, with the reason. A refusal never stops the endpoint.
+    pub refused: Vec<Error>,
+}
+
+impl Endpoint {
+    fn new(cfg: EngineConfig) -> Self {
+        Self {
+            engine: Engine::new(cfg),
+            memory: HostMemory::default(),
+            events: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
+    /// Registers a KV region and allocates its bytes.
+    pub fn kv_region(&mut self, layout: KvLayout) -> Result<RegionHandle, Error> {
+        let handle = self.engine.register_kv_region(layout)?;
+        self.memory.alloc(&handle)?;
+        Ok(handle)
+    }
+
+    fn drain_events(&mut self) {
+        while let Some(event) = self.engine.poll_event() {
+            self.events.push(event);
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+        }
+    }
+
+    /// How long to block waiting for frames before a timer is due (at most `cap`).
+    fn wait(&self, now: Instant, cap: Duration) -> Duration {
+        self.engine
+            .poll_timeout()
+            .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
+    }
+}
+
+/// A frame on the in-process wire.
+#[derive(Debug)]
+enum Frame {
+    /// A sealed data header; the payload stays in the producer's region.
+    Data([u8; HEADER_LEN], PayloadRef),
+    /// A control frame with its payload.
+    Control([u8; HEADER_LEN], Vec<u8>),
 }
 
 /// What a finished transfer reports.
@@ -47,27 +105,19 @@ pub enum Side {
 pub struct Outcome {
     /// The session.
     pub session: SessionId,
-    /// Blocks the producer was told to recompute (source ids).
-    pub recompute: Vec<transfer_engine::BlockId>,
-    /// Wall time from submit to completion on both ends.
+    /// Blocks the producer was told to recompute (source ids); empty when all arrived.
+    pub recompute: Vec<BlockId>,
+    /// Wall time from submit until both ends reported completion.
     pub elapsed: Duration,
 }
 
 /// A producer and a consumer engine with their host memory, wired back to back.
 #[derive(Debug)]
 pub struct LoopbackPair {
-    /// The sending engine.
-    pub producer: Engine,
-    /// The receiving engine.
-    pub consumer: Engine,
-    /// The producer's region bytes.
-    pub producer_mem: HostMemory,
-    /// The consumer's region bytes.
-    pub consumer_mem: HostMemory,
-    /// Every event either engine emitted, in order.
-    pub events: Vec<(Side, Event)>,
-    /// Every frame either engine refused, with the reason. Refusals never stop the pair.
-    pub refused: Vec<(Side, Error)>,
+    /// The sending end.
+    pub producer: Endpoint,
+    /// The receiving end.
+    pub consumer: Endpoint,
 }
 
 impl LoopbackPair {
@@ -75,12 +125,8 @@ impl LoopbackPair {
     #[must_use]
     pub fn new(producer: EngineConfig, consumer: EngineConfig) -> Self {
         Self {
-            producer: Engine::new(producer),
-            consumer: Engine::new(consumer),
-            producer_mem: HostMemory::default(),
-            consumer_mem: HostMemory::default(),
-            events: Vec::new(),
-            refused: Vec::new(),
+            producer: Endpoint::new(producer),
+            consumer: Endpoint::new(consumer),
         }
     }
 
@@ -88,124 +134,283 @@ impl LoopbackPair {
     #[must_use]
     pub fn with_defaults() -> Self {
         Self::new(
-            EngineConfig { engine_id: 1, ..EngineConfig::default() },
-            EngineConfig { engine_id: 2, rng_seed: 1, ..EngineConfig::default() },
+            EngineConfig {
+                engine_id: 1,
+                ..EngineConfig::default()
+            },
+            EngineConfig {
+                engine_id: 2,
+                rng_seed: 1,
+                ..EngineConfig::default()
+            },
         )
     }
 
-    /// Registers and allocates a KV region on one side.
-    pub fn kv_region(&mut self, side: Side, layout: KvLayout) -> Result<RegionHandle, LoopbackError> {
-        let (engine, mem) = match side {
-            Side::Producer => (&mut self.producer, &mut self.producer_mem),
-            Side::Consumer => (&mut self.consumer, &mut self.consumer_mem),
-        };
-        let handle = engine.register_kv_region(layout)?;
-        mem.alloc(&handle)?;
-        Ok(handle)
+    /// Runs one transfer to completion; see [`LoopbackPair::transfer_all`].
+    pub fn transfer(
+        &mut self,
+        req: TransferRequest,
+        limit: Duration,
+    ) -> Result<Outcome, LoopbackError> {
+        let mut out = self.transfer_all(vec![req], limit)?;
+        Ok(out.remove(0))
     }
 
-    /// Moves every pending frame in both directions once; returns how many moved.
-    pub fn step(&mut self, now: Instant) -> usize {
-        let mut moved = 0;
-        while let Some(t) = self.producer.poll_transmit(now) {
-            moved += 1;
-            if let Err(e) = deliver(t, now, PRODUCER, &self.producer_mem, &mut self.consumer, &mut self.consumer_mem) {
-                self.refused.push((Side::Consumer, e));
-            }
-            if moved % 64 == 0 {
-                moved += self.pump_consumer(now);
-            }
-        }
-        moved += self.pump_consumer(now);
-        for (side, engine) in [(Side::Producer, &mut self.producer), (Side::Consumer, &mut self.consumer)] {
-            if engine.poll_timeout().is_some_and(|t| t <= now) {
-                engine.handle_timeout(now);
-            }
-            while let Some(event) = engine.poll_event() {
-                self.events.push((side, event));
-            }
-        }
-        moved
-    }
-
-    fn pump_consumer(&mut self, now: Instant) -> usize {
-        let mut moved = 0;
-        while let Some(t) = self.consumer.poll_transmit(now) {
-            moved += 1;
-            if let Err(e) = deliver(t, now, CONSUMER, &self.consumer_mem, &mut self.producer, &mut self.producer_mem) {
-                self.refused.push((Side::Producer, e));
-            }
-        }
-        moved
-    }
-
-    /// Submits `req` on the producer and drives both engines on the real clock until both ends report
-    /// completion, or `limit` passes.
-    pub fn transfer(&mut self, req: TransferRequest, limit: Duration) -> Result<Outcome, LoopbackError> {
+    /// Submits every request on the producer and drives both engines, each on its own thread, until every
+    /// session has completed on both ends (delivered or reported for recompute) or `limit` passes.
+    pub fn transfer_all(
+        &mut self,
+        reqs: Vec<TransferRequest>,
+        limit: Duration,
+    ) -> Result<Vec<Outcome>, LoopbackError> {
         let start = Instant::now();
-        let session = self.producer.submit(start, req)?;
-        let first_event = self.events.len();
-        let (mut sent, mut received) = (false, false);
-        let mut recompute = Vec::new();
-        while !(sent && received) {
-            let now = Instant::now();
-            if now.duration_since(start) > limit {
-                return Err(LoopbackError::Stalled { session, waited: limit });
-            }
-            let seen = self.events.len();
-            if self.step(now) == 0 && self.events.len() == seen {
-                std::thread::yield_now();
-            }
-            for (side, event) in &self.events[seen.max(first_event)..] {
-                match event {
-                    Event::Completed { session: s, role: Role::Sender, .. } if *s == session => sent = true,
-                    Event::Completed { session: s, role: Role::Receiver, .. } if *s == session => received = true,
-                    Event::Recompute { session: s, blocks, .. } if *s == session && *side == Side::Producer => {
-                        recompute.clone_from(blocks);
-                    }
-                    _ => {}
-                }
-            }
+        let mut sessions = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            sessions.push(self.producer.engine.submit(start, req)?);
         }
-        let elapsed = start.elapsed();
-        // Let the close handshake finish so both engines forget the session.
-        self.step(Instant::now());
-        Ok(Outcome { session, recompute, elapsed })
+        let deadline = start + limit;
+        let (data_tx, data_rx) = mpsc::sync_channel(CHANNEL_DEPTH);
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let (producer, consumer) = (&mut self.producer, &mut self.consumer);
+        let producer_mem = &producer.memory;
+        let completed = std::thread::scope(|scope| {
+            let consumer_thread =
+                scope.spawn(|| run_consumer(consumer, producer_mem, data_rx, ack_tx, deadline));
+            let sent = run_producer(
+                &mut producer.engine,
+                &mut producer.events,
+                &mut producer.refused,
+                producer_mem,
+                data_tx,
+                ack_rx,
+                deadline,
+            );
+            consumer_thread
+                .join()
+                .expect("loopback consumer thread panicked");
+            sent
+        });
+        let finished_at = |session| {
+            completed
+                .iter()
+                .find(|(id, _)| *id == session)
+                .map(|(_, at)| *at)
+        };
+        let pending = sessions
+            .iter()
+            .filter(|s| finished_at(**s).is_none())
+            .count();
+        if pending > 0 {
+            return Err(LoopbackError::Stalled {
+                pending,
+                waited: limit,
+            });
+        }
+        Ok(sessions
+            .into_iter()
+            .map(|session| {
+                let elapsed = finished_at(session).map_or(limit, |at| at.duration_since(start));
+                let recompute = self
+                    .producer
+                    .events
+                    .iter()
+                    .find_map(|e| match e {
+                        Event::Recompute {
+                            session: s,
+                            role: Role::Sender,
+                            blocks,
+                        } if *s == session => Some(blocks.clone()),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                Outcome {
+                    session,
+                    recompute,
+                    elapsed,
+                }
+            })
+            .collect())
     }
 }
 
-/// Carries one transmit from `from` into `engine`, moving payload bytes from `src_mem` to `dst_mem`.
-fn deliver(
-    mut t: Transmit,
+/// Producer loop: sends until every session is over (close handshake included). Returns when each session
+/// completed on the receiving end, as acknowledged (completion time = when the sender learned it).
+fn run_producer(
+    engine: &mut Engine,
+    events: &mut Vec<Event>,
+    refused: &mut Vec<Error>,
+    memory: &HostMemory,
+    data_tx: SyncSender<Frame>,
+    ack_rx: Receiver<Frame>,
+    deadline: Instant,
+) -> Vec<(SessionId, Instant)> {
+    let mut completed = Vec::new();
+    loop {
+        let now = Instant::now();
+        loop {
+            match ack_rx.try_recv() {
+                Ok(frame) => receive(engine, frame, now, CONSUMER, None, refused),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return completed,
+            }
+        }
+        if engine.poll_timeout().is_some_and(|t| t <= now) {
+            engine.handle_timeout(now);
+        }
+        let mut sent = 0;
+        while let Some(mut t) = engine.poll_transmit(now) {
+            let frame = match t.body {
+                Body::Payload(p) => match memory.read(p.region, p.range()) {
+                    Ok(payload) => Frame::Data(t.seal(payload), p),
+                    Err(e) => {
+                        refused.push(e);
+                        continue;
+                    }
+                },
+                Body::Control(ref payload) => Frame::Control(t.header.encode(), payload.clone()),
+                Body::Empty => Frame::Control(t.header.encode(), Vec::new()),
+            };
+            if data_tx.send(frame).is_err() {
+                return completed;
+            }
+            sent += 1;
+            if sent >= CHANNEL_DEPTH {
+                break;
+            }
+        }
+        while let Some(event) = engine.poll_event() {
+            if let Event::Completed {
+                session,
+                role: Role::Sender,
+                ..
+            } = event
+            {
+                completed.push((session, Instant::now()));
+            }
+            events.push(event);
+        }
+        if engine.live_sessions() == 0 || now >= deadline {
+            return completed;
+        }
+        if sent == 0 {
+            let wait = engine.poll_timeout().map_or(Duration::from_millis(1), |t| {
+                t.saturating_duration_since(now)
+            });
+            match ack_rx.recv_timeout(wait.min(Duration::from_millis(1))) {
+                Ok(frame) => receive(engine, frame, Instant::now(), CONSUMER, None, refused),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return completed,
+            }
+        }
+    }
+}
+
+/// Consumer loop: places and verifies data, sends acknowledgements, until the producer hangs up.
+fn run_consumer(
+    consumer: &mut Endpoint,
+    producer_mem: &HostMemory,
+    data_rx: Receiver<Frame>,
+    ack_tx: mpsc::Sender<Frame>,
+    deadline: Instant,
+) {
+    loop {
+        let now = Instant::now();
+        let wait = consumer.wait(now, Duration::from_millis(1));
+        match data_rx.recv_timeout(wait) {
+            Ok(frame) => {
+                let now = Instant::now();
+                receive_into(consumer, frame, now, producer_mem);
+                // Drain what is already queued before answering, so acknowledgements coalesce.
+                while let Ok(frame) = data_rx.try_recv() {
+                    receive_into(consumer, frame, now, producer_mem);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        consumer.handle_timeout(now);
+        while let Some(t) = consumer.engine.poll_transmit(now) {
+            let payload = match &t.body {
+                Body::Control(p) => p.clone(),
+                _ => Vec::new(),
+            };
+            if ack_tx
+                .send(Frame::Control(t.header.encode(), payload))
+                .is_err()
+            {
+                return;
+            }
+        }
+        consumer.drain_events();
+        if now >= deadline {
+            return;
+        }
+    }
+}
+
+fn receive_into(consumer: &mut Endpoint, frame: Frame, now: Instant, producer_mem: &HostMemory) {
+    receive(
+        &mut consumer.engine,
+        frame,
+        now,
+        PRODUCER,
+        Some((producer_mem, &mut consumer.memory)),
+        &mut consumer.refused,
+    );
+}
+
+/// Hands one frame to `engine`. Data payloads are copied from the sender's memory into `memories.1`.
+fn receive(
+    engine: &mut Engine,
+    frame: Frame,
+    now: Instant,
+    from: PeerId,
+    memories: Option<(&HostMemory, &mut HostMemory)>,
+    refused: &mut Vec<Error>,
+) {
+    let result = match frame {
+        Frame::Control(header, payload) => Header::decode(&header)
+            .map_err(Error::from)
+            .and_then(|h| engine.handle_frame(now, from, &h, &payload)),
+        Frame::Data(header, payload_ref) => match memories {
+            Some((src_mem, dst_mem)) => {
+                place(engine, &header, payload_ref, now, from, src_mem, dst_mem)
+            }
+            None => Err(Error::InvalidRequest(
+                "data frame sent towards the producer".into(),
+            )),
+        },
+    };
+    if let Err(e) = result {
+        refused.push(e);
+    }
+}
+
+fn place(
+    engine: &mut Engine,
+    header: &[u8; HEADER_LEN],
+    payload_ref: PayloadRef,
     now: Instant,
     from: PeerId,
     src_mem: &HostMemory,
-    engine: &mut Engine,
     dst_mem: &mut HostMemory,
 ) -> Result<(), Error> {
-    match t.body {
-        Body::Payload(p) => {
-            let payload = src_mem.read(p.region, p.range())?;
-            let header = Header::decode(&t.seal(payload))?;
-            let crc = match engine.placement(from, &header)? {
-                Placement::Write { region, offset, len } => {
-                    let dst = dst_mem.write(region, offset as usize..offset as usize + len as usize)?;
-                    dst.copy_from_slice(payload);
-                    transfer_engine::crc32c(dst)
-                }
-                Placement::Discard => header.crc,
-            };
-            engine.handle_data(now, from, &header, crc)
+    let header = Header::decode(header)?;
+    let payload = src_mem.read(payload_ref.region, payload_ref.range())?;
+    let crc = match engine.placement(from, &header)? {
+        Placement::Write {
+            region,
+            offset,
+            len,
+        } => {
+            let dst = dst_mem.write(region, offset as usize..offset as usize + len as usize)?;
+            dst.copy_from_slice(payload);
+            transfer_engine::crc32c(dst)
         }
-        Body::Control(ref payload) => {
-            let header = Header::decode(&t.header.encode())?;
-            engine.handle_frame(now, from, &header, payload)
-        }
-        Body::Empty => {
-            let header = Header::decode(&t.header.encode())?;
-            engine.handle_frame(now, from, &header, &[])
-        }
-    }
+        Placement::Discard => header.crc,
+    };
+    engine.handle_data(now, from, &header, crc)
 }
 
 #[cfg(test)]
@@ -213,26 +418,51 @@ mod tests {
     use super::*;
     use transfer_engine::{Dtype, TransferMode};
 
-    fn fill(mem: &mut HostMemory, region: &RegionHandle, seed: u8) {
-        for (i, b) in mem.region_mut(region.id).unwrap().iter_mut().enumerate() {
+    fn fill(bytes: &mut [u8], seed: u8) {
+        for (i, b) in bytes.iter_mut().enumerate() {
             *b = (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8;
         }
     }
 
     #[test]
     fn small_transfer_arrives_in_each_mode() {
-        for mode in [TransferMode::Exclusive, TransferMode::Packetized { slice_bytes: 1024 }, TransferMode::auto()] {
+        for mode in [
+            TransferMode::Exclusive,
+            TransferMode::Packetized { slice_bytes: 1024 },
+            TransferMode::auto(),
+        ] {
             let mut pair = LoopbackPair::with_defaults();
             let layout = KvLayout::new(4, 8, 4096, 16, Dtype::F16).unwrap();
-            let src = pair.kv_region(Side::Producer, layout).unwrap();
-            let dst = pair.kv_region(Side::Consumer, layout).unwrap();
-            fill(&mut pair.producer_mem, &src, 7);
-            let req = TransferRequest::whole(CONSUMER, &src, &dst).unwrap().with_mode(mode);
+            let src = pair.producer.kv_region(layout).unwrap();
+            let dst = pair.consumer.kv_region(layout).unwrap();
+            fill(pair.producer.memory.region_mut(src.id).unwrap(), 7);
+            let req = TransferRequest::whole(CONSUMER, &src, &dst)
+                .unwrap()
+                .with_mode(mode);
             let out = pair.transfer(req, Duration::from_secs(10)).unwrap();
             assert!(out.recompute.is_empty(), "{mode:?}");
-            assert_eq!(pair.producer_mem.region(src.id).unwrap(), pair.consumer_mem.region(dst.id).unwrap());
-            assert!(pair.refused.is_empty(), "{:?}", pair.refused);
-            assert_eq!(pair.producer.live_sessions() + pair.consumer.live_sessions(), 0);
+            assert_eq!(
+                pair.producer.memory.region(src.id).unwrap(),
+                pair.consumer.memory.region(dst.id).unwrap()
+            );
+            assert!(
+                pair.producer.refused.is_empty(),
+                "{:?}",
+                pair.producer.refused
+            );
+            assert!(
+                pair.consumer.refused.is_empty(),
+                "{:?}",
+                pair.consumer.refused
+            );
+            assert_eq!(pair.producer.engine.live_sessions(), 0);
+            let layers = pair
+                .consumer
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::LayerComplete { .. }))
+                .count();
+            assert_eq!(layers, 4);
         }
     }
 }

@@ -1,0 +1,225 @@
+//! `te-bench run`: real transfers between two engines, beside the raw limit of the same bytes.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use backends::loopback::{CONSUMER, LoopbackPair};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use transfer_engine::{Dtype, HostMemory, KvLayout, TransferMode, TransferRequest};
+
+use crate::args::{fmt_size, parse_size};
+use crate::report::{print_rows, quantile};
+
+/// Which backend carries the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Backend {
+    /// Two engines in one process; the limit is a plain memcpy of the same blocks.
+    Loopback,
+}
+
+/// Wire mode to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ModeArg {
+    /// Whole blocks as single units.
+    Exclusive,
+    /// Blocks cut into slices (see --slice-bytes).
+    Packetized,
+    /// Large contiguous runs exclusive, the rest packetized.
+    Auto,
+}
+
+/// Arguments of `te-bench run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Backend carrying the bytes.
+    #[arg(long, value_enum, default_value = "loopback")]
+    backend: Backend,
+    /// Wire mode; repeat or omit to run every mode.
+    #[arg(long, value_enum)]
+    mode: Vec<ModeArg>,
+    /// Bytes per KV block (one layer's K and V of one block), with a unit: 4KiB, 256KiB, 4MiB.
+    #[arg(long, value_parser = parse_size, default_value = "256KiB")]
+    block_bytes: u64,
+    /// Bytes per transfer (layers x blocks x block bytes; rounded down to whole blocks).
+    #[arg(long, value_parser = parse_size, default_value = "512MiB")]
+    total_bytes: u64,
+    /// Slice size of packetized and auto modes, in bytes.
+    #[arg(long, value_parser = parse_size, default_value = "64KiB")]
+    slice_bytes: u64,
+    /// Measured transfers per mode (after one warm-up); throughput is their median.
+    #[arg(long, default_value_t = 5)]
+    iterations: usize,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl RunArgs {
+    /// The demonstration's settings: a 7B-sized request's KV in every mode.
+    pub(crate) fn demo() -> Self {
+        Self {
+            backend: Backend::Loopback,
+            mode: Vec::new(),
+            block_bytes: 256 << 10,
+            total_bytes: 512 << 20,
+            slice_bytes: 64 << 10,
+            iterations: 3,
+            json: false,
+        }
+    }
+}
+
+/// One result row.
+#[derive(Debug, Serialize)]
+struct RunRow {
+    backend: &'static str,
+    mode: &'static str,
+    block_bytes: u64,
+    block: String,
+    bytes: u64,
+    iterations: usize,
+    seconds: f64,
+    gbps: f64,
+    limit_gbps: f64,
+    ratio: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    retransmits: u64,
+    recompute_blocks: usize,
+}
+
+pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
+    let layout = layout_for(args.block_bytes, args.total_bytes)?;
+    let slice_bytes =
+        u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
+    let modes = if args.mode.is_empty() {
+        vec![ModeArg::Exclusive, ModeArg::Packetized, ModeArg::Auto]
+    } else {
+        args.mode.clone()
+    };
+    let mut rows = Vec::new();
+    for mode in modes {
+        let mode = match mode {
+            ModeArg::Exclusive => TransferMode::Exclusive,
+            ModeArg::Packetized => TransferMode::Packetized { slice_bytes },
+            ModeArg::Auto => TransferMode::Auto {
+                slice_bytes,
+                exclusive_min_bytes: transfer_engine::DEFAULT_EXCLUSIVE_MIN_BYTES,
+            },
+        };
+        rows.push(match args.backend {
+            Backend::Loopback => run_loopback(layout, mode, args.iterations)?,
+        });
+    }
+    let columns = [
+        "backend",
+        "mode",
+        "block",
+        "bytes",
+        "gbps",
+        "limit_gbps",
+        "ratio",
+        "p50_ms",
+        "p99_ms",
+        "recompute_blocks",
+    ];
+    print_rows(&rows, args.json, &columns)
+}
+
+/// A layout of whole blocks close to `total` bytes: up to 32 layers, as many blocks per layer as fit.
+fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayout> {
+    if block_bytes == 0 || total < block_bytes {
+        bail!(
+            "--total-bytes ({total}) must hold at least one block of --block-bytes ({block_bytes})"
+        );
+    }
+    let blocks = total / block_bytes;
+    let layers = (1..=blocks.min(32))
+        .rev()
+        .find(|l| blocks % l == 0)
+        .unwrap_or(1);
+    Ok(KvLayout::new(
+        layers as u32,
+        u32::try_from(blocks / layers).context("too many blocks")?,
+        block_bytes,
+        16,
+        Dtype::Bf16,
+    )?)
+}
+
+fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyhow::Result<RunRow> {
+    let mut pair = LoopbackPair::with_defaults();
+    let src = pair.producer.kv_region(layout)?;
+    let dst = pair.consumer.kv_region(layout)?;
+    fill(pair.producer.memory.region_mut(src.id)?);
+    let limit = memcpy_limit(&pair.producer.memory, src.id, layout, iterations)?;
+    let mut seconds = Vec::new();
+    let mut recompute = 0;
+    for i in 0..=iterations {
+        let req = TransferRequest::whole(CONSUMER, &src, &dst)?.with_mode(mode);
+        let out = pair.transfer(req, Duration::from_secs(600))?;
+        recompute += out.recompute.len();
+        if i > 0 {
+            seconds.push(out.elapsed.as_secs_f64());
+        }
+    }
+    if pair.producer.memory.region(src.id)? != pair.consumer.memory.region(dst.id)? {
+        bail!(
+            "destination differs from source after the transfer: this is a bug, please report it"
+        );
+    }
+    let bytes = layout.total_bytes();
+    let median = quantile(&mut seconds, 0.5);
+    let gbps = bytes as f64 / median / 1e9;
+    Ok(RunRow {
+        backend: "loopback",
+        mode: mode.name(),
+        block_bytes: layout.block_bytes,
+        block: fmt_size(layout.block_bytes),
+        bytes,
+        iterations,
+        seconds: median,
+        gbps,
+        limit_gbps: limit,
+        ratio: gbps / limit,
+        p50_ms: median * 1e3,
+        p99_ms: quantile(&mut seconds, 0.99) * 1e3,
+        retransmits: pair.producer.engine.stats().retransmits,
+        recompute_blocks: recompute,
+    })
+}
+
+/// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).
+fn memcpy_limit(
+    mem: &HostMemory,
+    src: transfer_engine::RegionId,
+    layout: KvLayout,
+    iterations: usize,
+) -> anyhow::Result<f64> {
+    let src = mem.region(src)?;
+    let mut dst = vec![0u8; src.len()];
+    let block = layout.block_bytes as usize;
+    let mut seconds = Vec::new();
+    for i in 0..=iterations {
+        let start = Instant::now();
+        for (d, s) in dst.chunks_mut(block).zip(src.chunks(block)) {
+            d.copy_from_slice(s);
+        }
+        std::hint::black_box(&mut dst);
+        if i > 0 {
+            seconds.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok(src.len() as f64 / quantile(&mut seconds, 0.5) / 1e9)
+}
+
+fn fill(bytes: &mut [u8]) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}

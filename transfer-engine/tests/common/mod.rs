@@ -1,0 +1,191 @@
+//! A hand-stepped pair of engines: virtual time advanced by the test, frames moved as real encoded bytes,
+//! and a filter that can drop or corrupt chosen frames.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::{Duration, Instant};
+
+use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
+use transfer_engine::{
+    Body, Dtype, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PeerId, RegionHandle,
+    Transmit,
+};
+
+pub const A: PeerId = PeerId(1);
+pub const B: PeerId = PeerId(2);
+
+/// What to do with a frame on its way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Pass,
+    Drop,
+    /// Flip one bit of the payload (or of the header when there is no payload).
+    Corrupt,
+}
+
+pub type Filter = Box<dyn FnMut(&Header, PeerId) -> Action>;
+
+pub struct Pair {
+    pub a: Engine,
+    pub b: Engine,
+    pub mem_a: HostMemory,
+    pub mem_b: HostMemory,
+    pub now: Instant,
+    pub start: Instant,
+    pub filter: Filter,
+    pub events_a: Vec<(Duration, Event)>,
+    pub events_b: Vec<(Duration, Event)>,
+    pub refused_a: Vec<Error>,
+    pub refused_b: Vec<Error>,
+    /// Data frames sent by A: (virtual time, sequence, attempt).
+    pub data_log: Vec<(Duration, u32, u16)>,
+}
+
+pub fn config(engine_id: u32) -> EngineConfig {
+    EngineConfig {
+        engine_id,
+        rng_seed: u64::from(engine_id),
+        ..EngineConfig::default()
+    }
+}
+
+pub fn layout(layers: u32, blocks: u32, block_bytes: u64) -> KvLayout {
+    KvLayout::new(layers, blocks, block_bytes, 16, Dtype::F16).unwrap()
+}
+
+pub fn fill(bytes: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+impl Pair {
+    pub fn new() -> Self {
+        Self::with_configs(config(1), config(2))
+    }
+
+    pub fn with_configs(a: EngineConfig, b: EngineConfig) -> Self {
+        let start = Instant::now();
+        Self {
+            a: Engine::new(a),
+            b: Engine::new(b),
+            mem_a: HostMemory::default(),
+            mem_b: HostMemory::default(),
+            now: start,
+            start,
+            filter: Box::new(|_, _| Action::Pass),
+            events_a: Vec::new(),
+            events_b: Vec::new(),
+            refused_a: Vec::new(),
+            refused_b: Vec::new(),
+            data_log: Vec::new(),
+        }
+    }
+
+    /// A source region on A (filled with `seed`'s pattern) and a destination region on B.
+    pub fn regions(&mut self, layout: KvLayout, seed: u64) -> (RegionHandle, RegionHandle) {
+        let src = self.a.register_kv_region(layout).unwrap();
+        fill(self.mem_a.alloc(&src).unwrap(), seed);
+        let dst = self.b.register_kv_region(layout).unwrap();
+        self.mem_b.alloc(&dst).unwrap();
+        (src, dst)
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.now - self.start
+    }
+
+    fn to_bytes(t: &mut Transmit, mem: &HostMemory) -> Vec<u8> {
+        match t.body.clone() {
+            Body::Payload(p) => {
+                let payload = mem.read(p.region, p.range()).unwrap();
+                let mut out = t.seal(payload).to_vec();
+                out.extend_from_slice(payload);
+                out
+            }
+            Body::Control(payload) => transfer_engine::wire::encode_frame(&t.header, &payload),
+            Body::Empty => t.header.encode().to_vec(),
+        }
+    }
+
+    /// Moves every pending frame once in each direction; returns how many were sent.
+    pub fn step(&mut self) -> usize {
+        let mut moved = 0;
+        while let Some(mut t) = self.a.poll_transmit(self.now) {
+            moved += 1;
+            if t.header.kind == FrameKind::Data {
+                self.data_log
+                    .push((self.elapsed(), t.header.sequence, t.header.attempt));
+            }
+            let bytes = Self::to_bytes(&mut t, &self.mem_a);
+            if let Some(bytes) = apply((self.filter)(&t.header, A), bytes) {
+                if let Err(e) = self.b.handle_datagram(self.now, A, &bytes, &mut self.mem_b) {
+                    self.refused_b.push(e);
+                }
+            }
+        }
+        while let Some(mut t) = self.b.poll_transmit(self.now) {
+            moved += 1;
+            let bytes = Self::to_bytes(&mut t, &self.mem_b);
+            if let Some(bytes) = apply((self.filter)(&t.header, B), bytes) {
+                if let Err(e) = self.a.handle_datagram(self.now, B, &bytes, &mut self.mem_a) {
+                    self.refused_a.push(e);
+                }
+            }
+        }
+        self.collect();
+        moved
+    }
+
+    pub fn collect(&mut self) {
+        let at = self.elapsed();
+        while let Some(e) = self.a.poll_event() {
+            self.events_a.push((at, e));
+        }
+        while let Some(e) = self.b.poll_event() {
+            self.events_b.push((at, e));
+        }
+    }
+
+    /// Steps until neither engine has anything to send or any timer pending, jumping virtual time to
+    /// the next timer whenever the pair is quiet. Panics if `limit` of virtual time passes.
+    pub fn run(&mut self, limit: Duration) {
+        loop {
+            if self.step() > 0 {
+                continue;
+            }
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            let Some(next) = next else { return };
+            assert!(
+                next - self.start <= limit,
+                "still busy after {limit:?} of virtual time"
+            );
+            self.now = self.now.max(next);
+            self.a.handle_timeout(self.now);
+            self.b.handle_timeout(self.now);
+        }
+    }
+}
+
+fn apply(action: Action, mut bytes: Vec<u8>) -> Option<Vec<u8>> {
+    match action {
+        Action::Pass => Some(bytes),
+        Action::Drop => None,
+        Action::Corrupt => {
+            let at = if bytes.len() > HEADER_LEN {
+                HEADER_LEN + (bytes.len() - HEADER_LEN) / 2
+            } else {
+                20
+            };
+            bytes[at] ^= 0x10;
+            Some(bytes)
+        }
+    }
+}
