@@ -545,7 +545,7 @@ impl Engine {
                 sender.on_reject(String::from_utf8_lossy(payload).into_owned(), &mut ctx);
                 Ok(())
             }
-            FrameKind::Ack => sender.on_ack(&decode_ranges(payload)?, &mut ctx),
+            FrameKind::Ack => sender.on_ack(now, &decode_ranges(payload)?, &mut ctx),
             FrameKind::Nack => sender.on_nack(header.sequence, header.attempt, &mut ctx),
             FrameKind::CloseAck => {
                 sender.on_close_ack();

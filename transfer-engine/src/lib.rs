@@ -27,6 +27,7 @@ mod plan;
 pub mod policy;
 mod receiver;
 mod region;
+mod rtt;
 mod sender;
 mod stats;
 mod transmit;

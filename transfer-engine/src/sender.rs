@@ -3,10 +3,11 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::engine::Ctx;
 use crate::plan::Plan;
+use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header};
 use crate::{
     BlockId, Body, Counters, Error, Event, Lane, PayloadRef, PeerId, RegionId, Role, SessionId,
@@ -29,7 +30,7 @@ enum SenderState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum UnitState {
     Pending,
-    InFlight { attempt: u16 },
+    InFlight { attempt: u16, sent_at: Instant },
     Resend { attempt: u16 },
     Acked,
     Failed,
@@ -67,6 +68,7 @@ pub(crate) struct SenderSession {
     unresolved: usize,
     slot_units_left: Vec<u32>,
     slot_failed: Vec<bool>,
+    rtt: RttEstimator,
     pub(crate) stats: Counters,
 }
 
@@ -86,6 +88,7 @@ impl SenderSession {
             unresolved: n,
             slot_units_left: spec.plan.units_per_slot.clone(),
             slot_failed: vec![false; spec.plan.units_per_slot.len()],
+            rtt: RttEstimator::default(),
             stats: Counters::default(),
             spec,
         }
@@ -130,8 +133,7 @@ impl SenderSession {
         match self.state {
             SenderState::Opening | SenderState::Closing if self.control_due => {
                 self.control_due = false;
-                self.control_timer =
-                    Some(now + ctx.cfg.backoff.delay(self.control_attempt, ctx.rng));
+                self.control_timer = Some(now + self.retransmit_delay(self.control_attempt, ctx));
                 self.control_attempt += 1;
                 Some(self.control_transmit())
             }
@@ -191,12 +193,12 @@ impl SenderSession {
 
     fn send_unit(&mut self, index: u32, attempt: u16, now: Instant, ctx: &mut Ctx<'_>) -> Transmit {
         let unit = self.spec.plan.units[index as usize];
-        self.units[index as usize] = UnitState::InFlight { attempt };
-        self.timers.push(Reverse((
-            now + ctx.cfg.backoff.delay(u32::from(attempt), ctx.rng),
-            index,
+        self.units[index as usize] = UnitState::InFlight {
             attempt,
-        )));
+            sent_at: now,
+        };
+        let delay = self.retransmit_delay(u32::from(attempt), ctx);
+        self.timers.push(Reverse((now + delay, index, attempt)));
         self.stats.slices_sent += 1;
         self.stats.bytes_sent += u64::from(unit.len);
         let layout = &self.spec.src_layout;
@@ -225,6 +227,17 @@ impl SenderSession {
             lane,
             class: self.spec.class,
         }
+    }
+
+    /// How long to wait for the ack of send number `attempt`: the backoff schedule, starting from the
+    /// measured retransmit timeout once there is one.
+    fn retransmit_delay(&self, attempt: u32, ctx: &mut Ctx<'_>) -> Duration {
+        let base = self.rtt.rto(ctx.cfg.backoff.base).min(ctx.cfg.backoff.max);
+        crate::Backoff {
+            base,
+            ..ctx.cfg.backoff
+        }
+        .delay(attempt, ctx.rng)
     }
 
     /// When this session next needs [`SenderSession::handle_timeout`].
@@ -267,7 +280,8 @@ impl SenderSession {
                 break;
             }
             self.timers.pop();
-            if self.units[unit as usize] == (UnitState::InFlight { attempt }) {
+            if matches!(self.units[unit as usize], UnitState::InFlight { attempt: a, .. } if a == attempt)
+            {
                 self.retry(unit, attempt, ctx);
             }
         }
@@ -306,7 +320,12 @@ impl SenderSession {
         let _ = self.enter(SenderState::Done);
     }
 
-    pub(crate) fn on_ack(&mut self, ranges: &[Range<u32>], ctx: &mut Ctx<'_>) -> Result<(), Error> {
+    pub(crate) fn on_ack(
+        &mut self,
+        now: Instant,
+        ranges: &[Range<u32>],
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Error> {
         let n = self.units.len() as u32;
         if let Some(bad) = ranges.iter().find(|r| r.end > n) {
             return Err(Error::FrameMismatch {
@@ -316,6 +335,13 @@ impl SenderSession {
         }
         for unit in ranges.iter().flat_map(Clone::clone) {
             match self.units[unit as usize] {
+                UnitState::InFlight {
+                    attempt: 0,
+                    sent_at,
+                } => {
+                    self.rtt.on_sample(now.saturating_duration_since(sent_at));
+                    self.acked(unit);
+                }
                 UnitState::InFlight { .. } | UnitState::Resend { .. } => self.acked(unit),
                 UnitState::Pending => {
                     return Err(Error::FrameMismatch {
@@ -344,7 +370,9 @@ impl SenderSession {
                     self.units.len()
                 ),
             }),
-            Some(&UnitState::InFlight { attempt: current }) if current == attempt => {
+            Some(&UnitState::InFlight {
+                attempt: current, ..
+            }) if current == attempt => {
                 self.retry(unit, attempt, ctx);
                 self.maybe_finish(ctx);
                 Ok(())
