@@ -1,8 +1,9 @@
 //! The engine-wide retransmit budget: the storm guard.
 
 /// Retransmits allowed across all sessions: `burst` to start with, plus `ratio` for every first
-/// transmission, never more than `burst` saved up. When it is empty a slice that needs resending is given
-/// up instead (its blocks are handed back for recompute), so loss can never snowball into a storm.
+/// transmission, never more than `burst` saved up. When it is empty a slice that needs resending waits
+/// (its last copy may still be acknowledged) instead of going out again, and the session deadline hands
+/// its blocks back for recompute if nothing arrives: loss can never snowball into a storm.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetransmitBudget {
     /// Retransmits allowed with no first transmissions to earn them, and the most saved up.

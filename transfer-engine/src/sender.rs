@@ -31,7 +31,7 @@ enum SenderState {
 enum UnitState {
     Pending,
     InFlight { attempt: u16, sent_at: Instant },
-    Resend { attempt: u16 },
+    Resend { attempt: u16, last_sent: Instant },
     Acked,
     Failed,
 }
@@ -167,12 +167,20 @@ impl SenderSession {
 
     fn poll_data(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
         while let Some(unit) = self.resend.pop_front() {
-            let UnitState::Resend { attempt } = self.units[unit as usize] else {
+            let UnitState::Resend { attempt, last_sent } = self.units[unit as usize] else {
                 continue;
             };
             if !ctx.budget.try_take() {
+                // Storm guard: no resend now. The last copy may still be acknowledged; look again after
+                // another backoff, and let the session deadline hand the block back if none comes.
                 self.stats.budget_exhausted += 1;
-                self.fail(unit, ctx);
+                let previous = attempt - 1;
+                self.units[unit as usize] = UnitState::InFlight {
+                    attempt: previous,
+                    sent_at: last_sent,
+                };
+                let delay = self.retransmit_delay(u32::from(attempt), ctx);
+                self.timers.push(Reverse((now + delay, unit, previous)));
                 continue;
             }
             let len = u64::from(self.spec.plan.units[unit as usize].len);
@@ -289,11 +297,15 @@ impl SenderSession {
 
     /// Schedules `unit` (last sent as `attempt`) for resending, or gives it up if it has no tries left.
     fn retry(&mut self, unit: u32, attempt: u16, ctx: &mut Ctx<'_>) {
+        let UnitState::InFlight { sent_at, .. } = self.units[unit as usize] else {
+            return;
+        };
         if u32::from(attempt) >= ctx.cfg.max_retries {
             self.fail(unit, ctx);
         } else {
             self.units[unit as usize] = UnitState::Resend {
                 attempt: attempt + 1,
+                last_sent: sent_at,
             };
             self.resend.push_back(unit);
         }
