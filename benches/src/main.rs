@@ -2,6 +2,7 @@
 //! machine's raw limit measured in the same run.
 
 mod args;
+mod replay;
 mod report;
 mod run;
 
@@ -19,12 +20,15 @@ struct Cli {
 enum Command {
     /// Moves KV between two engines and reports throughput beside a plain copy of the same bytes.
     Run(run::RunArgs),
+    /// Replays a request trace against a cache policy and reports the prefix hit ratio.
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Run(args)) => run::main(&args),
+        Some(Command::Replay(args)) => replay::main(&args),
         None => demo(),
     }
 }

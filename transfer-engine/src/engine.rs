@@ -244,13 +244,13 @@ impl Engine {
         req.dst_layout.validate()?;
         req.src_layout.check_compatible(&req.dst_layout)?;
         let region = *self.regions.get(req.src_region)?;
-        if let Some(registered) = region.layout {
-            if registered != req.src_layout {
-                return Err(Error::InvalidRequest(format!(
-                    "source layout {:?} differs from the layout region {} was registered with ({registered:?})",
-                    req.src_layout, req.src_region
-                )));
-            }
+        if let Some(registered) = region.layout
+            && registered != req.src_layout
+        {
+            return Err(Error::InvalidRequest(format!(
+                "source layout {:?} differs from the layout region {} was registered with ({registered:?})",
+                req.src_layout, req.src_region
+            )));
         }
         self.regions
             .check_local(req.src_region, 0, req.src_layout.total_bytes())?;
@@ -398,8 +398,7 @@ impl Engine {
                 len,
             } => {
                 let dst = memory.write(region, offset as usize..offset as usize + len as usize)?;
-                dst.copy_from_slice(payload);
-                crate::crc32c(dst)
+                crate::copy_and_crc32c(dst, payload)
             }
             Placement::Discard => header.crc,
         };
@@ -443,15 +442,15 @@ impl Engine {
             return Some(t);
         }
         while let Some(key) = self.rx_output.pop_front() {
-            if let Some(rx) = self.receivers.get_mut(&key) {
-                if let Some(t) = rx.poll_transmit() {
-                    if rx.has_output() {
-                        self.rx_output.push_front(key);
-                    } else if rx.is_done() {
-                        self.retire_receiver(key);
-                    }
-                    return Some(t);
+            if let Some(rx) = self.receivers.get_mut(&key)
+                && let Some(t) = rx.poll_transmit()
+            {
+                if rx.has_output() {
+                    self.rx_output.push_front(key);
+                } else if rx.is_done() {
+                    self.retire_receiver(key);
                 }
+                return Some(t);
             }
         }
         let mut ctx = Ctx {

@@ -115,7 +115,7 @@ impl KvLayout {
                 "layout has 0 tokens per block".into(),
             ));
         }
-        if self.block_bytes % self.dtype.size() != 0 {
+        if !self.block_bytes.is_multiple_of(self.dtype.size()) {
             return Err(Error::InvalidRequest(format!(
                 "block of {} bytes is not a whole number of {:?} elements",
                 self.block_bytes, self.dtype

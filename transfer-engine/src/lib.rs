@@ -17,6 +17,7 @@
 
 mod backoff;
 mod budget;
+mod checksum;
 mod control;
 mod engine;
 mod error;
@@ -35,6 +36,7 @@ pub mod wire;
 
 pub use backoff::Backoff;
 pub use budget::RetransmitBudget;
+pub use checksum::{copy_and_crc32c, crc32c};
 pub use engine::{Engine, EngineConfig, Placement};
 pub use error::Error;
 pub use event::{Event, Role};
@@ -49,9 +51,3 @@ pub use region::{AccessKey, RegionHandle, RegionId};
 pub use stats::Counters;
 pub use transmit::{Body, Lane, PayloadRef, PeerId, SessionId, TransferRequest, Transmit};
 pub use wire::{FrameKind, HEADER_LEN, Header, WireError};
-
-/// CRC-32C (Castagnoli) of `bytes`, hardware accelerated where the CPU allows.
-#[must_use]
-pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc_fast::crc32_iscsi(bytes)
-}

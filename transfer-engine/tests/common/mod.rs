@@ -69,6 +69,10 @@ impl Pair {
     }
 
     pub fn with_configs(a: EngineConfig, b: EngineConfig) -> Self {
+        #[expect(
+            clippy::disallowed_methods,
+            reason = "virtual time needs one real epoch to start from"
+        )]
         let start = Instant::now();
         Self {
             a: Engine::new(a),
@@ -122,19 +126,19 @@ impl Pair {
                     .push((self.elapsed(), t.header.sequence, t.header.attempt));
             }
             let bytes = Self::to_bytes(&mut t, &self.mem_a);
-            if let Some(bytes) = apply((self.filter)(&t.header, A), bytes) {
-                if let Err(e) = self.b.handle_datagram(self.now, A, &bytes, &mut self.mem_b) {
-                    self.refused_b.push(e);
-                }
+            if let Some(bytes) = apply((self.filter)(&t.header, A), bytes)
+                && let Err(e) = self.b.handle_datagram(self.now, A, &bytes, &mut self.mem_b)
+            {
+                self.refused_b.push(e);
             }
         }
         while let Some(mut t) = self.b.poll_transmit(self.now) {
             moved += 1;
             let bytes = Self::to_bytes(&mut t, &self.mem_b);
-            if let Some(bytes) = apply((self.filter)(&t.header, B), bytes) {
-                if let Err(e) = self.a.handle_datagram(self.now, B, &bytes, &mut self.mem_a) {
-                    self.refused_a.push(e);
-                }
+            if let Some(bytes) = apply((self.filter)(&t.header, B), bytes)
+                && let Err(e) = self.a.handle_datagram(self.now, B, &bytes, &mut self.mem_a)
+            {
+                self.refused_a.push(e);
             }
         }
         self.collect();

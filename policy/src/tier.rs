@@ -1,0 +1,569 @@
+//! The tier manager: capacities per tier, heat-ranked promotions, demotions and evictions.
+//!
+//! Invariants, kept after every public call that settles:
+//! - no tier holds more blocks than its capacity;
+//! - every block lives in at most one tier;
+//! - a parent lives in a tier at least as near as each of its children, so a parent is never evicted
+//!   while a child stays (chain tails go first, an evicted parent would orphan its children).
+//!
+//! Victims are the coldest blocks by [`Heat::rank`] among those with no child in the same or a nearer
+//! tier (deepest first on ties); a victim moves to the next tier with room, or is dropped from the last.
+//! Dropped blocks leave their heat behind in a bounded ghost table, so a block that comes back resumes its
+//! history (a second chance against one-off scans).
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
+
+use crate::error::PolicyError;
+use crate::heat::{Heat, HeatClock, HeatConfig};
+use crate::namespace::NamespaceId;
+
+const TIERS: [Tier; 3] = [Tier::Gpu, Tier::Host, Tier::Remote];
+
+fn idx(t: Tier) -> usize {
+    match t {
+        Tier::Gpu => 0,
+        Tier::Host => 1,
+        Tier::Remote => 2,
+    }
+}
+
+/// Blocks each tier may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierCapacities {
+    /// GPU HBM.
+    pub gpu: usize,
+    /// Host DRAM.
+    pub host: usize,
+    /// Remote memory or SSD.
+    pub remote: usize,
+}
+
+impl TierCapacities {
+    fn get(&self, t: usize) -> usize {
+        [self.gpu, self.host, self.remote][t]
+    }
+
+    /// Blocks all tiers hold together.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.gpu + self.host + self.remote
+    }
+}
+
+/// Tier manager configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TierConfig {
+    /// Capacities per tier.
+    pub capacities: TierCapacities,
+    /// Heat scoring.
+    pub heat: HeatConfig,
+    /// Evicted blocks whose heat is remembered, as a multiple of the total capacity.
+    pub ghost_factor: f64,
+}
+
+impl TierConfig {
+    /// The default heat policy over these capacities.
+    #[must_use]
+    pub fn new(capacities: TierCapacities) -> TierConfig {
+        TierConfig {
+            capacities,
+            heat: HeatConfig::default(),
+            ghost_factor: 8.0,
+        }
+    }
+}
+
+/// Orders f64 ranks totally (NaN never occurs: configs are validated).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rank(f64);
+
+impl Eq for Rank {}
+
+impl PartialOrd for Rank {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Rank {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// Eviction order inside a tier: coldest first, then deepest, then by key (deterministic).
+type Candidate = (Rank, Reverse<u32>, BlockKey);
+
+#[derive(Debug, Clone)]
+struct Block {
+    tier: usize,
+    parent: Option<BlockKey>,
+    /// Resident children per tier.
+    children: [u32; 3],
+    depth: u32,
+    ns: NamespaceId,
+    heat: Heat,
+    /// The entry in `candidates[tier]`, if the block is evictable from its tier.
+    entry: Option<Candidate>,
+}
+
+impl Block {
+    fn evictable(&self) -> bool {
+        self.children[..=self.tier].iter().all(|&c| c == 0)
+    }
+}
+
+/// Decides where blocks live across GPU, host and remote tiers. See the module docs.
+#[derive(Debug, Clone)]
+pub struct TierManager {
+    cfg: TierConfig,
+    clock: HeatClock,
+    blocks: HashMap<BlockKey, Block>,
+    candidates: [BTreeSet<Candidate>; 3],
+    len: [usize; 3],
+    ghosts: HashMap<BlockKey, (Heat, u64)>,
+    ghost_order: VecDeque<(BlockKey, u64)>,
+    ghost_capacity: usize,
+    ghost_stamp: u64,
+}
+
+impl TierManager {
+    /// A manager with these capacities and weights.
+    pub fn new(cfg: TierConfig) -> Result<TierManager, PolicyError> {
+        if !(cfg.ghost_factor.is_finite() && cfg.ghost_factor >= 0.0) {
+            return Err(PolicyError::InvalidConfig(
+                "ghost_factor must be a finite, non-negative multiple of the capacity".into(),
+            ));
+        }
+        let clock = HeatClock::new(cfg.heat, cfg.capacities.total())?;
+        Ok(TierManager {
+            ghost_capacity: (cfg.ghost_factor * cfg.capacities.total() as f64) as usize,
+            cfg,
+            clock,
+            blocks: HashMap::new(),
+            candidates: Default::default(),
+            len: [0; 3],
+            ghosts: HashMap::new(),
+            ghost_order: VecDeque::new(),
+            ghost_stamp: 0,
+        })
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &TierConfig {
+        &self.cfg
+    }
+
+    /// Blocks resident in `tier`.
+    #[must_use]
+    pub fn len(&self, tier: Tier) -> usize {
+        self.len[idx(tier)]
+    }
+
+    /// Whether no block is resident anywhere.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// A resident block's heat.
+    #[must_use]
+    pub fn heat(&self, key: BlockKey) -> Option<&Heat> {
+        self.blocks.get(&key).map(|b| &b.heat)
+    }
+
+    /// A resident block's parent, as linked at insert time.
+    #[must_use]
+    pub fn parent_of(&self, key: BlockKey) -> Option<BlockKey> {
+        self.blocks.get(&key).and_then(|b| b.parent)
+    }
+
+    /// Stores a new block in namespace `ns` at the nearest tier and settles capacities.
+    pub fn insert(
+        &mut self,
+        ns: NamespaceId,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        request: u64,
+        now: Duration,
+    ) -> Vec<TierMove> {
+        let mut moves = Vec::new();
+        self.insert_unsettled(ns, key, parent, request, now, &mut moves);
+        self.settle(&mut moves);
+        moves
+    }
+
+    /// Records a use of a resident block, promotes it (and any farther ancestors) to the nearest tier
+    /// and settles capacities. A block that is not resident is ignored.
+    pub fn access(&mut self, key: BlockKey, request: u64, now: Duration) -> Vec<TierMove> {
+        let mut moves = Vec::new();
+        self.access_unsettled(key, request, now, &mut moves);
+        self.settle(&mut moves);
+        moves
+    }
+
+    /// Like [`TierManager::insert`] but leaves capacities to a later [`TierManager::settle`], so a whole
+    /// request can be stored before anything is evicted. A parent that is not resident (or lives in
+    /// another namespace) is not linked: the block becomes a chain root. A resident key is accessed
+    /// instead.
+    pub fn insert_unsettled(
+        &mut self,
+        ns: NamespaceId,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        request: u64,
+        now: Duration,
+        moves: &mut Vec<TierMove>,
+    ) {
+        if self.blocks.contains_key(&key) {
+            self.access_unsettled(key, request, now, moves);
+            return;
+        }
+        self.clock.set_now(now);
+        self.clock.count_insert();
+        let tau = self.clock.tau();
+        let cfg = self.cfg.heat;
+        let heat = match self.ghosts.remove(&key) {
+            Some((mut h, _)) => {
+                h.touch(request, tau, &cfg);
+                h
+            }
+            None => Heat::new(request, tau, &cfg),
+        };
+        let parent = parent.filter(|p| self.blocks.get(p).is_some_and(|b| b.ns == ns));
+        if let Some(p) = parent {
+            self.promote_chain(p, moves);
+        }
+        let depth = parent.map_or(0, |p| self.blocks[&p].depth + 1);
+        let block = Block {
+            tier: 0,
+            parent,
+            children: [0; 3],
+            depth,
+            ns,
+            heat,
+            entry: None,
+        };
+        self.blocks.insert(key, block);
+        self.len[0] += 1;
+        if let Some(p) = parent {
+            self.adjust_child(p, 0, 1);
+        }
+        self.refresh(key);
+    }
+
+    /// Like [`TierManager::access`] but leaves capacities to a later [`TierManager::settle`].
+    pub fn access_unsettled(
+        &mut self,
+        key: BlockKey,
+        request: u64,
+        now: Duration,
+        moves: &mut Vec<TierMove>,
+    ) {
+        self.clock.set_now(now);
+        let tau = self.clock.tau();
+        let cfg = self.cfg.heat;
+        let Some(block) = self.blocks.get_mut(&key) else {
+            return;
+        };
+        block.heat.touch(request, tau, &cfg);
+        self.promote_chain(key, moves);
+        self.refresh(key);
+    }
+
+    /// Demotes and evicts the coldest evictable blocks until every tier is within capacity.
+    pub fn settle(&mut self, moves: &mut Vec<TierMove>) {
+        for (t, &tier) in TIERS.iter().enumerate() {
+            while self.len[t] > self.cfg.capacities.get(t) {
+                let Some(&(_, _, victim)) = self.candidates[t].first() else {
+                    unreachable!(
+                        "a non-empty tier always has an evictable block (parents are nearer)"
+                    );
+                };
+                let to = (t + 1..TIERS.len()).find(|&n| self.cfg.capacities.get(n) > 0);
+                moves.push(TierMove {
+                    key: victim,
+                    from: tier,
+                    to: to.map(|n| TIERS[n]),
+                });
+                match to {
+                    Some(n) => self.relocate(victim, n),
+                    None => self.drop_block(victim),
+                }
+            }
+        }
+    }
+
+    /// Evicts every block of namespace `ns` (children before parents), e.g. after a weight update.
+    pub fn drop_namespace(&mut self, ns: NamespaceId) -> Vec<TierMove> {
+        let mut victims: Vec<(Reverse<u32>, BlockKey)> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.ns == ns)
+            .map(|(k, b)| (Reverse(b.depth), *k))
+            .collect();
+        victims.sort_unstable();
+        victims
+            .into_iter()
+            .map(|(_, key)| {
+                let from = TIERS[self.blocks[&key].tier];
+                self.drop_block(key);
+                self.ghosts.remove(&key);
+                TierMove {
+                    key,
+                    from,
+                    to: None,
+                }
+            })
+            .collect()
+    }
+
+    /// Moves `key` and every ancestor that lives farther away to the nearest tier.
+    fn promote_chain(&mut self, key: BlockKey, moves: &mut Vec<TierMove>) {
+        let mut chain = Vec::new();
+        let mut cur = Some(key);
+        while let Some(k) = cur {
+            let b = &self.blocks[&k];
+            if b.tier == 0 {
+                break;
+            }
+            chain.push(k);
+            cur = b.parent;
+        }
+        for k in chain.into_iter().rev() {
+            moves.push(TierMove {
+                key: k,
+                from: TIERS[self.blocks[&k].tier],
+                to: Some(Tier::Gpu),
+            });
+            self.relocate(k, 0);
+        }
+    }
+
+    fn relocate(&mut self, key: BlockKey, to: usize) {
+        let b = self
+            .blocks
+            .get_mut(&key)
+            .expect("relocating a resident block");
+        let (from, parent) = (b.tier, b.parent);
+        b.tier = to;
+        self.len[from] -= 1;
+        self.len[to] += 1;
+        if let Some(e) = b.entry.take() {
+            self.candidates[from].remove(&e);
+        }
+        if let Some(p) = parent {
+            self.adjust_child(p, from, -1);
+            self.adjust_child(p, to, 1);
+        }
+        self.refresh(key);
+    }
+
+    fn drop_block(&mut self, key: BlockKey) {
+        let b = self.blocks.remove(&key).expect("dropping a resident block");
+        debug_assert!(
+            b.children.iter().all(|&c| c == 0),
+            "a parent is never dropped before its children"
+        );
+        self.len[b.tier] -= 1;
+        if let Some(e) = b.entry {
+            self.candidates[b.tier].remove(&e);
+        }
+        if let Some(p) = b.parent {
+            self.adjust_child(p, b.tier, -1);
+        }
+        if self.ghost_capacity > 0 {
+            self.ghost_stamp += 1;
+            self.ghosts.insert(key, (b.heat, self.ghost_stamp));
+            self.ghost_order.push_back((key, self.ghost_stamp));
+            while self.ghosts.len() > self.ghost_capacity {
+                let Some((k, stamp)) = self.ghost_order.pop_front() else {
+                    break;
+                };
+                if self.ghosts.get(&k).is_some_and(|&(_, s)| s == stamp) {
+                    self.ghosts.remove(&k);
+                }
+            }
+        }
+    }
+
+    fn adjust_child(&mut self, parent: BlockKey, tier: usize, delta: i32) {
+        if let Some(p) = self.blocks.get_mut(&parent) {
+            p.children[tier] = p.children[tier]
+                .checked_add_signed(delta)
+                .expect("child count");
+            self.refresh(parent);
+        }
+    }
+
+    /// Re-files `key` in its tier's eviction order after its heat, tier or children changed.
+    fn refresh(&mut self, key: BlockKey) {
+        let cfg = self.cfg.heat;
+        let Some(b) = self.blocks.get_mut(&key) else {
+            return;
+        };
+        let want = b
+            .evictable()
+            .then(|| (Rank(b.heat.rank(&cfg)), Reverse(b.depth), key));
+        if want != b.entry {
+            if let Some(old) = b.entry.take() {
+                self.candidates[b.tier].remove(&old);
+            }
+            if let Some(new) = want {
+                self.candidates[b.tier].insert(new);
+            }
+            b.entry = want;
+        }
+    }
+}
+
+impl TierPolicy for TierManager {
+    /// Inserts in the parent's namespace (or [`NamespaceId::DEFAULT`] for a root).
+    fn on_insert(
+        &mut self,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        request: u64,
+        now: Duration,
+    ) -> Vec<TierMove> {
+        let ns = parent
+            .and_then(|p| self.blocks.get(&p))
+            .map_or(NamespaceId::DEFAULT, |b| b.ns);
+        self.insert(ns, key, parent, request, now)
+    }
+
+    fn on_access(&mut self, key: BlockKey, request: u64, now: Duration) -> Vec<TierMove> {
+        self.access(key, request, now)
+    }
+
+    fn tier_of(&self, key: BlockKey) -> Option<Tier> {
+        self.blocks.get(&key).map(|b| TIERS[b.tier])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Duration = Duration::ZERO;
+
+    fn manager(gpu: usize, host: usize, remote: usize) -> TierManager {
+        TierManager::new(TierConfig::new(TierCapacities { gpu, host, remote })).unwrap()
+    }
+
+    #[test]
+    fn demotes_through_the_tiers_then_evicts() {
+        let mut m = manager(1, 1, 0);
+        assert!(m.on_insert(BlockKey(1), None, 1, T0).is_empty());
+        let moves = m.on_insert(BlockKey(2), None, 2, T0);
+        assert_eq!(moves.len(), 1);
+        assert_eq!((moves[0].from, moves[0].to), (Tier::Gpu, Some(Tier::Host)));
+        let moves = m.on_insert(BlockKey(3), None, 3, T0);
+        assert_eq!(
+            moves.iter().filter(|mv| mv.to.is_none()).count(),
+            1,
+            "{moves:?}"
+        );
+        assert_eq!(
+            (m.len(Tier::Gpu), m.len(Tier::Host), m.len(Tier::Remote)),
+            (1, 1, 0)
+        );
+    }
+
+    #[test]
+    fn access_promotes_the_block_and_its_farther_ancestors() {
+        let mut m = manager(2, 4, 0);
+        m.on_insert(BlockKey(1), None, 1, T0);
+        m.on_insert(BlockKey(2), Some(BlockKey(1)), 1, T0);
+        // Two unrelated roots push the chain down to the host tier, tail first.
+        m.on_insert(BlockKey(10), None, 2, T0);
+        m.on_insert(BlockKey(11), None, 3, T0);
+        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Host));
+        assert_eq!(m.tier_of(BlockKey(2)), Some(Tier::Host));
+        let moves = m.on_access(BlockKey(2), 4, T0);
+        let promoted: Vec<_> = moves
+            .iter()
+            .filter(|mv| mv.to == Some(Tier::Gpu))
+            .map(|mv| mv.key)
+            .collect();
+        assert_eq!(
+            promoted,
+            vec![BlockKey(1), BlockKey(2)],
+            "parent first: {moves:?}"
+        );
+        assert_eq!(m.len(Tier::Gpu), 2);
+    }
+
+    #[test]
+    fn chain_tails_are_evicted_before_parents() {
+        let mut m = manager(3, 0, 0);
+        let mut parent = None;
+        for k in 1..=3 {
+            m.on_insert(BlockKey(k), parent, 1, T0);
+            parent = Some(BlockKey(k));
+        }
+        // A hot unrelated block used by many requests.
+        m.on_insert(BlockKey(9), None, 2, T0);
+        for r in 3..10 {
+            m.on_access(BlockKey(9), r, T0);
+        }
+        assert_eq!(m.tier_of(BlockKey(3)), None, "the tail went first");
+        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Gpu));
+        assert_eq!(m.parent_of(BlockKey(2)), Some(BlockKey(1)));
+    }
+
+    #[test]
+    fn dropping_a_namespace_frees_exactly_its_blocks_children_first() {
+        let mut m = manager(10, 0, 0);
+        let (a, b) = (NamespaceId(1), NamespaceId(2));
+        m.insert(a, BlockKey(1), None, 1, T0);
+        m.insert(a, BlockKey(2), Some(BlockKey(1)), 1, T0);
+        m.insert(b, BlockKey(3), None, 2, T0);
+        // A child inherits its parent's namespace through the trait.
+        m.on_insert(BlockKey(4), Some(BlockKey(2)), 1, T0);
+        let moves = m.drop_namespace(a);
+        let keys: Vec<_> = moves.iter().map(|mv| mv.key).collect();
+        assert_eq!(keys, vec![BlockKey(4), BlockKey(2), BlockKey(1)]);
+        assert!(moves.iter().all(|mv| mv.to.is_none()));
+        assert_eq!(m.tier_of(BlockKey(3)), Some(Tier::Gpu));
+        assert_eq!(m.len(Tier::Gpu), 1);
+    }
+
+    #[test]
+    fn evicted_blocks_remember_their_heat() {
+        let mut m = manager(1, 0, 0);
+        m.on_insert(BlockKey(1), None, 1, T0);
+        m.on_access(BlockKey(1), 2, T0);
+        m.on_insert(BlockKey(2), None, 3, T0);
+        let back = if m.tier_of(BlockKey(1)).is_some() {
+            BlockKey(2)
+        } else {
+            BlockKey(1)
+        };
+        m.on_insert(back, None, 4, T0);
+        if let Some(h) = m.heat(back) {
+            assert!(h.sharers() >= 2, "a returning block resumes its history");
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_hint() {
+        let mut cfg = TierConfig::new(TierCapacities {
+            gpu: 1,
+            host: 0,
+            remote: 0,
+        });
+        cfg.ghost_factor = f64::NAN;
+        assert!(
+            TierManager::new(cfg)
+                .unwrap_err()
+                .to_string()
+                .contains("ghost_factor")
+        );
+    }
+}

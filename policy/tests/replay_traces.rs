@@ -1,0 +1,60 @@
+//! Replay of the shared Mooncake traces against the reference points in `shared/data/README.md`.
+
+use policy::{PolicyKind, Trace, replay};
+
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/");
+
+fn load(file: &str) -> Trace {
+    let path = format!("{DATA}{file}");
+    Trace::load(&path).unwrap_or_else(|e| {
+        panic!(
+            "{e}\nthe replay tests need the shared traces: clone or copy `shared/` next to the repository \
+             so that {path} exists"
+        )
+    })
+}
+
+fn three_decimals(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[test]
+fn conversation_trace_matches_the_reference_points_at_5_percent() {
+    let trace = load("conversation_trace_first6000.jsonl");
+    assert_eq!(trace.requests().len(), 6000);
+    assert_eq!(trace.distinct_blocks(), 99_716);
+    let cap = 4_985;
+    let lru = replay(&trace, cap, PolicyKind::Lru);
+    let belady = replay(&trace, cap, PolicyKind::Belady);
+    let infinite = replay(&trace, trace.distinct_blocks(), PolicyKind::Lru);
+    assert_eq!(three_decimals(lru.hit_ratio), 0.111, "{lru:?}");
+    assert_eq!(three_decimals(belady.hit_ratio), 0.326, "{belady:?}");
+    assert_eq!(three_decimals(infinite.hit_ratio), 0.346, "{infinite:?}");
+    assert_eq!(lru.blocks, trace.total_blocks());
+    assert_eq!((lru.requests, lru.capacity_blocks), (6000, cap));
+
+    let heat = replay(&trace, cap, PolicyKind::Heat);
+    assert!(
+        heat.hit_ratio > lru.hit_ratio,
+        "heat {} must beat LRU {}",
+        heat.hit_ratio,
+        lru.hit_ratio
+    );
+    assert!(
+        heat.hit_ratio <= belady.hit_ratio + 0.005,
+        "heat {} above Belady",
+        heat.hit_ratio
+    );
+}
+
+#[test]
+fn synthetic_trace_orders_the_policies() {
+    let trace = load("synthetic_trace.jsonl");
+    assert_eq!(trace.requests().len(), 3_993);
+    let cap = trace.distinct_blocks() / 20;
+    let [lru, heat, belady] = PolicyKind::ALL.map(|k| replay(&trace, cap, k).hit_ratio);
+    assert!(
+        lru < heat && heat < belady,
+        "lru {lru}, heat {heat}, belady {belady}"
+    );
+}
