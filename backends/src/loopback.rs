@@ -405,8 +405,7 @@ fn place(
             len,
         } => {
             let dst = dst_mem.write(region, offset as usize..offset as usize + len as usize)?;
-            dst.copy_from_slice(payload);
-            transfer_engine::crc32c(dst)
+            transfer_engine::copy_and_crc32c(dst, payload)
         }
         Placement::Discard => header.crc,
     };

@@ -14,6 +14,54 @@
 //! The core never copies payload: a data [`Transmit`] names the region range its bytes live in, and on
 //! receive [`Engine::placement`] says where the driver should put them. [`HostMemory`] is a plain host-memory
 //! store that in-process drivers use for the bytes themselves.
+//!
+//! ```
+//! use std::time::Instant;
+//! use transfer_engine::{Body, Dtype, Engine, EngineConfig, Event, HostMemory, KvLayout, PeerId, Role,
+//!                       TransferMode, TransferRequest, wire};
+//!
+//! // Two engines (a prefill producer and a decode consumer) and the memory behind their regions.
+//! let (mut prefill, mut decode) = (Engine::new(EngineConfig { engine_id: 1, ..Default::default() }),
+//!                                  Engine::new(EngineConfig { engine_id: 2, ..Default::default() }));
+//! let (mut prefill_mem, mut decode_mem) = (HostMemory::default(), HostMemory::default());
+//! let layout = KvLayout::new(4, 16, 64 << 10, 16, Dtype::Bf16)?; // 4 layers x 16 blocks x 64 KiB
+//! let src = prefill.register_kv_region(layout)?;
+//! prefill_mem.alloc(&src)?.fill(7);
+//! let dst = decode.register_kv_region(layout)?; // its id and key reach the producer out of band
+//! decode_mem.alloc(&dst)?;
+//!
+//! let now = Instant::now();
+//! let req = TransferRequest::whole(PeerId(2), &src, &dst)?.with_mode(TransferMode::packetized());
+//! let session = prefill.submit(now, req)?;
+//!
+//! // The driver's loop: carry transmits both ways as encoded bytes until the sender completes.
+//! let mut done = false;
+//! while !done {
+//!     while let Some(mut t) = prefill.poll_transmit(now) {
+//!         let bytes = match &t.body {
+//!             Body::Payload(p) => {
+//!                 let payload = prefill_mem.read(p.region, p.range())?.to_vec();
+//!                 [&t.seal(&payload)[..], &payload].concat()
+//!             }
+//!             Body::Control(payload) => wire::encode_frame(&t.header, payload),
+//!             Body::Empty => t.header.encode().to_vec(),
+//!         };
+//!         decode.handle_datagram(now, PeerId(1), &bytes, &mut decode_mem)?;
+//!     }
+//!     while let Some(t) = decode.poll_transmit(now) {
+//!         let payload = if let Body::Control(p) = &t.body { p.clone() } else { Vec::new() };
+//!         prefill.handle_frame(now, PeerId(2), &t.header, &payload)?;
+//!     }
+//!     while let Some(event) = prefill.poll_event() {
+//!         if let Event::Completed { session: s, role: Role::Sender, stats } = event {
+//!             assert_eq!((s, stats.recompute_blocks), (session, 0));
+//!             done = true;
+//!         }
+//!     }
+//! }
+//! assert_eq!(prefill_mem.region(src.id)?, decode_mem.region(dst.id)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod backoff;
 mod budget;
