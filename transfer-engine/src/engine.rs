@@ -11,6 +11,7 @@ use crate::plan::Plan;
 use crate::policy::{ClassPolicy, FixedClass, FixedMode, ModePolicy};
 use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::region::RegionTable;
+use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::{SenderSession, SenderSpec};
 use crate::wire::{FrameKind, Header, WireError};
 use crate::{
@@ -97,7 +98,11 @@ pub struct Engine {
     regions: RegionTable,
     next_session: u32,
     senders: BTreeMap<SessionId, SenderSession>,
-    ready: [VecDeque<SessionId>; 3],
+    /// Sending sessions in round-robin order.
+    ready: VecDeque<SessionId>,
+    scheduler: Scheduler,
+    /// When a class held back by its bucket may send again.
+    shaping_wake: Option<Instant>,
     receivers: BTreeMap<(PeerId, SessionId), ReceiverSession>,
     rx_output: VecDeque<(PeerId, SessionId)>,
     control_out: VecDeque<Transmit>,
@@ -141,7 +146,10 @@ impl Engine {
             regions: RegionTable::default(),
             next_session: 0,
             senders: BTreeMap::new(),
-            ready: Default::default(),
+            ready: VecDeque::new(),
+            scheduler: Scheduler::new(ShapingConfig::default())
+                .expect("the default shaping is valid"),
+            shaping_wake: None,
             receivers: BTreeMap::new(),
             rx_output: VecDeque::new(),
             control_out: VecDeque::new(),
@@ -302,9 +310,10 @@ impl Engine {
             plan,
             open_payload: open.encode(),
             deadline: now + deadline,
+            prefetch_depth: req.prefetch_depth,
         };
         self.senders.insert(id, SenderSession::new(spec));
-        self.ready[class.index()].push_back(id);
+        self.ready.push_back(id);
         Ok(id)
     }
 
@@ -418,16 +427,16 @@ impl Engine {
                 sender.handle_timeout(now, &mut ctx);
             }
         }
-        let expired: Vec<_> = self
-            .receivers
-            .iter()
-            .filter(|(_, r)| r.expires() <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for key in expired {
-            if let Some(rx) = self.receivers.get_mut(&key) {
-                rx.expire(&mut self.events);
+        for (key, rx) in &mut self.receivers {
+            if rx.next_timeout() <= now {
+                rx.handle_timeout(now, &self.cfg, &mut self.events);
+                if rx.has_output() {
+                    self.rx_output.push_back(*key);
+                }
             }
+        }
+        if self.shaping_wake.is_some_and(|t| t <= now) {
+            self.shaping_wake = None;
         }
         self.reap();
     }
@@ -453,6 +462,33 @@ impl Engine {
                 return Some(t);
             }
         }
+        self.shaping_wake = None;
+        for class in self.scheduler.order(now) {
+            if !self.senders.values().any(|s| s.class() == class) {
+                self.scheduler.mark_idle(class);
+                continue;
+            }
+            if let Some(at) = self.scheduler.ready_at(now, class) {
+                self.scheduler.mark_waiting(now, class);
+                self.shaping_wake = Some(self.shaping_wake.map_or(at, |w| w.min(at)));
+                continue;
+            }
+            if let Some(t) = self.poll_class(now, class) {
+                if let Body::Payload(p) = &t.body {
+                    self.scheduler.charge(now, class, u64::from(p.len));
+                }
+                for lower in TrafficClass::ALL.into_iter().filter(|c| *c > class) {
+                    self.scheduler.mark_waiting(now, lower);
+                }
+                return Some(t);
+            }
+            self.scheduler.mark_idle(class);
+        }
+        None
+    }
+
+    /// Offers a turn to each sending session of `class`, round-robin, until one has a frame.
+    fn poll_class(&mut self, now: Instant, class: TrafficClass) -> Option<Transmit> {
         let mut ctx = Ctx {
             cfg: &self.cfg,
             rng: &mut self.rng,
@@ -460,21 +496,62 @@ impl Engine {
             events: &mut self.events,
         };
         let mut found = None;
-        'classes: for queue in &mut self.ready {
-            for _ in 0..queue.len() {
-                let Some(id) = queue.pop_front() else { break };
-                let Some(sender) = self.senders.get_mut(&id) else {
-                    continue;
-                };
-                queue.push_back(id);
-                if let Some(t) = sender.poll_transmit(now, &mut ctx) {
-                    found = Some(t);
-                    break 'classes;
-                }
+        let mut done = None;
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(sender) = self.senders.get_mut(&id) else {
+                continue;
+            };
+            self.ready.push_back(id);
+            if sender.class() != class {
+                continue;
+            }
+            found = sender.poll_transmit(now, &mut ctx);
+            if sender.is_done() {
+                done = Some(id);
+            }
+            if found.is_some() {
+                break;
             }
         }
-        self.reap();
+        if let Some(id) = done {
+            self.retire_sender(id);
+        }
         found
+    }
+
+    /// Changes traffic shaping at run time: link rate, KV share, per-class rates, bursts, starvation limit.
+    pub fn set_shaping(&mut self, cfg: ShapingConfig) -> Result<(), Error> {
+        self.scheduler = Scheduler::new(cfg)?;
+        Ok(())
+    }
+
+    /// The shaping in force.
+    #[must_use]
+    pub fn shaping(&self) -> &ShapingConfig {
+        self.scheduler.config()
+    }
+
+    /// The consumer of an incoming session is about to compute `layer` (layers are consumed in order):
+    /// the sender keeps at most its prefetch depth of layers beyond it in flight, and if the layer has not
+    /// fully arrived the consumer is blocked on it and its remaining bytes become urgent. Returns whether
+    /// the layer is already complete.
+    pub fn consume_layer(
+        &mut self,
+        now: Instant,
+        session: SessionId,
+        layer: u32,
+    ) -> Result<bool, Error> {
+        let (key, rx) = self
+            .receivers
+            .iter_mut()
+            .find(|((_, id), _)| *id == session)
+            .ok_or(Error::UnknownSession(session))?;
+        let complete = rx.want_layer(now, layer, &self.cfg)?;
+        self.rx_output.push_back(*key);
+        Ok(complete)
     }
 
     /// When [`Engine::handle_timeout`] should next be called.
@@ -484,8 +561,8 @@ impl Engine {
             .senders
             .values()
             .filter_map(SenderSession::next_timeout);
-        let receivers = self.receivers.values().map(ReceiverSession::expires);
-        senders.chain(receivers).min()
+        let receivers = self.receivers.values().map(ReceiverSession::next_timeout);
+        senders.chain(receivers).chain(self.shaping_wake).min()
     }
 
     /// The next event.
@@ -544,7 +621,14 @@ impl Engine {
                 sender.on_reject(String::from_utf8_lossy(payload).into_owned(), &mut ctx);
                 Ok(())
             }
-            FrameKind::Ack => sender.on_ack(now, &decode_ranges(payload)?, &mut ctx),
+            FrameKind::Ack => {
+                sender.on_progress(header.layer, header.offset == 1);
+                sender.on_ack(now, &decode_ranges(payload)?, &mut ctx)
+            }
+            FrameKind::Progress => {
+                sender.on_progress(header.layer, header.offset == 1);
+                Ok(())
+            }
             FrameKind::Nack => sender.on_nack(header.sequence, header.attempt, &mut ctx),
             FrameKind::CloseAck => {
                 sender.on_close_ack();
@@ -554,7 +638,9 @@ impl Engine {
                 unreachable!("routed to the receiver")
             }
         };
-        self.reap();
+        if sender.is_done() {
+            self.retire_sender(session);
+        }
         result
     }
 
@@ -695,10 +781,7 @@ impl Engine {
             .map(|(id, _)| *id)
             .collect();
         for id in done {
-            if let Some(s) = self.senders.remove(&id) {
-                self.finished_totals += s.stats;
-                self.remember_closed((s.peer(), id));
-            }
+            self.retire_sender(id);
         }
         let done: Vec<_> = self
             .receivers
@@ -708,6 +791,13 @@ impl Engine {
             .collect();
         for key in done {
             self.retire_receiver(key);
+        }
+    }
+
+    fn retire_sender(&mut self, id: SessionId) {
+        if let Some(s) = self.senders.remove(&id) {
+            self.finished_totals += s.stats;
+            self.remember_closed((s.peer(), id));
         }
     }
 

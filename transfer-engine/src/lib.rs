@@ -64,6 +64,7 @@
 //! ```
 
 mod backoff;
+mod bucket;
 mod budget;
 mod checksum;
 mod control;
@@ -77,12 +78,14 @@ pub mod policy;
 mod receiver;
 mod region;
 mod rtt;
+mod scheduler;
 mod sender;
 mod stats;
 mod transmit;
 pub mod wire;
 
 pub use backoff::Backoff;
+pub use bucket::{DEFAULT_CELL_BYTES, TokenBucket};
 pub use budget::RetransmitBudget;
 pub use checksum::{copy_and_crc32c, crc32c};
 pub use engine::{Engine, EngineConfig, Placement};
@@ -96,6 +99,21 @@ pub use plan::{
 };
 pub use policy::{TrafficClass, TransferShape};
 pub use region::{AccessKey, RegionHandle, RegionId};
+pub use scheduler::ShapingConfig;
 pub use stats::Counters;
 pub use transmit::{Body, Lane, PayloadRef, PeerId, SessionId, TransferRequest, Transmit};
 pub use wire::{FrameKind, HEADER_LEN, Header, WireError};
+
+#[cfg(test)]
+mod tests_support {
+    use std::time::Instant;
+
+    /// A real instant to start virtual time from (tests only: the core never reads the clock).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "virtual time needs one real epoch to start from"
+    )]
+    pub(crate) fn epoch() -> Instant {
+        Instant::now()
+    }
+}

@@ -2,10 +2,10 @@
 //! acknowledges selectively, and reports blocks and layers as they complete.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::control::{encode_ranges, to_ranges};
-use crate::engine::Placement;
+use crate::engine::{EngineConfig, Placement};
 use crate::plan::Plan;
 use crate::wire::{FrameKind, Header};
 use crate::{
@@ -42,6 +42,12 @@ pub(crate) struct ReceiverSession {
     close_ack_due: bool,
     finished: bool,
     closed: bool,
+    /// The layer the consumer wants next, and whether it is blocked on it.
+    consumer_layer: u32,
+    consumer_blocked: bool,
+    /// A progress frame is due now, or again at this time while the consumer stays blocked.
+    progress_due: bool,
+    progress_again: Option<Instant>,
     pub(crate) stats: Counters,
 }
 
@@ -58,6 +64,10 @@ impl ReceiverSession {
             close_ack_due: false,
             finished: false,
             closed: false,
+            consumer_layer: spec.plan.layer_start,
+            consumer_blocked: false,
+            progress_due: false,
+            progress_again: None,
             stats: Counters::default(),
             spec,
         }
@@ -76,12 +86,64 @@ impl ReceiverSession {
     pub(crate) fn has_output(&self) -> bool {
         self.open_ack_due
             || self.close_ack_due
+            || self.progress_due
             || !self.pending_acks.is_empty()
             || !self.pending_nacks.is_empty()
     }
 
-    pub(crate) fn expires(&self) -> Instant {
-        self.spec.expires
+    /// When [`ReceiverSession::handle_timeout`] is next needed: expiry, or resending progress.
+    pub(crate) fn next_timeout(&self) -> Instant {
+        self.progress_again
+            .map_or(self.spec.expires, |t| t.min(self.spec.expires))
+    }
+
+    pub(crate) fn handle_timeout(
+        &mut self,
+        now: Instant,
+        cfg: &EngineConfig,
+        events: &mut VecDeque<Event>,
+    ) {
+        if now >= self.spec.expires {
+            self.expire(events);
+            self.progress_again = None;
+            return;
+        }
+        if self.progress_again.is_some_and(|t| t <= now) {
+            self.schedule_progress(now, cfg.backoff.base);
+        }
+    }
+
+    /// The consumer is about to compute `layer`. Returns whether it has fully arrived.
+    pub(crate) fn want_layer(
+        &mut self,
+        now: Instant,
+        layer: u32,
+        cfg: &EngineConfig,
+    ) -> Result<bool, Error> {
+        let plan = &self.spec.plan;
+        let Some(index) = layer
+            .checked_sub(plan.layer_start)
+            .filter(|i| *i < plan.layers())
+        else {
+            return Err(Error::InvalidRequest(format!(
+                "layer {layer} is not part of session {} (layers {}..{})",
+                self.spec.id,
+                plan.layer_start,
+                plan.layer_start + plan.layers()
+            )));
+        };
+        let complete = self.layer_slots_left[index as usize] == 0;
+        self.consumer_layer = self.consumer_layer.max(layer);
+        self.consumer_blocked = !complete && !self.closed;
+        self.schedule_progress(now, cfg.backoff.base);
+        Ok(complete)
+    }
+
+    /// Queues a progress frame, and another after `every` while the consumer stays blocked (in case it is
+    /// lost: without it the sender would wait at its prefetch limit until the deadline).
+    fn schedule_progress(&mut self, now: Instant, every: Duration) {
+        self.progress_due = true;
+        self.progress_again = self.consumer_blocked.then_some(now + every);
     }
 
     /// The open frame was sent again (our ack was lost): acknowledge it again.
@@ -199,6 +261,8 @@ impl ReceiverSession {
     }
 
     fn finish(&mut self, events: &mut VecDeque<Event>) {
+        self.consumer_blocked = false;
+        self.progress_again = None;
         if self.finished {
             return;
         }
@@ -245,10 +309,13 @@ impl ReceiverSession {
                 }
             }
             let payload = encode_ranges(&ranges);
-            let mut h = Header::new(FrameKind::Ack, id);
+            let mut h = self.with_progress(Header::new(FrameKind::Ack, id));
+            self.progress_due = false;
             h.length = payload.len() as u32;
             h.crc = crate::crc32c(&payload);
             return Some(self.control(h, Body::Control(payload)));
+        } else if std::mem::take(&mut self.progress_due) {
+            self.with_progress(Header::new(FrameKind::Progress, id))
         } else if std::mem::take(&mut self.close_ack_due) {
             Header::new(FrameKind::CloseAck, id)
         } else {
@@ -256,6 +323,13 @@ impl ReceiverSession {
         };
         header.crc = crate::crc32c(&[]);
         Some(self.control(header, Body::Empty))
+    }
+
+    /// Acks and progress frames carry the consumer's layer, and 1 in `offset` when it is blocked on it.
+    fn with_progress(&self, mut header: Header) -> Header {
+        header.layer = self.consumer_layer;
+        header.offset = u64::from(self.consumer_blocked);
+        header
     }
 
     fn control(&self, header: Header, body: Body) -> Transmit {

@@ -50,6 +50,8 @@ pub(crate) struct SenderSpec {
     pub(crate) plan: Plan,
     pub(crate) open_payload: Vec<u8>,
     pub(crate) deadline: Instant,
+    /// Layers sent ahead of the consumer's current one; `None`: no limit.
+    pub(crate) prefetch_depth: Option<u32>,
 }
 
 /// The sending end of one session.
@@ -69,6 +71,12 @@ pub(crate) struct SenderSession {
     slot_units_left: Vec<u32>,
     slot_failed: Vec<bool>,
     rtt: RttEstimator,
+    /// The layer the consumer is computing (or about to).
+    consumer_layer: u32,
+    /// Whether the consumer is blocked on `consumer_layer`.
+    consumer_blocked: bool,
+    /// Units not yet acknowledged or given up, per layer of the transfer.
+    layer_units_left: Vec<u32>,
     pub(crate) stats: Counters,
 }
 
@@ -89,6 +97,9 @@ impl SenderSession {
             slot_units_left: spec.plan.units_per_slot.clone(),
             slot_failed: vec![false; spec.plan.units_per_slot.len()],
             rtt: RttEstimator::default(),
+            consumer_layer: spec.plan.layer_start,
+            consumer_blocked: false,
+            layer_units_left: layer_units(&spec.plan),
             stats: Counters::default(),
             spec,
         }
@@ -96,6 +107,34 @@ impl SenderSession {
 
     pub(crate) fn peer(&self) -> PeerId {
         self.spec.peer
+    }
+
+    /// The class this session sends in now: urgent while the consumer is blocked on one of its layers.
+    pub(crate) fn class(&self) -> TrafficClass {
+        let blocked_here = self.consumer_blocked
+            && self
+                .layer_index(self.consumer_layer)
+                .is_some_and(|i| self.layer_units_left[i] > 0);
+        if blocked_here && self.spec.class > TrafficClass::UrgentKv {
+            TrafficClass::UrgentKv
+        } else {
+            self.spec.class
+        }
+    }
+
+    fn layer_index(&self, layer: u32) -> Option<usize> {
+        let i = layer.checked_sub(self.spec.plan.layer_start)? as usize;
+        (i < self.layer_units_left.len()).then_some(i)
+    }
+
+    /// The receiver reports the consumer's position (piggybacked on acks, or in a progress frame).
+    pub(crate) fn on_progress(&mut self, layer: u32, blocked: bool) {
+        if layer > self.consumer_layer || (layer == self.consumer_layer && blocked) {
+            self.consumer_layer = layer;
+            self.consumer_blocked = blocked;
+        } else if layer == self.consumer_layer {
+            self.consumer_blocked = false;
+        }
     }
 
     pub(crate) fn src_region(&self) -> RegionId {
@@ -189,7 +228,13 @@ impl SenderSession {
             return Some(self.send_unit(unit, attempt, now, ctx));
         }
         let unit = self.next_new;
-        let len = u64::from(self.spec.plan.units.get(unit)?.len);
+        let next = self.spec.plan.units.get(unit)?;
+        if let Some(depth) = self.spec.prefetch_depth
+            && next.layer > self.consumer_layer.saturating_add(depth)
+        {
+            return None;
+        }
+        let len = u64::from(next.len);
         if self.in_flight_bytes > 0 && self.in_flight_bytes + len > ctx.cfg.window_bytes {
             return None;
         }
@@ -415,6 +460,7 @@ impl SenderSession {
         let unit = self.spec.plan.units[index as usize];
         self.units[index as usize] = UnitState::Acked;
         self.unresolved -= 1;
+        self.layer_units_left[(unit.layer - self.spec.plan.layer_start) as usize] -= 1;
         self.in_flight_bytes -= u64::from(unit.len);
         self.stats.bytes_acked += u64::from(unit.len);
         for slot in self.spec.plan.slots(&unit) {
@@ -430,6 +476,7 @@ impl SenderSession {
         let was = self.units[index as usize];
         self.units[index as usize] = UnitState::Failed;
         self.unresolved -= 1;
+        self.layer_units_left[(unit.layer - self.spec.plan.layer_start) as usize] -= 1;
         if matches!(was, UnitState::InFlight { .. } | UnitState::Resend { .. }) {
             self.in_flight_bytes -= u64::from(unit.len);
         }
@@ -468,4 +515,13 @@ impl SenderSession {
         });
         let _ = self.enter(SenderState::Closing);
     }
+}
+
+/// Number of units of each layer of the plan.
+fn layer_units(plan: &Plan) -> Vec<u32> {
+    let mut left = vec![0; plan.layers() as usize];
+    for unit in &plan.units {
+        left[(unit.layer - plan.layer_start) as usize] += 1;
+    }
+    left
 }

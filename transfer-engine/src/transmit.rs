@@ -48,6 +48,9 @@ pub struct TransferRequest {
     pub class: Option<TrafficClass>,
     /// Time allowed before undelivered blocks are handed back for recompute; `None` uses the engine's.
     pub deadline: Option<Duration>,
+    /// Layer-wise streaming: keep at most this many layers beyond the one the consumer is computing in
+    /// flight (see [`crate::Engine::consume_layer`]); `None` sends every layer as fast as allowed.
+    pub prefetch_depth: Option<u32>,
 }
 
 impl TransferRequest {
@@ -77,6 +80,7 @@ impl TransferRequest {
             mode: None,
             class: None,
             deadline: None,
+            prefetch_depth: None,
         })
     }
 
@@ -84,6 +88,20 @@ impl TransferRequest {
     #[must_use]
     pub fn with_mode(mut self, mode: TransferMode) -> Self {
         self.mode = Some(mode);
+        self
+    }
+
+    /// The same request streamed layer by layer, `depth` layers ahead of the consumer.
+    #[must_use]
+    pub fn with_prefetch_depth(mut self, depth: u32) -> Self {
+        self.prefetch_depth = Some(depth);
+        self
+    }
+
+    /// The same request in traffic class `class`.
+    #[must_use]
+    pub fn with_class(mut self, class: TrafficClass) -> Self {
+        self.class = Some(class);
         self
     }
 

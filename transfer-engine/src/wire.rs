@@ -44,6 +44,8 @@ pub enum FrameKind {
     Close,
     /// Receiver to sender: close received.
     CloseAck,
+    /// Receiver to sender: the consumer is about to compute `layer`; `offset` is 1 when it is blocked on it.
+    Progress,
 }
 
 impl FrameKind {
@@ -57,6 +59,7 @@ impl FrameKind {
             FrameKind::Nack => 6,
             FrameKind::Close => 7,
             FrameKind::CloseAck => 8,
+            FrameKind::Progress => 9,
         }
     }
 
@@ -70,6 +73,7 @@ impl FrameKind {
             6 => FrameKind::Nack,
             7 => FrameKind::Close,
             8 => FrameKind::CloseAck,
+            9 => FrameKind::Progress,
             _ => return None,
         })
     }
@@ -84,6 +88,7 @@ impl FrameKind {
                 | FrameKind::Ack
                 | FrameKind::Nack
                 | FrameKind::CloseAck
+                | FrameKind::Progress
         )
     }
 }
@@ -255,7 +260,11 @@ impl Header {
         match self.kind {
             FrameKind::Data => MAX_PAYLOAD,
             FrameKind::Open | FrameKind::Ack | FrameKind::Reject => MAX_CONTROL_PAYLOAD,
-            FrameKind::OpenAck | FrameKind::Nack | FrameKind::Close | FrameKind::CloseAck => 0,
+            FrameKind::OpenAck
+            | FrameKind::Nack
+            | FrameKind::Close
+            | FrameKind::CloseAck
+            | FrameKind::Progress => 0,
         }
     }
 
@@ -303,7 +312,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = FrameKind> {
-        (1u8..=8).prop_map(|c| FrameKind::from_code(c).unwrap())
+        (1u8..=9).prop_map(|c| FrameKind::from_code(c).unwrap())
     }
 
     fn header() -> impl Strategy<Value = Header> {

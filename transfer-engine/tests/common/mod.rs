@@ -39,6 +39,8 @@ pub struct Pair {
     pub refused_b: Vec<Error>,
     /// Data frames sent by A: (virtual time, sequence, attempt).
     pub data_log: Vec<(Duration, u32, u16)>,
+    /// Every frame sent, by either side: (virtual time, sender, header).
+    pub frames: Vec<(Duration, PeerId, Header)>,
 }
 
 pub fn config(engine_id: u32) -> EngineConfig {
@@ -87,6 +89,7 @@ impl Pair {
             refused_a: Vec::new(),
             refused_b: Vec::new(),
             data_log: Vec::new(),
+            frames: Vec::new(),
         }
     }
 
@@ -126,6 +129,7 @@ impl Pair {
                     .push((self.elapsed(), t.header.sequence, t.header.attempt));
             }
             let bytes = Self::to_bytes(&mut t, &self.mem_a);
+            self.frames.push((self.elapsed(), A, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, A), bytes)
                 && let Err(e) = self.b.handle_datagram(self.now, A, &bytes, &mut self.mem_b)
             {
@@ -135,6 +139,7 @@ impl Pair {
         while let Some(mut t) = self.b.poll_transmit(self.now) {
             moved += 1;
             let bytes = Self::to_bytes(&mut t, &self.mem_b);
+            self.frames.push((self.elapsed(), B, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, B), bytes)
                 && let Err(e) = self.a.handle_datagram(self.now, B, &bytes, &mut self.mem_a)
             {
@@ -152,6 +157,31 @@ impl Pair {
         }
         while let Some(e) = self.b.poll_event() {
             self.events_b.push((at, e));
+        }
+    }
+
+    /// Steps for `span` of virtual time (or until both engines are idle with no timer pending).
+    pub fn run_for(&mut self, span: Duration) {
+        let until = self.now + span;
+        loop {
+            if self.step() > 0 {
+                continue;
+            }
+            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(next) if next <= until => {
+                    self.now = self.now.max(next);
+                    self.a.handle_timeout(self.now);
+                    self.b.handle_timeout(self.now);
+                }
+                _ => {
+                    self.now = self.now.max(until.min(next.unwrap_or(until)));
+                    return;
+                }
+            }
         }
     }
 
