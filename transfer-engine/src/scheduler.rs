@@ -125,10 +125,10 @@ impl Scheduler {
         if let Some(b) = self.classes[class.index()].as_mut() {
             b.charge(now, bytes);
         }
-        if class != TrafficClass::Collective {
-            if let Some(b) = self.kv.as_mut() {
-                b.charge(now, bytes);
-            }
+        if class != TrafficClass::Collective
+            && let Some(b) = self.kv.as_mut()
+        {
+            b.charge(now, bytes);
         }
         self.waiting_since[class.index()] = None;
     }
