@@ -2,9 +2,11 @@
 //! machine's raw limit measured in the same run.
 
 mod args;
+mod progress;
 mod replay;
 mod report;
 mod run;
+mod sweep;
 
 use clap::{Parser, Subcommand};
 
@@ -22,6 +24,8 @@ enum Command {
     Run(run::RunArgs),
     /// Replays a request trace against a cache policy and reports the prefix hit ratio.
     Replay(replay::ReplayArgs),
+    /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
+    Sweep(sweep::SweepArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,6 +33,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Run(args)) => run::main(&args),
         Some(Command::Replay(args)) => replay::main(&args),
+        Some(Command::Sweep(args)) => sweep::main(&args),
         None => demo(),
     }
 }

@@ -18,6 +18,11 @@ pub(crate) enum Backend {
     Loopback,
 }
 
+impl Backend {
+    /// Every backend.
+    pub(crate) const ALL: [Backend; 1] = [Backend::Loopback];
+}
+
 /// Wire mode to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ModeArg {
@@ -27,6 +32,23 @@ pub(crate) enum ModeArg {
     Packetized,
     /// Large contiguous runs exclusive, the rest packetized.
     Auto,
+}
+
+impl ModeArg {
+    /// Every mode.
+    pub(crate) const ALL: [ModeArg; 3] = [ModeArg::Exclusive, ModeArg::Packetized, ModeArg::Auto];
+
+    /// The engine's mode, with `slice_bytes` slices where the mode has slices.
+    pub(crate) fn with_slice(self, slice_bytes: u32) -> TransferMode {
+        match self {
+            ModeArg::Exclusive => TransferMode::Exclusive,
+            ModeArg::Packetized => TransferMode::Packetized { slice_bytes },
+            ModeArg::Auto => TransferMode::Auto {
+                slice_bytes,
+                exclusive_min_bytes: transfer_engine::DEFAULT_EXCLUSIVE_MIN_BYTES,
+            },
+        }
+    }
 }
 
 /// Arguments of `te-bench run`.
@@ -71,22 +93,22 @@ impl RunArgs {
 }
 
 /// One result row.
-#[derive(Debug, Serialize)]
-struct RunRow {
-    backend: &'static str,
-    mode: &'static str,
-    block_bytes: u64,
-    block: String,
-    bytes: u64,
-    iterations: usize,
-    seconds: f64,
-    gbps: f64,
-    limit_gbps: f64,
-    ratio: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    retransmits: u64,
-    recompute_blocks: usize,
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RunRow {
+    pub(crate) backend: &'static str,
+    pub(crate) mode: &'static str,
+    pub(crate) block_bytes: u64,
+    pub(crate) block: String,
+    pub(crate) bytes: u64,
+    pub(crate) iterations: usize,
+    pub(crate) seconds: f64,
+    pub(crate) gbps: f64,
+    pub(crate) limit_gbps: f64,
+    pub(crate) ratio: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) retransmits: u64,
+    pub(crate) recompute_blocks: usize,
 }
 
 pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
@@ -94,23 +116,14 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     let slice_bytes =
         u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
     let modes = if args.mode.is_empty() {
-        vec![ModeArg::Exclusive, ModeArg::Packetized, ModeArg::Auto]
+        ModeArg::ALL.to_vec()
     } else {
         args.mode.clone()
     };
     let mut rows = Vec::new();
     for mode in modes {
-        let mode = match mode {
-            ModeArg::Exclusive => TransferMode::Exclusive,
-            ModeArg::Packetized => TransferMode::Packetized { slice_bytes },
-            ModeArg::Auto => TransferMode::Auto {
-                slice_bytes,
-                exclusive_min_bytes: transfer_engine::DEFAULT_EXCLUSIVE_MIN_BYTES,
-            },
-        };
-        rows.push(match args.backend {
-            Backend::Loopback => run_loopback(layout, mode, args.iterations)?,
-        });
+        let mode = mode.with_slice(slice_bytes);
+        rows.push(measure(args.backend, layout, mode, args.iterations)?);
     }
     let columns = [
         "backend",
@@ -127,8 +140,20 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     print_rows(&rows, args.json, &columns)
 }
 
+/// Measures `iterations` transfers of `layout` in `mode` over `backend`, beside the backend's raw limit.
+pub(crate) fn measure(
+    backend: Backend,
+    layout: KvLayout,
+    mode: TransferMode,
+    iterations: usize,
+) -> anyhow::Result<RunRow> {
+    match backend {
+        Backend::Loopback => run_loopback(layout, mode, iterations),
+    }
+}
+
 /// A layout of whole blocks close to `total` bytes: up to 32 layers, as many blocks per layer as fit.
-fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayout> {
+pub(crate) fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayout> {
     if block_bytes == 0 || total < block_bytes {
         bail!(
             "--total-bytes ({total}) must hold at least one block of --block-bytes ({block_bytes})"

@@ -1,0 +1,110 @@
+//! `te-bench run --backend tcp`: two TCP nodes in this process, over real loopback sockets, beside a plain
+//! socket copy of the same bytes.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use backends::tcp::{BlockingNode, TcpConfig, TcpNode, socket_copy_gbps};
+use transfer_engine::{KvLayout, RegionHandle, TransferMode, TransferRequest};
+
+/// Bytes per write of the raw socket copy: large, so the limit is the socket's, not the syscall rate's.
+const LIMIT_WRITE_BYTES: usize = 4 << 20;
+
+/// What a TCP run measured.
+pub(crate) struct TcpRun {
+    /// Seconds of each measured transfer (submit until the sender learned every block was applied).
+    pub(crate) seconds: Vec<f64>,
+    /// GB/s of a plain tokio socket copy of the same bytes, over as many connections as the lane pool
+    /// holds, with 4 MiB writes, measured in the same run.
+    pub(crate) limit_gbps: f64,
+    /// Slices sent again, over every transfer.
+    pub(crate) retransmits: u64,
+    /// Blocks handed back for recompute, over every transfer.
+    pub(crate) recompute_blocks: usize,
+}
+
+/// Runs one warm-up and `iterations` measured transfers of a whole `layout` in `mode` between two TCP
+/// nodes, checks the destination is byte-identical to the source, and measures the socket-copy limit.
+pub(crate) fn run_tcp(
+    layout: KvLayout,
+    mode: TransferMode,
+    iterations: usize,
+) -> anyhow::Result<TcpRun> {
+    let receiver = BlockingNode::start(TcpConfig::with_engine_id(2))?;
+    let sender_cfg = TcpConfig {
+        listen: None,
+        ..TcpConfig::with_engine_id(1)
+    };
+    let lanes = sender_cfg.max_lanes_per_peer;
+    let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
+    let src = sender.register_kv_region(layout)?;
+    let dst = receiver.register_kv_region(layout)?;
+    fill(sender.node(), &src)?;
+    let addr = receiver
+        .node()
+        .local_addr()
+        .context("the receiver has no listener")?;
+    let peer = sender.connect(addr, None)?.peer;
+    let bytes = layout.total_bytes();
+    let limit_gbps = sender.block_on(socket_copy_gbps(bytes, LIMIT_WRITE_BYTES, lanes))?;
+    let limit = Duration::from_secs(600);
+    let mut seconds = Vec::with_capacity(iterations);
+    let mut recompute_blocks = 0;
+    for i in 0..=iterations {
+        let req = TransferRequest::whole(peer, &src, &dst)?.with_mode(mode);
+        let out = sender.transfer(req, limit)?;
+        if let Some(reason) = out.refused {
+            bail!("the receiver refused the transfer: {reason}");
+        }
+        recompute_blocks += out.recompute.len();
+        if i > 0 {
+            seconds.push(out.elapsed.as_secs_f64());
+        }
+    }
+    if recompute_blocks == 0 {
+        check_identical(sender.node(), &src, receiver.node(), &dst)?;
+    }
+    Ok(TcpRun {
+        seconds,
+        limit_gbps,
+        retransmits: sender.node().stats().engine.retransmits,
+        recompute_blocks,
+    })
+}
+
+fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> {
+    node.region(region.id)?.fill_with(|offset, bytes| {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset as u64;
+        for chunk in bytes.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+        }
+    });
+    Ok(())
+}
+
+fn check_identical(
+    a: &TcpNode,
+    ra: &RegionHandle,
+    b: &TcpNode,
+    rb: &RegionHandle,
+) -> anyhow::Result<()> {
+    let (x, y) = (a.region(ra.id)?, b.region(rb.id)?);
+    let (mut bx, mut by) = (vec![0u8; 16 << 20], vec![0u8; 16 << 20]);
+    let mut off = 0;
+    while off < x.len() {
+        let n = (x.len() - off).min(bx.len());
+        x.read(off, &mut bx[..n])?;
+        y.read(off, &mut by[..n])?;
+        if bx[..n] != by[..n] {
+            bail!(
+                "destination differs from source in bytes {off}..{}: this is a bug, please report it",
+                off + n
+            );
+        }
+        off += n;
+    }
+    Ok(())
+}
