@@ -6,6 +6,7 @@ mod progress;
 mod replay;
 mod report;
 mod run;
+mod sim;
 mod sweep;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ enum Command {
     Run(run::RunArgs),
     /// Replays a request trace against a cache policy and reports the prefix hit ratio.
     Replay(replay::ReplayArgs),
+    /// Runs one transfer over a simulated faulty fabric (virtual time) and checks what arrived.
+    Sim(sim::SimArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
     Sweep(sweep::SweepArgs),
 }
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(args)) => run::main(&args),
         Some(Command::Replay(args)) => replay::main(&args),
         Some(Command::Sweep(args)) => sweep::main(&args),
+        Some(Command::Sim(args)) => sim::main(&args),
         None => demo(),
     }
 }

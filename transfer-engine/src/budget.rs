@@ -1,16 +1,22 @@
 //! The engine-wide retransmit budget: the storm guard.
 
+use std::time::Instant;
+
 /// Retransmits allowed across all sessions: `burst` to start with, plus `ratio` for every first
-/// transmission, never more than `burst` saved up. When it is empty a slice that needs resending waits
-/// (its last copy may still be acknowledged) instead of going out again, and the session deadline hands
-/// its blocks back for recompute if nothing arrives: loss can never snowball into a storm.
+/// transmission and `per_second` as time passes, never more than `burst` saved up. When it is empty a
+/// slice that needs resending is parked: it waits (its last copy may still be acknowledged), gives its
+/// place in the window to first sends, and goes out again when the budget allows; the session deadline
+/// hands its blocks back for recompute if that never happens. Loss can never snowball into a storm.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetransmitBudget {
     /// Retransmits allowed with no first transmissions to earn them, and the most saved up.
     pub burst: f64,
     /// Retransmits earned per first transmission.
     pub ratio: f64,
+    /// Retransmits earned per second of time.
+    pub per_second: f64,
     tokens: f64,
+    last_refill: Option<Instant>,
 }
 
 impl Default for RetransmitBudget {
@@ -26,8 +32,26 @@ impl RetransmitBudget {
         Self {
             burst,
             ratio,
+            per_second: burst,
             tokens: burst,
+            last_refill: None,
         }
+    }
+
+    /// The same budget earning `per_second` retransmits per second of time.
+    #[must_use]
+    pub fn with_refill(mut self, per_second: f64) -> Self {
+        self.per_second = per_second;
+        self
+    }
+
+    /// Adds what time has earned since the last call.
+    pub fn refill(&mut self, now: Instant) {
+        if let Some(last) = self.last_refill {
+            let earned = now.saturating_duration_since(last).as_secs_f64() * self.per_second;
+            self.tokens = (self.tokens + earned).min(self.burst);
+        }
+        self.last_refill = Some(now);
     }
 
     /// Records a first transmission.
@@ -57,8 +81,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn earns_with_time_up_to_the_burst() {
+        let t0 = crate::tests_support::epoch();
+        let mut b = RetransmitBudget::new(4.0, 0.0).with_refill(100.0);
+        b.refill(t0);
+        while b.try_take() {}
+        b.refill(t0 + std::time::Duration::from_millis(25));
+        assert!(
+            b.try_take() && b.try_take() && !b.try_take(),
+            "2.5 earned in 25 ms"
+        );
+        b.refill(t0 + std::time::Duration::from_secs(60));
+        assert_eq!(b.available(), 4.0);
+    }
+
+    #[test]
     fn spends_burst_then_earns_by_ratio() {
-        let mut b = RetransmitBudget::new(2.0, 0.5);
+        let mut b = RetransmitBudget::new(2.0, 0.5).with_refill(0.0);
         assert!(b.try_take() && b.try_take() && !b.try_take());
         b.on_first_send();
         assert!(!b.try_take());

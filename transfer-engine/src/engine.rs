@@ -138,13 +138,16 @@ impl Engine {
         mode: Box<dyn ModePolicy>,
         class: Box<dyn ClassPolicy>,
     ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.rng_seed);
+        // Session numbers start at a random point, so a restarted engine does not reuse its old ids.
+        let next_session = rng.random::<u32>() >> 1;
         Self {
-            rng: ChaCha8Rng::seed_from_u64(cfg.rng_seed),
+            rng,
             budget: cfg.retransmit_budget,
             mode_policy: mode,
             class_policy: class,
             regions: RegionTable::default(),
-            next_session: 0,
+            next_session,
             senders: BTreeMap::new(),
             ready: VecDeque::new(),
             scheduler: Scheduler::new(ShapingConfig::default())

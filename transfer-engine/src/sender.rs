@@ -30,8 +30,19 @@ enum SenderState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum UnitState {
     Pending,
-    InFlight { attempt: u16, sent_at: Instant },
-    Resend { attempt: u16, last_sent: Instant },
+    InFlight {
+        attempt: u16,
+        sent_at: Instant,
+    },
+    Resend {
+        attempt: u16,
+        last_sent: Instant,
+    },
+    /// Due for resending as `attempt` but refused by the retransmit budget: out of the window, waiting.
+    Parked {
+        attempt: u16,
+        last_sent: Instant,
+    },
     Acked,
     Failed,
 }
@@ -205,21 +216,19 @@ impl SenderSession {
     }
 
     fn poll_data(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
+        ctx.budget.refill(now);
         while let Some(unit) = self.resend.pop_front() {
             let UnitState::Resend { attempt, last_sent } = self.units[unit as usize] else {
                 continue;
             };
             if !ctx.budget.try_take() {
-                // Storm guard: no resend now. The last copy may still be acknowledged; look again after
-                // another backoff, and let the session deadline hand the block back if none comes.
+                // Storm guard: park it. Its place in the window goes to first sends (which earn budget);
+                // it is offered again after another backoff, and the deadline ends the wait.
                 self.stats.budget_exhausted += 1;
-                let previous = attempt - 1;
-                self.units[unit as usize] = UnitState::InFlight {
-                    attempt: previous,
-                    sent_at: last_sent,
-                };
+                self.units[unit as usize] = UnitState::Parked { attempt, last_sent };
+                self.in_flight_bytes -= u64::from(self.spec.plan.units[unit as usize].len);
                 let delay = self.retransmit_delay(u32::from(attempt), ctx);
-                self.timers.push(Reverse((now + delay, unit, previous)));
+                self.timers.push(Reverse((now + delay, unit, attempt)));
                 continue;
             }
             let len = u64::from(self.spec.plan.units[unit as usize].len);
@@ -333,9 +342,26 @@ impl SenderSession {
                 break;
             }
             self.timers.pop();
-            if matches!(self.units[unit as usize], UnitState::InFlight { attempt: a, .. } if a == attempt)
-            {
-                self.retry(unit, attempt, ctx);
+            match self.units[unit as usize] {
+                UnitState::InFlight { attempt: a, .. } if a == attempt => {
+                    self.retry(unit, attempt, ctx)
+                }
+                UnitState::Parked {
+                    attempt: a,
+                    last_sent,
+                } if a == attempt => {
+                    // A refused resend counts as a try: a unit the budget keeps refusing is handed back
+                    // after max_retries, not only at the deadline.
+                    if u32::from(attempt) >= ctx.cfg.max_retries {
+                        self.fail(unit, ctx);
+                    } else {
+                        let attempt = attempt + 1;
+                        self.units[unit as usize] = UnitState::Resend { attempt, last_sent };
+                        self.in_flight_bytes += u64::from(self.spec.plan.units[unit as usize].len);
+                        self.resend.push_back(unit);
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -399,7 +425,9 @@ impl SenderSession {
                     self.rtt.on_sample(now.saturating_duration_since(sent_at));
                     self.acked(unit);
                 }
-                UnitState::InFlight { .. } | UnitState::Resend { .. } => self.acked(unit),
+                UnitState::InFlight { .. }
+                | UnitState::Resend { .. }
+                | UnitState::Parked { .. } => self.acked(unit),
                 UnitState::Pending => {
                     return Err(Error::FrameMismatch {
                         session: self.spec.id,
@@ -458,10 +486,15 @@ impl SenderSession {
 
     fn acked(&mut self, index: u32) {
         let unit = self.spec.plan.units[index as usize];
+        if matches!(
+            self.units[index as usize],
+            UnitState::InFlight { .. } | UnitState::Resend { .. }
+        ) {
+            self.in_flight_bytes -= u64::from(unit.len);
+        }
         self.units[index as usize] = UnitState::Acked;
         self.unresolved -= 1;
         self.layer_units_left[(unit.layer - self.spec.plan.layer_start) as usize] -= 1;
-        self.in_flight_bytes -= u64::from(unit.len);
         self.stats.bytes_acked += u64::from(unit.len);
         for slot in self.spec.plan.slots(&unit) {
             self.slot_units_left[slot] -= 1;

@@ -27,7 +27,7 @@ pub struct Counters {
     pub blocks_delivered: u64,
     /// Blocks handed back for recompute.
     pub recompute_blocks: u64,
-    /// Retransmits deferred because the engine-wide budget was spent.
+    /// Resends parked because the engine-wide retransmit budget was spent (each time one is refused).
     pub budget_exhausted: u64,
     /// Frames refused as malformed, unknown or not fitting their session.
     pub frames_refused: u64,
