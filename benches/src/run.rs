@@ -162,7 +162,7 @@ pub(crate) fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayou
     let blocks = total / block_bytes;
     let layers = (1..=blocks.min(32))
         .rev()
-        .find(|l| blocks % l == 0)
+        .find(|l| blocks.is_multiple_of(*l))
         .unwrap_or(1);
     Ok(KvLayout::new(
         layers as u32,
