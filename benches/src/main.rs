@@ -32,24 +32,82 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Run(args)) => run::main(&args),
-        Some(Command::Replay(args)) => replay::main(&args),
-        Some(Command::Sweep(args)) => sweep::main(&args),
-        Some(Command::Sim(args)) => sim::main(&args),
+    match Cli::parse().command {
+        Some(command) => run_command(command),
         None => demo(),
     }
 }
 
-/// The guided demonstration run when no subcommand is given.
+fn run_command(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run::main(&args),
+        Command::Replay(args) => replay::main(&args),
+        Command::Sweep(args) => sweep::main(&args),
+        Command::Sim(args) => sim::main(&args),
+    }
+}
+
+/// The guided demonstration run when no subcommand is given: a few seconds, each figure beside its limit.
 fn demo() -> anyhow::Result<()> {
     println!(
-        "te-bench demonstration: a 7B-model-sized KV transfer (32 layers x 64 blocks x 256 KiB = 512 MiB,"
+        "te-bench: a guided demonstration (a few seconds). `te-bench --help` lists every subcommand.\n"
     );
     println!(
-        "1,024 tokens) between two engines over the loopback backend, in each mode, beside memcpy."
+        "1. Loopback: a 7B model's KV for 1,024 tokens (32 layers x 64 blocks x 256 KiB = 512 MiB)"
     );
-    println!("Run `te-bench --help` for every subcommand.\n");
-    run::main(&run::RunArgs::demo())
+    println!(
+        "   moved between two engines in each mode, checksummed, beside a plain memcpy of the same blocks.\n"
+    );
+    run::main(&run::RunArgs::demo())?;
+    println!(
+        "\n2. A faulty fabric (virtual time): the same 512 MiB over a 100 Gb/s link, clean and with 1% loss;"
+    );
+    println!(
+        "   every block arrives intact or is reported for recompute (corrupt_delivered must be 0).\n"
+    );
+    dispatch(&["sim", "--mode", "packetized"])?;
+    dispatch(&["sim", "--mode", "packetized", "--loss", "0.01"])?;
+    let trace = demo_trace();
+    match trace {
+        Some(trace) => {
+            println!(
+                "\n3. Trace replay: {} with a cache of 5% of its distinct blocks;",
+                trace.display()
+            );
+            println!(
+                "   hit ratio of LRU (the incumbent), heat (ours) and Belady (the offline optimum, the limit).\n"
+            );
+            let capacity = policy::Trace::load(&trace)?.distinct_blocks() / 20;
+            dispatch(&[
+                "replay",
+                "--trace",
+                &trace.to_string_lossy(),
+                "--capacity-blocks",
+                &capacity.to_string(),
+            ])?;
+        }
+        None => println!(
+            "\n3. Trace replay skipped: no trace found at ../shared/data (pass one to `te-bench replay`)."
+        ),
+    }
+    Ok(())
+}
+
+/// Runs one subcommand as if typed after `te-bench`.
+fn dispatch(args: &[&str]) -> anyhow::Result<()> {
+    let cli = Cli::try_parse_from(std::iter::once("te-bench").chain(args.iter().copied()))?;
+    match cli.command {
+        Some(command) => run_command(command),
+        None => Ok(()),
+    }
+}
+
+/// The shared conversation trace, looked for beside the repository and beside the binary.
+fn demo_trace() -> Option<std::path::PathBuf> {
+    let name = "shared/data/conversation_trace_first6000.jsonl";
+    let mut candidates = vec![std::path::PathBuf::from("..").join(name)];
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().map(|a| a.join("..").join(name)));
+    }
+    candidates.into_iter().find(|p| p.is_file())
 }

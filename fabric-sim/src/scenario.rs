@@ -284,7 +284,7 @@ pub struct ScenarioReport {
     pub frames_duplicated: u64,
     /// Virtual time until every block was resolved (delivered or recompute), or until the run stopped.
     pub virtual_ms: f64,
-    /// Delivered payload over `virtual_ms`, in Gbit/s.
+    /// Delivered payload over `virtual_ms`, in GB/s (1e9 bytes per second, as everywhere in te-bench).
     pub goodput_gbps: f64,
     /// Every block delivered or reported for recompute no later than the session deadline.
     pub finished: bool,
@@ -653,7 +653,7 @@ impl Scenario {
             frames_duplicated: sum(|s| s.duplicated),
             virtual_ms: secs * 1e3,
             goodput_gbps: if secs > 0.0 {
-                delivered_bytes as f64 * 8.0 / secs / 1e9
+                delivered_bytes as f64 / secs / 1e9
             } else {
                 0.0
             },
