@@ -10,6 +10,14 @@
 //! tier (deepest first on ties); a victim moves to the next tier with room, or is dropped from the last.
 //! Dropped blocks leave their heat behind in a bounded ghost table, so a block that comes back resumes its
 //! history (a second chance against one-off scans).
+//!
+//! With [`TierConfig::adaptive_segments`] (the default) each tier is split ARC-style into a *recent*
+//! segment (blocks only one request has used) and a *frequent* one (blocks two or more requests used).
+//! The victim comes from the recent segment while it holds more than its target share of the tier, else
+//! from the frequent one (heat order, leaves only, inside each). The share is learned online from the
+//! ghosts: a ghost evicted from the recent segment coming back means recent blocks were cut too early
+//! (the share grows), one from the frequent segment means the opposite (it shrinks), with ARC's step
+//! sizes. Nothing is fitted to a trace: the share starts at one half and follows the traffic.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -63,6 +71,10 @@ pub struct TierConfig {
     pub heat: HeatConfig,
     /// Evicted blocks whose heat is remembered, as a multiple of the total capacity.
     pub ghost_factor: f64,
+    /// Split each tier into a *recent* segment (blocks one request used) and a *frequent* one (blocks
+    /// two or more requests used), and size the recent segment online, ARC-style, from which ghosts come
+    /// back (see [`TierManager`]). Off: one heat order per tier.
+    pub adaptive_segments: bool,
 }
 
 impl TierConfig {
@@ -73,6 +85,7 @@ impl TierConfig {
             capacities,
             heat: HeatConfig::default(),
             ghost_factor: 8.0,
+            adaptive_segments: true,
         }
     }
 }
@@ -107,6 +120,8 @@ struct Block {
     depth: u32,
     ns: NamespaceId,
     heat: Heat,
+    /// 0: recent (one request used it), 1: frequent.
+    seg: usize,
     /// The entry in `candidates[tier]`, if the block is evictable from its tier.
     entry: Option<Candidate>,
 }
@@ -123,8 +138,15 @@ pub struct TierManager {
     cfg: TierConfig,
     clock: HeatClock,
     blocks: HashMap<BlockKey, Block>,
-    candidates: [BTreeSet<Candidate>; 3],
+    /// Evictable blocks per tier and segment.
+    candidates: [[BTreeSet<Candidate>; 2]; 3],
     len: [usize; 3],
+    /// Resident blocks per tier and segment.
+    seg_len: [[usize; 2]; 3],
+    /// Target share of each tier for the recent segment, in [0, 1] (adapted online).
+    recent_share: f64,
+    /// Ghosts per segment they were evicted from.
+    ghost_seg: [usize; 2],
     ghosts: HashMap<BlockKey, (Heat, u64)>,
     ghost_order: VecDeque<(BlockKey, u64)>,
     ghost_capacity: usize,
@@ -147,6 +169,9 @@ impl TierManager {
             blocks: HashMap::new(),
             candidates: Default::default(),
             len: [0; 3],
+            seg_len: [[0; 2]; 3],
+            recent_share: 0.5,
+            ghost_seg: [0; 2],
             ghosts: HashMap::new(),
             ghost_order: VecDeque::new(),
             ghost_stamp: 0,
@@ -230,6 +255,9 @@ impl TierManager {
         let cfg = self.cfg.heat;
         let heat = match self.ghosts.remove(&key) {
             Some((mut h, _)) => {
+                let seg = Self::segment_of(&h);
+                self.ghost_seg[seg] -= 1;
+                self.adapt(seg);
                 h.touch(request, tau, &cfg);
                 h
             }
@@ -240,6 +268,7 @@ impl TierManager {
             self.promote_chain(p, moves);
         }
         let depth = parent.map_or(0, |p| self.blocks[&p].depth + 1);
+        let seg = Self::segment_of(&heat);
         let block = Block {
             tier: 0,
             parent,
@@ -247,10 +276,12 @@ impl TierManager {
             depth,
             ns,
             heat,
+            seg,
             entry: None,
         };
         self.blocks.insert(key, block);
         self.len[0] += 1;
+        self.seg_len[0][seg] += 1;
         if let Some(p) = parent {
             self.adjust_child(p, 0, 1);
         }
@@ -280,7 +311,7 @@ impl TierManager {
     pub fn settle(&mut self, moves: &mut Vec<TierMove>) {
         for (t, &tier) in TIERS.iter().enumerate() {
             while self.len[t] > self.cfg.capacities.get(t) {
-                let Some(&(_, _, victim)) = self.candidates[t].first() else {
+                let Some(victim) = self.victim(t) else {
                     unreachable!(
                         "a non-empty tier always has an evictable block (parents are nearer)"
                     );
@@ -323,6 +354,48 @@ impl TierManager {
             .collect()
     }
 
+    /// The segment a block with this heat belongs to (0: recent, 1: frequent). With segments off the two
+    /// sets are still kept, and the victim is the colder of their coldest blocks.
+    fn segment_of(heat: &Heat) -> usize {
+        usize::from(heat.sharers() >= 2)
+    }
+
+    /// ARC's adaptation: a ghost coming back from segment `seg` means that segment was cut too short,
+    /// so its target share grows by one block (more when the other segment's ghosts outnumber its own).
+    fn adapt(&mut self, seg: usize) {
+        if !self.cfg.adaptive_segments {
+            return;
+        }
+        let total = self.cfg.capacities.total().max(1) as f64;
+        let [g0, g1] = self.ghost_seg.map(|g| g.max(1) as f64);
+        let step = if seg == 0 {
+            (g1 / g0).max(1.0)
+        } else {
+            -(g0 / g1).max(1.0)
+        };
+        self.recent_share = (self.recent_share + step / total).clamp(0.0, 1.0);
+    }
+
+    /// The block to demote or evict from tier `t`: the coldest evictable block of the segment over its
+    /// target share (or of whichever segment has one).
+    fn victim(&self, t: usize) -> Option<BlockKey> {
+        let [recent, frequent] = &self.candidates[t];
+        if !self.cfg.adaptive_segments {
+            // One heat order: the colder of the two segments' coldest.
+            return match (recent.first(), frequent.first()) {
+                (Some(a), Some(b)) => Some(a.min(b).2),
+                (a, b) => a.or(b).map(|c| c.2),
+            };
+        }
+        let target = self.recent_share * self.cfg.capacities.get(t) as f64;
+        let (first, second) = if self.seg_len[t][0] as f64 > target {
+            (recent, frequent)
+        } else {
+            (frequent, recent)
+        };
+        first.first().or_else(|| second.first()).map(|c| c.2)
+    }
+
     /// Moves `key` and every ancestor that lives farther away to the nearest tier.
     fn promote_chain(&mut self, key: BlockKey, moves: &mut Vec<TierMove>) {
         let mut chain = Vec::new();
@@ -350,12 +423,14 @@ impl TierManager {
             .blocks
             .get_mut(&key)
             .expect("relocating a resident block");
-        let (from, parent) = (b.tier, b.parent);
+        let (from, parent, seg) = (b.tier, b.parent, b.seg);
         b.tier = to;
         self.len[from] -= 1;
         self.len[to] += 1;
+        self.seg_len[from][seg] -= 1;
+        self.seg_len[to][seg] += 1;
         if let Some(e) = b.entry.take() {
-            self.candidates[from].remove(&e);
+            self.candidates[from][seg].remove(&e);
         }
         if let Some(p) = parent {
             self.adjust_child(p, from, -1);
@@ -371,22 +446,27 @@ impl TierManager {
             "a parent is never dropped before its children"
         );
         self.len[b.tier] -= 1;
+        self.seg_len[b.tier][b.seg] -= 1;
         if let Some(e) = b.entry {
-            self.candidates[b.tier].remove(&e);
+            self.candidates[b.tier][b.seg].remove(&e);
         }
         if let Some(p) = b.parent {
             self.adjust_child(p, b.tier, -1);
         }
         if self.ghost_capacity > 0 {
             self.ghost_stamp += 1;
-            self.ghosts.insert(key, (b.heat, self.ghost_stamp));
+            self.ghost_seg[b.seg] += 1;
+            if let Some((old, _)) = self.ghosts.insert(key, (b.heat, self.ghost_stamp)) {
+                self.ghost_seg[Self::segment_of(&old)] -= 1;
+            }
             self.ghost_order.push_back((key, self.ghost_stamp));
             while self.ghosts.len() > self.ghost_capacity {
                 let Some((k, stamp)) = self.ghost_order.pop_front() else {
                     break;
                 };
                 if self.ghosts.get(&k).is_some_and(|&(_, s)| s == stamp) {
-                    self.ghosts.remove(&k);
+                    let (h, _) = self.ghosts.remove(&k).expect("present");
+                    self.ghost_seg[Self::segment_of(&h)] -= 1;
                 }
             }
         }
@@ -407,15 +487,19 @@ impl TierManager {
         let Some(b) = self.blocks.get_mut(&key) else {
             return;
         };
+        let seg = Self::segment_of(&b.heat);
         let want = b
             .evictable()
             .then(|| (Rank(b.heat.rank(&cfg)), Reverse(b.depth), key));
-        if want != b.entry {
+        if want != b.entry || seg != b.seg {
             if let Some(old) = b.entry.take() {
-                self.candidates[b.tier].remove(&old);
+                self.candidates[b.tier][b.seg].remove(&old);
             }
+            self.seg_len[b.tier][b.seg] -= 1;
+            self.seg_len[b.tier][seg] += 1;
+            b.seg = seg;
             if let Some(new) = want {
-                self.candidates[b.tier].insert(new);
+                self.candidates[b.tier][seg].insert(new);
             }
             b.entry = want;
         }
@@ -549,6 +633,32 @@ mod tests {
         if let Some(h) = m.heat(back) {
             assert!(h.sharers() >= 2, "a returning block resumes its history");
         }
+    }
+
+    #[test]
+    fn a_block_shared_by_two_requests_survives_a_scan_of_one_off_blocks() {
+        let mut m = manager(4, 0, 0);
+        m.on_insert(BlockKey(1), None, 1, T0);
+        m.on_access(BlockKey(1), 2, T0);
+        for k in 10..40 {
+            m.on_insert(BlockKey(k), None, k, T0);
+        }
+        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Gpu));
+    }
+
+    #[test]
+    fn ghosts_coming_back_from_the_recent_segment_grow_its_share() {
+        let mut m = manager(4, 0, 0);
+        let before = m.recent_share;
+        for k in 0..12 {
+            m.on_insert(BlockKey(k), None, k, T0);
+        }
+        // Blocks 0..8 were evicted from the recent segment; bring two back.
+        m.on_insert(BlockKey(0), None, 100, T0);
+        m.on_insert(BlockKey(1), None, 101, T0);
+        assert!(m.recent_share > before);
+        // They come back shared (two requests used them), so they are frequent now.
+        assert_eq!(m.blocks[&BlockKey(1)].seg, 1);
     }
 
     #[test]
