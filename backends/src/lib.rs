@@ -3,5 +3,11 @@
 //!
 //! - [`loopback`]: two engines in one process; payload is copied once, straight from the producer's region
 //!   into the consumer's.
+//! - [`tcp`]: a tokio TCP node per engine: pooled lanes per peer, vectored writes, handshake with version,
+//!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
+//! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
+//!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
 
+pub mod discovery;
 pub mod loopback;
+pub mod tcp;

@@ -7,7 +7,8 @@ use backends::loopback::{CONSUMER, LoopbackPair};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use transfer_engine::wire::{FrameKind, Header, decode_frame, encode_frame};
 use transfer_engine::{
-    Body, Dtype, Engine, EngineConfig, KvLayout, PeerId, Placement, TransferMode, TransferRequest,
+    Body, Dtype, Engine, EngineConfig, KvLayout, PeerId, Placement, ShapingConfig, TokenBucket,
+    TrafficClass, TransferMode, TransferRequest,
 };
 
 fn codec(c: &mut Criterion) {
@@ -53,8 +54,9 @@ fn crc(c: &mut Criterion) {
 }
 
 /// Moves every slice of one transfer through both engines' state machines: sender poll, receiver
-/// placement and verification (the CRC is taken as given: no payload bytes exist), acks back.
-fn run_state_machines(slices: u32) -> u64 {
+/// placement and verification (the CRC is taken as given: no payload bytes exist), acks back. With
+/// `reverse`, each window of slices reaches the receiver in reverse order (out-of-order reassembly).
+fn run_state_machines(slices: u32, reverse: bool) -> u64 {
     let block_bytes = 65536u64;
     let layout = KvLayout::new(1, slices, block_bytes, 16, Dtype::F16).unwrap();
     let cfg = |id| EngineConfig {
@@ -73,7 +75,14 @@ fn run_state_machines(slices: u32) -> u64 {
     let mut moved = 0;
     loop {
         let mut progress = false;
+        let mut batch = Vec::new();
         while let Some(t) = a.poll_transmit(now) {
+            batch.push(t);
+        }
+        if reverse {
+            batch.reverse();
+        }
+        for t in batch {
             progress = true;
             match t.body {
                 Body::Payload(_) => {
@@ -106,7 +115,89 @@ fn state_machine(c: &mut Criterion) {
     let slices = 16_384;
     g.throughput(Throughput::Elements(u64::from(slices)));
     g.bench_function("slices_through_sender_and_receiver", |b| {
-        b.iter(|| assert_eq!(run_state_machines(slices), u64::from(slices)))
+        b.iter(|| assert_eq!(run_state_machines(slices, false), u64::from(slices)))
+    });
+    g.finish();
+    let mut g = c.benchmark_group("reassembly");
+    g.throughput(Throughput::Elements(u64::from(slices)));
+    g.bench_function("slices_in_reverse_order", |b| {
+        b.iter(|| assert_eq!(run_state_machines(slices, true), u64::from(slices)))
+    });
+    g.finish();
+}
+
+fn control(body: &Body) -> Vec<u8> {
+    match body {
+        Body::Control(p) => p.clone(),
+        _ => Vec::new(),
+    }
+}
+
+fn token_bucket(c: &mut Criterion) {
+    let mut g = c.benchmark_group("token_bucket");
+    g.throughput(Throughput::Elements(1));
+    let mut bucket = TokenBucket::new(25_000_000_000, 16 << 20, 64 << 10).unwrap();
+    let mut now = Instant::now();
+    g.bench_function("ready_then_charge_64KiB", |b| {
+        b.iter(|| {
+            if let Some(at) = bucket.ready_at(now) {
+                now = at;
+            }
+            bucket.charge(now, 65536);
+        })
+    });
+    g.finish();
+}
+
+/// Eight sessions in three classes under a KV cap: the scheduler picks every slice.
+fn scheduler(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduler");
+    let layout = KvLayout::new(1, 256, 65536, 16, Dtype::F16).unwrap();
+    let sessions = 8u32;
+    g.throughput(Throughput::Elements(u64::from(sessions * 256)));
+    g.bench_function("eight_sessions_three_classes_capped", |b| {
+        b.iter(|| {
+            let cfg = EngineConfig {
+                engine_id: 1,
+                window_bytes: u64::MAX,
+                ..EngineConfig::default()
+            };
+            let mut a = Engine::new(cfg);
+            a.set_shaping(ShapingConfig {
+                link_bytes_per_sec: Some(25_000_000_000),
+                ..ShapingConfig::default()
+            })
+            .unwrap();
+            let mut b = Engine::new(EngineConfig {
+                engine_id: 2,
+                ..EngineConfig::default()
+            });
+            let mut now = Instant::now();
+            for i in 0..sessions {
+                let src = a.register_kv_region(layout).unwrap();
+                let dst = b.register_kv_region(layout).unwrap();
+                let class = TrafficClass::ALL[(i % 3) as usize];
+                let req = TransferRequest::whole(PeerId(2), &src, &dst)
+                    .unwrap()
+                    .with_class(class);
+                a.submit(now, req.with_mode(TransferMode::packetized()))
+                    .unwrap();
+            }
+            let mut sent = 0;
+            while sent < sessions * 256 {
+                match a.poll_transmit(now) {
+                    Some(t) if matches!(t.body, Body::Payload(_)) => sent += 1,
+                    Some(t) => {
+                        let _ = b.handle_frame(now, PeerId(1), &t.header, &control(&t.body));
+                        while let Some(r) = b.poll_transmit(now) {
+                            let _ = a.handle_frame(now, PeerId(2), &r.header, &control(&r.body));
+                        }
+                    }
+                    None => now = a.poll_timeout().unwrap_or(now).max(now),
+                }
+            }
+            sent
+        })
     });
     g.finish();
 }
@@ -136,5 +227,13 @@ fn loopback(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, codec, crc, state_machine, loopback);
+criterion_group!(
+    benches,
+    codec,
+    crc,
+    state_machine,
+    token_bucket,
+    scheduler,
+    loopback
+);
 criterion_main!(benches);

@@ -2,12 +2,17 @@
 //! machine's raw limit measured in the same run.
 
 mod args;
+mod bucket;
+mod contention;
+mod net;
+mod overlap;
 mod progress;
 mod replay;
 mod report;
 mod run;
 mod sim;
 mod sweep;
+mod tcp;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +32,20 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Runs one transfer over a simulated faulty fabric (virtual time) and checks what arrived.
     Sim(sim::SimArgs),
+    /// Collective latency alone, beside KV under strict priority + cap, and beside KV as plain FIFO.
+    Contention(contention::ContentionArgs),
+    /// Layer-wise streaming: consumer compute overlapped with KV arrival, per prefetch depth.
+    Overlap(overlap::OverlapArgs),
+    /// Token-bucket accuracy: achieved rate against the configured one, 100 MB/s to 25 GB/s.
+    Bucket {
+        /// Print one JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serves KV transfers over TCP for `te-bench connect` clients in other processes.
+    Serve(net::ServeArgs),
+    /// Transfers KV to a `te-bench serve` process over TCP and reports throughput like `run`.
+    Connect(net::ConnectArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
     Sweep(sweep::SweepArgs),
 }
@@ -44,6 +63,11 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Replay(args) => replay::main(&args),
         Command::Sweep(args) => sweep::main(&args),
         Command::Sim(args) => sim::main(&args),
+        Command::Contention(args) => contention::main(&args),
+        Command::Overlap(args) => overlap::main(&args),
+        Command::Bucket { json } => bucket::main(json),
+        Command::Serve(args) => net::serve_main(&args),
+        Command::Connect(args) => net::connect_main(&args),
     }
 }
 

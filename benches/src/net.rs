@@ -136,7 +136,9 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
                     stats.blocks_delivered,
                     stats.recompute_blocks
                 ),
-                Event::Refused { session, reason } => println!("session {session} refused: {reason}"),
+                Event::Refused { session, reason } => {
+                    println!("session {session} refused: {reason}")
+                }
                 _ => {}
             }
         }
@@ -260,7 +262,7 @@ fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayout> {
     let blocks = total / block_bytes;
     let layers = (1..=blocks.min(32))
         .rev()
-        .find(|l| blocks % l == 0)
+        .find(|l| blocks.is_multiple_of(*l))
         .unwrap_or(1);
     Ok(KvLayout::new(
         layers as u32,

@@ -16,11 +16,13 @@ use crate::report::{print_rows, quantile};
 pub(crate) enum Backend {
     /// Two engines in one process; the limit is a plain memcpy of the same blocks.
     Loopback,
+    /// Two TCP nodes over real loopback sockets; the limit is a plain tokio socket copy of the same bytes.
+    Tcp,
 }
 
 impl Backend {
     /// Every backend.
-    pub(crate) const ALL: [Backend; 1] = [Backend::Loopback];
+    pub(crate) const ALL: [Backend; 2] = [Backend::Loopback, Backend::Tcp];
 }
 
 /// Wire mode to run.
@@ -149,6 +151,49 @@ pub(crate) fn measure(
 ) -> anyhow::Result<RunRow> {
     match backend {
         Backend::Loopback => run_loopback(layout, mode, iterations),
+        Backend::Tcp => {
+            let run = crate::tcp::run_tcp(layout, mode, iterations)?;
+            Ok(row(
+                "tcp",
+                layout,
+                mode,
+                run.seconds,
+                run.limit_gbps,
+                run.retransmits,
+                run.recompute_blocks,
+            ))
+        }
+    }
+}
+
+/// A result row from measured transfer times and the limit measured beside them.
+fn row(
+    backend: &'static str,
+    layout: KvLayout,
+    mode: TransferMode,
+    mut seconds: Vec<f64>,
+    limit_gbps: f64,
+    retransmits: u64,
+    recompute_blocks: usize,
+) -> RunRow {
+    let bytes = layout.total_bytes();
+    let median = quantile(&mut seconds, 0.5);
+    let gbps = bytes as f64 / median / 1e9;
+    RunRow {
+        backend,
+        mode: mode.name(),
+        block_bytes: layout.block_bytes,
+        block: fmt_size(layout.block_bytes),
+        bytes,
+        iterations: seconds.len(),
+        seconds: median,
+        gbps,
+        limit_gbps,
+        ratio: gbps / limit_gbps,
+        p50_ms: median * 1e3,
+        p99_ms: quantile(&mut seconds, 0.99) * 1e3,
+        retransmits,
+        recompute_blocks,
     }
 }
 
@@ -194,25 +239,16 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
             "destination differs from source after the transfer: this is a bug, please report it"
         );
     }
-    let bytes = layout.total_bytes();
-    let median = quantile(&mut seconds, 0.5);
-    let gbps = bytes as f64 / median / 1e9;
-    Ok(RunRow {
-        backend: "loopback",
-        mode: mode.name(),
-        block_bytes: layout.block_bytes,
-        block: fmt_size(layout.block_bytes),
-        bytes,
-        iterations,
-        seconds: median,
-        gbps,
-        limit_gbps: limit,
-        ratio: gbps / limit,
-        p50_ms: median * 1e3,
-        p99_ms: quantile(&mut seconds, 0.99) * 1e3,
-        retransmits: pair.producer.engine.stats().retransmits,
-        recompute_blocks: recompute,
-    })
+    let retransmits = pair.producer.engine.stats().retransmits;
+    Ok(row(
+        "loopback",
+        layout,
+        mode,
+        seconds,
+        limit,
+        retransmits,
+        recompute,
+    ))
 }
 
 /// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).

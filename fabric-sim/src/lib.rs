@@ -18,16 +18,31 @@
 //! [`Scenario`] packages the common case: one KV transfer between two nodes under a [`FaultSpec`],
 //! reported as a [`ScenarioReport`] whose `corrupt_delivered` compares every delivered block's bytes with
 //! the source's.
+//!
+//! Traffic shaping: a link's egress queue is FIFO by default or strict priority by traffic class with
+//! anti-starvation ([`QueueDiscipline`], [`Sim::set_discipline`]); a [`CollectiveFlow`]
+//! ([`Sim::add_collective`]) is a periodic, latency-sensitive flow whose every operation's latency is
+//! measured. [`ContentionConfig`] runs a collective beside a KV transfer under each [`Sharing`];
+//! [`OverlapConfig`] runs a consumer computing layers while their KV streams in.
 
+mod collective;
+mod contention;
 mod fault;
 mod link;
 mod node;
+mod overlap;
+mod pair;
+mod qdisc;
 mod scenario;
 mod sim;
 
+pub use collective::{CollectiveFlow, CollectiveId, CollectiveOp, CollectiveStats, quantile};
+pub use contention::{ContentionConfig, ContentionReport, Sharing};
 pub use fault::{CorruptTarget, FaultRule, GilbertElliott, PacketInfo, Verdict, judge};
 pub use link::{Link, LinkConfig, LinkStats, Offer};
 pub use node::{Node, NodeId};
+pub use overlap::{OverlapConfig, OverlapReport};
+pub use qdisc::QueueDiscipline;
 pub use scenario::{
     BURST_SLOT, CrashPlan, FaultSpec, Scenario, ScenarioConfig, ScenarioReport, Side, fill_block,
 };
@@ -45,6 +60,12 @@ pub enum SimError {
     /// `FABRIC_SEED` is set but is not a number.
     #[error("{SEED_ENV}={0:?} is not a number: set it to a u64 such as 42, or unset it")]
     BadSeed(String),
+    /// The settings describe something the simulation cannot run.
+    #[error("invalid simulation settings: {0}")]
+    InvalidConfig(String),
+    /// A run ended before what it measures happened (an engine hung, or a deadline passed).
+    #[error("{0} did not happen in the simulation: an engine hung or a deadline passed")]
+    Incomplete(&'static str),
 }
 
 /// The seed in `FABRIC_SEED`, or `default` when it is unset.

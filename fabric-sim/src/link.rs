@@ -1,11 +1,15 @@
-//! A one-way link: bandwidth, propagation delay and a bounded queue with tail drop.
+//! A one-way link: bandwidth, propagation delay and a bounded queue with tail drop, served FIFO (the
+//! default) or in strict priority by traffic class ([`QueueDiscipline`]).
 
 use std::time::Duration;
 
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use transfer_engine::TrafficClass;
+
 use crate::fault::{FaultRule, PacketInfo, Verdict, judge};
+use crate::qdisc::{Enqueue, PriorityQueue, QueueDiscipline};
 
 /// How a link behaves before any fault rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +81,10 @@ pub struct Link {
     faults: Vec<FaultRule>,
     rng: ChaCha8Rng,
     stats: LinkStats,
+    discipline: QueueDiscipline,
+    priority: Option<PriorityQueue>,
+    /// The pending wake-up of a priority queue: (when, generation); older generations are stale.
+    pub(crate) tick: Option<(Duration, u64)>,
 }
 
 impl Link {
@@ -89,7 +97,35 @@ impl Link {
             faults: Vec::new(),
             rng,
             stats: LinkStats::default(),
+            discipline: QueueDiscipline::Fifo,
+            priority: None,
+            tick: None,
         }
+    }
+
+    /// The queue discipline.
+    #[must_use]
+    pub fn discipline(&self) -> QueueDiscipline {
+        self.discipline
+    }
+
+    /// Sets the queue discipline. Set it before any packet is queued: packets already waiting in the
+    /// old discipline's queue are forgotten.
+    pub fn set_discipline(&mut self, discipline: QueueDiscipline) {
+        self.discipline = discipline;
+        self.priority = match discipline {
+            QueueDiscipline::Fifo => None,
+            QueueDiscipline::Priority {
+                mtu,
+                max_starvation,
+            } => Some(PriorityQueue::new(
+                mtu,
+                max_starvation,
+                self.cfg.bandwidth,
+                self.cfg.queue_bytes,
+            )),
+        };
+        self.tick = None;
     }
 
     /// The configuration.
@@ -120,9 +156,13 @@ impl Link {
         self.faults.clear();
     }
 
-    /// Bytes waiting to be serialized at `now`.
+    /// Bytes waiting to be serialized at `now` (under strict priority: every class's, as of the last time
+    /// the queue was advanced).
     #[must_use]
     pub fn backlog(&self, now: Duration) -> u64 {
+        if let Some(q) = &self.priority {
+            return q.backlog();
+        }
         let busy = self.busy_until.saturating_sub(now);
         (busy.as_nanos() * u128::from(self.cfg.bandwidth.max(1)) / 1_000_000_000) as u64
     }
@@ -134,7 +174,9 @@ impl Link {
         Duration::from_nanos(nanos.min(u128::from(u64::MAX)) as u64)
     }
 
-    /// Offers a packet of `len` bytes at `now`. Nothing changes unless it is [`Offer::Queued`].
+    /// Offers a packet of `len` bytes at `now` to the FIFO queue (whatever the discipline: the simulator
+    /// routes packets of a priority link through its class queues instead). Nothing changes unless it is
+    /// [`Offer::Queued`].
     pub fn offer(&mut self, now: Duration, len: u64) -> Offer {
         if len > self.cfg.queue_bytes {
             self.stats.tail_drops += 1;
@@ -157,6 +199,48 @@ impl Link {
             done,
             arrives: done + self.cfg.delay,
         }
+    }
+
+    /// Serves a priority link's queue up to `now`: the ids of frames that finished, and when their last
+    /// bit left. A FIFO link has nothing to serve.
+    pub(crate) fn advance(&mut self, now: Duration) -> Vec<(u64, Duration)> {
+        self.priority
+            .as_mut()
+            .map(|q| q.advance(now))
+            .unwrap_or_default()
+    }
+
+    /// When a priority link's queue next needs [`Link::advance`].
+    pub(crate) fn next_event(&self) -> Option<Duration> {
+        self.priority.as_ref().and_then(PriorityQueue::next_event)
+    }
+
+    /// Whether packets go through class queues rather than [`Link::offer`].
+    pub(crate) fn is_priority(&self) -> bool {
+        self.priority.is_some()
+    }
+
+    /// Queues frame `id` in its class's queue (priority links; call [`Link::advance`] first).
+    pub(crate) fn enqueue(
+        &mut self,
+        now: Duration,
+        id: u64,
+        len: u64,
+        class: TrafficClass,
+    ) -> Enqueue {
+        let Some(q) = self.priority.as_mut() else {
+            return Enqueue::TooLarge;
+        };
+        let verdict = q.enqueue(now, id, len, class);
+        match verdict {
+            Enqueue::Queued => {
+                self.stats.packets += 1;
+                self.stats.bytes += len;
+            }
+            Enqueue::TooLarge => self.stats.tail_drops += 1,
+            Enqueue::Full { .. } => {}
+        }
+        verdict
     }
 
     /// Records a packet that was lost because the queue was full and its sender does not wait.

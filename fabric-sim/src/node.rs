@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use transfer_engine::{
     Body, Counters, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PeerId, RegionHandle,
-    Transmit,
+    TrafficClass, Transmit,
 };
 
 /// A node of the simulation. Its engine's peer id is `PeerId(u64::from(id.0))`.
@@ -31,6 +31,8 @@ pub(crate) struct Frame {
     pub(crate) to: PeerId,
     pub(crate) bytes: Vec<u8>,
     pub(crate) data: bool,
+    /// The class the engine gave it (what a priority link orders by).
+    pub(crate) class: TrafficClass,
 }
 
 /// A host running one [`Engine`] over [`HostMemory`].
@@ -188,6 +190,7 @@ impl Node {
             to: t.peer,
             bytes,
             data,
+            class: t.class,
         })
     }
 

@@ -3,6 +3,11 @@
 //! Nothing sleeps. The loop jumps from one instant to the next: the earliest scheduled action (a packet
 //! arriving, a sender woken by its link, a crash, a restart, a background packet) or the earliest engine
 //! timer. Actions at the same instant run in the order they were scheduled, so one seed gives one run.
+//!
+//! A FIFO link knows a packet's arrival when it is queued. A strict-priority link
+//! ([`crate::QueueDiscipline::Priority`]) does not (a later packet of a higher class may overtake it): its
+//! packets wait in the link's class queues under an id, and a tick scheduled at the queue's next event
+//! releases the ones that finished.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -10,11 +15,13 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use transfer_engine::{EngineConfig, Event, HostMemory};
+use transfer_engine::{EngineConfig, Event, HostMemory, TrafficClass};
 
+use crate::collective::{CollectiveFlow, CollectiveId, CollectiveStats, FlowState};
 use crate::fault::{FaultRule, PacketInfo, Verdict};
 use crate::link::{Link, LinkConfig, LinkStats, Offer};
 use crate::node::{Frame, Node, NodeId};
+use crate::qdisc::{Enqueue, QueueDiscipline};
 
 /// Most actions handled at one virtual instant before the run is declared stalled (a busy loop in an
 /// engine that never lets time advance).
@@ -25,6 +32,12 @@ const STALL_STEPS: u64 = 10_000_000;
 pub trait Observer {
     /// An engine emitted `event` at virtual time `at`.
     fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, memory: &HostMemory);
+
+    /// Whether [`Sim::run_until`] should return now (checked after every batch of events); [`Sim::run`]
+    /// never asks.
+    fn stop_requested(&mut self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(Duration, NodeId, &Event, &HostMemory)> Observer for F {
@@ -88,6 +101,27 @@ enum Action {
         to: NodeId,
         traffic: CrossTraffic,
     },
+    /// A priority link's queue has an event (a departure, a starvation deadline); stale unless `generation`
+    /// is the link's latest.
+    LinkTick {
+        from: NodeId,
+        to: NodeId,
+        generation: u64,
+    },
+    CollectiveIssue(CollectiveId),
+    CollectiveWake(CollectiveId),
+    CollectiveArrive {
+        flow: CollectiveId,
+        op: u64,
+    },
+}
+
+/// What rides a link.
+#[derive(Debug, Clone)]
+enum Packet {
+    Frame(Frame),
+    Cross,
+    Collective { flow: CollectiveId, op: u64 },
 }
 
 /// A deterministic simulated fabric.
@@ -106,6 +140,10 @@ pub struct Sim {
     actions: BTreeMap<(Duration, u64), Action>,
     next_seq: u64,
     stats: SimStats,
+    /// Packets waiting in priority links' class queues, by id.
+    queued: BTreeMap<u64, (NodeId, NodeId, Packet)>,
+    next_packet: u64,
+    collectives: Vec<FlowState>,
 }
 
 impl Sim {
@@ -122,6 +160,9 @@ impl Sim {
             actions: BTreeMap::new(),
             next_seq: 0,
             stats: SimStats::default(),
+            queued: BTreeMap::new(),
+            next_packet: 0,
+            collectives: Vec::new(),
         }
     }
 
@@ -188,6 +229,38 @@ impl Sim {
             ));
             self.links.insert((from, to), Link::new(cfg, rng));
         }
+    }
+
+    /// Sets the queue discipline of the link from `from` to `to` (no-op if there is none). Set it before
+    /// the run: packets already waiting are forgotten.
+    pub fn set_discipline(&mut self, from: NodeId, to: NodeId, discipline: QueueDiscipline) {
+        if let Some(link) = self.links.get_mut(&(from, to)) {
+            link.set_discipline(discipline);
+        }
+    }
+
+    /// Adds a periodic collective flow from `from` to `to` (see [`CollectiveFlow`]).
+    pub fn add_collective(
+        &mut self,
+        from: NodeId,
+        to: NodeId,
+        flow: CollectiveFlow,
+    ) -> CollectiveId {
+        let id = CollectiveId(self.collectives.len());
+        self.collectives.push(FlowState::new(from, to, flow));
+        if flow.ops > 0 {
+            self.schedule(flow.start, Action::CollectiveIssue(id));
+        }
+        id
+    }
+
+    /// What collective flow `id` measured so far.
+    ///
+    /// # Panics
+    /// If `id` was not returned by [`Sim::add_collective`].
+    #[must_use]
+    pub fn collective(&self, id: CollectiveId) -> &CollectiveStats {
+        &self.collectives[id.0].stats
     }
 
     /// The link from `from` to `to`.
@@ -283,10 +356,30 @@ impl Sim {
     /// Runs until every session has ended ([`RunEnd::Idle`]) or virtual time reaches `limit`, telling
     /// `observer` every engine event as it happens.
     pub fn run(&mut self, limit: Duration, observer: &mut impl Observer) -> RunEnd {
+        self.run_inner(limit, observer, false)
+            .expect("stop requests are not checked")
+    }
+
+    /// Like [`Sim::run`], but returns `None` as soon as `observer` asks to stop
+    /// ([`Observer::stop_requested`]), with virtual time at the event that made it ask. Call it again to
+    /// go on.
+    pub fn run_until(&mut self, limit: Duration, observer: &mut impl Observer) -> Option<RunEnd> {
+        self.run_inner(limit, observer, true)
+    }
+
+    fn run_inner(
+        &mut self,
+        limit: Duration,
+        observer: &mut impl Observer,
+        stoppable: bool,
+    ) -> Option<RunEnd> {
         let mut steps_here = 0u64;
         loop {
             for i in 0..self.nodes.len() {
                 self.pump(NodeId(i as u32), observer);
+            }
+            if stoppable && observer.stop_requested() {
+                return None;
             }
             let next_action = self.actions.first_key_value().map(|((t, _), _)| *t);
             let next_timer = self
@@ -297,16 +390,16 @@ impl Sim {
                 .map(|t| t.saturating_duration_since(self.epoch))
                 .min();
             let Some(next) = [next_action, next_timer].into_iter().flatten().min() else {
-                return RunEnd::Idle;
+                return Some(RunEnd::Idle);
             };
             if next > limit {
                 self.now = self.now.max(limit);
-                return RunEnd::TimeLimit;
+                return Some(RunEnd::TimeLimit);
             }
             if next <= self.now {
                 steps_here += 1;
                 if steps_here > STALL_STEPS {
-                    return RunEnd::Stalled;
+                    return Some(RunEnd::Stalled);
                 }
             } else {
                 steps_here = 0;
@@ -355,13 +448,19 @@ impl Sim {
                 let _ = self.restart(node);
             }
             Action::Cross { from, to, traffic } => {
-                if let Some(link) = self.links.get_mut(&(from, to)) {
+                if self.links.contains_key(&(from, to)) {
                     self.stats.cross_sent += 1;
-                    if !matches!(
-                        link.offer(self.now, traffic.packet_bytes),
-                        Offer::Queued { .. }
-                    ) {
-                        link.tail_drop();
+                    let sent = self.put(
+                        from,
+                        to,
+                        traffic.packet_bytes,
+                        TrafficClass::Collective,
+                        Packet::Cross,
+                    );
+                    if sent.is_err() {
+                        if let Some(link) = self.links.get_mut(&(from, to)) {
+                            link.tail_drop();
+                        }
                         self.stats.cross_dropped += 1;
                     }
                 }
@@ -372,6 +471,141 @@ impl Sim {
                 if self.now + gap < traffic.end {
                     self.schedule(self.now + gap, Action::Cross { from, to, traffic });
                 }
+            }
+            Action::LinkTick {
+                from,
+                to,
+                generation,
+            } => {
+                let current = self
+                    .links
+                    .get(&(from, to))
+                    .and_then(|l| l.tick)
+                    .is_some_and(|(_, g)| g == generation);
+                if current {
+                    if let Some(link) = self.links.get_mut(&(from, to)) {
+                        link.tick = None;
+                    }
+                    self.serve(from, to);
+                }
+            }
+            Action::CollectiveIssue(id) => {
+                if let Some(next) = self.collectives[id.0].issue(self.now) {
+                    self.schedule(next, Action::CollectiveIssue(id));
+                }
+                self.feed(id);
+            }
+            Action::CollectiveWake(id) => {
+                self.collectives[id.0].waiting = false;
+                self.feed(id);
+            }
+            Action::CollectiveArrive { flow, op } => self.collectives[flow.0].arrived(op, self.now),
+        }
+    }
+
+    /// Offers collective flow `id`'s backlog to its link, in order, until the link is full.
+    fn feed(&mut self, id: CollectiveId) {
+        let (from, to) = (self.collectives[id.0].from, self.collectives[id.0].to);
+        if self.collectives[id.0].waiting || !self.links.contains_key(&(from, to)) {
+            return;
+        }
+        while let Some(&(op, len)) = self.collectives[id.0].backlog.front() {
+            let packet = Packet::Collective { flow: id, op };
+            match self.put(from, to, len, TrafficClass::Collective, packet) {
+                Ok(()) => {
+                    self.collectives[id.0].backlog.pop_front();
+                }
+                Err((retry_at, _)) => {
+                    self.collectives[id.0].waiting = true;
+                    self.schedule(retry_at, Action::CollectiveWake(id));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Puts `packet` (`len` bytes in `class`) on the link from `from` to `to` now. A full queue hands it
+    /// back with the time to try again; a packet that can never fit is dropped (and counted by the link).
+    fn put(
+        &mut self,
+        from: NodeId,
+        to: NodeId,
+        len: u64,
+        class: TrafficClass,
+        packet: Packet,
+    ) -> Result<(), (Duration, Packet)> {
+        let Some(link) = self.links.get_mut(&(from, to)) else {
+            return Ok(());
+        };
+        if !link.is_priority() {
+            return match link.offer(self.now, len) {
+                Offer::Queued { arrives, .. } => {
+                    self.depart(from, to, arrives, packet);
+                    Ok(())
+                }
+                Offer::Full { retry_at } => Err((retry_at, packet)),
+                Offer::TooLarge => Ok(()),
+            };
+        }
+        self.serve(from, to);
+        let id = self.next_packet;
+        let link = self.links.get_mut(&(from, to)).expect("checked above");
+        match link.enqueue(self.now, id, len, class) {
+            Enqueue::Queued => {
+                self.next_packet += 1;
+                self.queued.insert(id, (from, to, packet));
+                self.retick(from, to);
+                Ok(())
+            }
+            Enqueue::Full { retry_at } => Err((retry_at, packet)),
+            Enqueue::TooLarge => Ok(()),
+        }
+    }
+
+    /// Releases the frames a priority link finished by now, and schedules its next tick.
+    fn serve(&mut self, from: NodeId, to: NodeId) {
+        let Some(link) = self.links.get_mut(&(from, to)) else {
+            return;
+        };
+        let delay = link.config().delay;
+        for (id, done) in link.advance(self.now) {
+            if let Some((from, to, packet)) = self.queued.remove(&id) {
+                self.depart(from, to, done + delay, packet);
+            }
+        }
+        self.retick(from, to);
+    }
+
+    fn retick(&mut self, from: NodeId, to: NodeId) {
+        let Some(link) = self.links.get_mut(&(from, to)) else {
+            return;
+        };
+        let Some(at) = link.next_event() else {
+            return;
+        };
+        if link.tick.is_some_and(|(t, _)| t == at) {
+            return;
+        }
+        // Unique across the run: a stale tick can never pass for a later one.
+        let generation = self.next_seq;
+        link.tick = Some((at, generation));
+        self.schedule(
+            at,
+            Action::LinkTick {
+                from,
+                to,
+                generation,
+            },
+        );
+    }
+
+    /// A packet left the link and arrives (before faults) at `arrives`.
+    fn depart(&mut self, from: NodeId, to: NodeId, arrives: Duration, packet: Packet) {
+        match packet {
+            Packet::Frame(frame) => self.transmit(from, to, arrives, frame),
+            Packet::Cross => {}
+            Packet::Collective { flow, op } => {
+                self.schedule(arrives, Action::CollectiveArrive { flow, op });
             }
         }
     }
@@ -398,17 +632,15 @@ impl Sim {
                 self.stats.frames_unroutable += 1;
                 continue;
             };
-            let link = self.links.get_mut(&(id, to)).expect("checked above");
-            match link.offer(self.now, frame.bytes.len() as u64) {
-                Offer::Queued { arrives, .. } => self.transmit(id, to, arrives, frame),
-                Offer::Full { retry_at } => {
-                    let node = &mut self.nodes[id.0 as usize];
+            let (len, class) = (frame.bytes.len() as u64, frame.class);
+            if let Err((retry_at, packet)) = self.put(id, to, len, class, Packet::Frame(frame)) {
+                let node = &mut self.nodes[id.0 as usize];
+                if let Packet::Frame(frame) = packet {
                     node.held = Some(frame);
-                    node.waiting = true;
-                    self.schedule(retry_at, Action::Wake(id));
-                    break;
                 }
-                Offer::TooLarge => {}
+                node.waiting = true;
+                self.schedule(retry_at, Action::Wake(id));
+                break;
             }
         }
         self.drain(id, observer);

@@ -287,7 +287,7 @@ impl SenderSession {
             header,
             body: Body::Payload(payload),
             lane,
-            class: self.spec.class,
+            class: self.class(),
         }
     }
 

@@ -1,0 +1,82 @@
+//! A blocking handle on a [`TcpNode`] for programs without their own async runtime (te-bench).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+use transfer_engine::{KvLayout, RegionHandle, TransferRequest};
+
+use super::node::{Outcome, PeerInfo, TcpNode};
+use super::{TcpConfig, TcpError};
+
+/// A [`TcpNode`] with the runtime it runs on; every method blocks the calling thread.
+#[derive(Debug)]
+pub struct BlockingNode {
+    node: Option<TcpNode>,
+    rt: Arc<Runtime>,
+}
+
+impl BlockingNode {
+    /// Starts a node on a new multi-threaded runtime (one worker per core).
+    pub fn start(cfg: TcpConfig) -> Result<Self, TcpError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        Self::start_on(Arc::new(rt), cfg)
+    }
+
+    /// Starts a node on the runtime of `other` (nodes in one process share their worker threads).
+    pub fn start_beside(other: &BlockingNode, cfg: TcpConfig) -> Result<Self, TcpError> {
+        Self::start_on(other.rt.clone(), cfg)
+    }
+
+    fn start_on(rt: Arc<Runtime>, cfg: TcpConfig) -> Result<Self, TcpError> {
+        let node = rt.block_on(TcpNode::start(cfg))?;
+        Ok(Self {
+            node: Some(node),
+            rt,
+        })
+    }
+
+    /// The node, for its non-async methods.
+    #[must_use]
+    pub fn node(&self) -> &TcpNode {
+        self.node
+            .as_ref()
+            .expect("the node lives as long as its handle")
+    }
+
+    /// Runs `f` on the node's runtime and waits for it.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Registers a KV region and allocates its bytes.
+    pub fn register_kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
+        self.node().register_kv_region(layout)
+    }
+
+    /// See [`TcpNode::connect`].
+    pub fn connect(
+        &self,
+        addr: std::net::SocketAddr,
+        want: Option<KvLayout>,
+    ) -> Result<PeerInfo, TcpError> {
+        self.rt.block_on(self.node().connect(addr, want))
+    }
+
+    /// See [`TcpNode::transfer`].
+    pub fn transfer(&self, req: TransferRequest, limit: Duration) -> Result<Outcome, TcpError> {
+        self.rt.block_on(self.node().transfer(req, limit))
+    }
+}
+
+impl Drop for BlockingNode {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.take() {
+            let _guard = self.rt.enter();
+            drop(node);
+        }
+    }
+}

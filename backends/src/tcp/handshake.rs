@@ -1,0 +1,603 @@
+//! The lane handshake: protocol version, engine identity, KV namespace, optional shared-secret
+//! authentication, then the segments the accepting node offers.
+//!
+//! ```text
+//! dialer                                   acceptor
+//!   Hello(version, engine, namespace, nonce_d, ...)  ->
+//!                                          <-  Hello(..., nonce_a) + HMAC(secret, "acceptor" nonce_d nonce_a)
+//!   Auth(HMAC(secret, "dialer" nonce_a nonce_d))     ->
+//!                                          <-  Welcome(segments)
+//! ```
+//! Either side answers a mismatch with `Reject(reason)` and closes; the other side reports the reason.
+//! Messages are length-prefixed (u32 little-endian, at most 64 KiB) and decoding never panics.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use transfer_engine::wire::VERSION as WIRE_VERSION;
+use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+
+use super::TcpError;
+
+/// Version of the handshake and lane protocol this build speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+const MAGIC: &[u8; 8] = b"KVTE-LN\0";
+const MAX_MESSAGE: usize = 64 << 10;
+const MAC_LEN: usize = 32;
+
+const TAG_HELLO: u8 = 1;
+const TAG_AUTH: u8 = 2;
+const TAG_WELCOME: u8 = 3;
+const TAG_REJECT: u8 = 4;
+
+/// The KV namespace both ends must share: KV computed by another model, weight version or block size is
+/// never exchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Namespace {
+    /// Model id, for example `llama-3-8b`.
+    pub model_id: String,
+    /// Weight version; a weight update changes it.
+    pub weight_version: u64,
+    /// Tokens per KV block.
+    pub block_tokens: u32,
+}
+
+impl Default for Namespace {
+    fn default() -> Self {
+        Self {
+            model_id: "default".into(),
+            weight_version: 0,
+            block_tokens: 16,
+        }
+    }
+}
+
+impl std::fmt::Display for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "model '{}' weights v{} with {}-token blocks",
+            self.model_id, self.weight_version, self.block_tokens
+        )
+    }
+}
+
+/// A registered region a node offers to its peers: what a sender needs to address it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Segment {
+    /// Name under which it is offered.
+    pub name: String,
+    /// The region as registered on its owner (id, access key, length, layout).
+    pub handle: RegionHandle,
+}
+
+/// What a node says about itself in the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Handshake protocol version.
+    pub protocol: u16,
+    /// Frame wire-format version.
+    pub wire: u8,
+    /// The engine id (peers name each other by it; session ids start with it).
+    pub engine_id: u32,
+    /// The KV namespace served.
+    pub namespace: Namespace,
+    /// Address the node listens on, if any, so a peer can dial it back.
+    pub listen: Option<String>,
+    /// Whether this side authenticates with a shared secret.
+    pub authenticated: bool,
+    /// A KV region the dialer asks the acceptor to provide (offered back as segment `served`).
+    pub want: Option<KvLayout>,
+    /// Fresh random challenge.
+    pub nonce: [u8; 16],
+}
+
+impl Hello {
+    /// A hello of this build for `engine_id` in `namespace`, with a fresh nonce.
+    pub fn new(engine_id: u32, namespace: Namespace) -> Result<Self, TcpError> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| TcpError::Io(std::io::Error::other(format!("no randomness: {e}"))))?;
+        Ok(Self {
+            protocol: PROTOCOL_VERSION,
+            wire: WIRE_VERSION,
+            engine_id,
+            namespace,
+            listen: None,
+            authenticated: false,
+            want: None,
+            nonce,
+        })
+    }
+
+    /// Why `peer` cannot talk to `self`, if it cannot.
+    pub fn mismatch(&self, peer: &Hello) -> Option<String> {
+        if peer.protocol != PROTOCOL_VERSION || peer.wire != WIRE_VERSION {
+            return Some(format!(
+                "protocol version {}/{} is not supported (this build speaks {PROTOCOL_VERSION}/{WIRE_VERSION}): \
+                 upgrade the older side",
+                peer.protocol, peer.wire
+            ));
+        }
+        if peer.engine_id == self.engine_id {
+            return Some(format!(
+                "both ends have engine id {}: give every engine a distinct engine_id",
+                peer.engine_id
+            ));
+        }
+        if peer.namespace != self.namespace {
+            return Some(format!(
+                "KV namespace mismatch: the peer serves {}, this node {}: connect engines of the same model, \
+                 weights and block size",
+                peer.namespace, self.namespace
+            ));
+        }
+        if peer.authenticated != self.authenticated {
+            return Some(if self.authenticated {
+                "this node requires shared-secret authentication and the peer has no secret: configure the same \
+                 secret on both sides"
+                    .into()
+            } else {
+                "the peer requires shared-secret authentication and this node has no secret: configure the same \
+                 secret on both sides"
+                    .into()
+            });
+        }
+        None
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&self.protocol.to_le_bytes());
+        out.push(self.wire);
+        out.extend_from_slice(&self.engine_id.to_le_bytes());
+        put_str(out, &self.namespace.model_id);
+        out.extend_from_slice(&self.namespace.weight_version.to_le_bytes());
+        out.extend_from_slice(&self.namespace.block_tokens.to_le_bytes());
+        put_str(out, self.listen.as_deref().unwrap_or(""));
+        out.push(u8::from(self.authenticated));
+        match &self.want {
+            Some(layout) => {
+                out.push(1);
+                put_layout(out, layout);
+            }
+            None => out.push(0),
+        }
+        out.extend_from_slice(&self.nonce);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
+        if r.take(8)? != MAGIC {
+            return Err("the peer does not speak the KV transfer lane protocol (bad magic)".into());
+        }
+        let protocol = r.u16()?;
+        let wire = r.u8()?;
+        if protocol != PROTOCOL_VERSION || wire != WIRE_VERSION {
+            // Later fields may differ between versions: report the version, not a parse error.
+            return Ok(Self {
+                protocol,
+                wire,
+                engine_id: 0,
+                namespace: Namespace::default(),
+                listen: None,
+                authenticated: false,
+                want: None,
+                nonce: [0; 16],
+            });
+        }
+        let engine_id = r.u32()?;
+        let namespace = Namespace {
+            model_id: r.str()?,
+            weight_version: r.u64()?,
+            block_tokens: r.u32()?,
+        };
+        let listen = Some(r.str()?).filter(|s| !s.is_empty());
+        let authenticated = r.u8()? != 0;
+        let want = match r.u8()? {
+            0 => None,
+            _ => Some(get_layout(r)?),
+        };
+        let nonce = r.take(16)?.try_into().map_err(|_| "short nonce")?;
+        Ok(Self {
+            protocol,
+            wire,
+            engine_id,
+            namespace,
+            listen,
+            authenticated,
+            want,
+            nonce,
+        })
+    }
+}
+
+/// A handshake message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    /// Who I am (with the acceptor's MAC over the challenge, or zeros without a secret).
+    Hello(Box<Hello>, [u8; MAC_LEN]),
+    /// The dialer's MAC over the acceptor's challenge.
+    Auth([u8; MAC_LEN]),
+    /// Accepted; the segments the acceptor offers.
+    Welcome(Vec<Segment>),
+    /// Refused, with the reason.
+    Reject(String),
+}
+
+impl Message {
+    /// Encodes the message with its length prefix.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; 4];
+        match self {
+            Message::Hello(h, mac) => {
+                out.push(TAG_HELLO);
+                h.encode(&mut out);
+                out.extend_from_slice(mac);
+            }
+            Message::Auth(mac) => {
+                out.push(TAG_AUTH);
+                out.extend_from_slice(mac);
+            }
+            Message::Welcome(segments) => {
+                out.push(TAG_WELCOME);
+                out.extend_from_slice(&(segments.len() as u16).to_le_bytes());
+                for s in segments {
+                    put_str(&mut out, &s.name);
+                    out.extend_from_slice(&s.handle.id.0.to_le_bytes());
+                    out.extend_from_slice(&s.handle.key.0.to_le_bytes());
+                    out.extend_from_slice(&s.handle.len.to_le_bytes());
+                    match &s.handle.layout {
+                        Some(l) => {
+                            out.push(1);
+                            put_layout(&mut out, l);
+                        }
+                        None => out.push(0),
+                    }
+                }
+            }
+            Message::Reject(reason) => {
+                out.push(TAG_REJECT);
+                put_str(&mut out, reason);
+            }
+        }
+        let len = (out.len() - 4) as u32;
+        out[..4].copy_from_slice(&len.to_le_bytes());
+        out
+    }
+
+    /// Decodes a message body (without its length prefix).
+    pub fn decode(body: &[u8]) -> Result<Self, String> {
+        let mut r = Reader(body);
+        let msg = match r.u8()? {
+            TAG_HELLO => {
+                let hello = Hello::decode(&mut r)?;
+                if hello.protocol != PROTOCOL_VERSION || hello.wire != WIRE_VERSION {
+                    return Ok(Message::Hello(Box::new(hello), [0; MAC_LEN]));
+                }
+                let mac = r.take(MAC_LEN)?.try_into().map_err(|_| "short mac")?;
+                Message::Hello(Box::new(hello), mac)
+            }
+            TAG_AUTH => Message::Auth(r.take(MAC_LEN)?.try_into().map_err(|_| "short mac")?),
+            TAG_WELCOME => {
+                let n = r.u16()?;
+                let mut segments = Vec::with_capacity(usize::from(n).min(256));
+                for _ in 0..n {
+                    let name = r.str()?;
+                    let id = RegionId(r.u32()?);
+                    let key = AccessKey(r.u64()?);
+                    let len = r.u64()?;
+                    let layout = match r.u8()? {
+                        0 => None,
+                        _ => Some(get_layout(&mut r)?),
+                    };
+                    segments.push(Segment {
+                        name,
+                        handle: RegionHandle {
+                            id,
+                            key,
+                            len,
+                            layout,
+                        },
+                    });
+                }
+                Message::Welcome(segments)
+            }
+            TAG_REJECT => Message::Reject(r.str()?),
+            tag => return Err(format!("unknown handshake message {tag}")),
+        };
+        if !r.0.is_empty() {
+            return Err(format!(
+                "{} unexpected bytes after a handshake message",
+                r.0.len()
+            ));
+        }
+        Ok(msg)
+    }
+}
+
+/// HMAC-SHA256 over a role label and the two nonces; all zeros without a secret.
+#[must_use]
+pub fn auth_mac(secret: Option<&[u8]>, role: &str, a: &[u8; 16], b: &[u8; 16]) -> [u8; MAC_LEN] {
+    let Some(secret) = secret else {
+        return [0; MAC_LEN];
+    };
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(b"kvte-lane-auth:");
+    mac.update(role.as_bytes());
+    mac.update(a);
+    mac.update(b);
+    mac.finalize().into_bytes().into()
+}
+
+fn verify_mac(
+    secret: Option<&[u8]>,
+    role: &str,
+    a: &[u8; 16],
+    b: &[u8; 16],
+    got: &[u8; MAC_LEN],
+) -> bool {
+    let Some(secret) = secret else {
+        return true;
+    };
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(b"kvte-lane-auth:");
+    mac.update(role.as_bytes());
+    mac.update(a);
+    mac.update(b);
+    mac.verify_slice(got).is_ok()
+}
+
+/// Writes one message.
+pub async fn send(stream: &mut TcpStream, msg: &Message) -> Result<(), TcpError> {
+    stream.write_all(&msg.encode()).await?;
+    Ok(())
+}
+
+/// Reads one message.
+pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(TcpError::Handshake(format!(
+            "handshake message of {len} bytes is larger than {MAX_MESSAGE}: the peer does not speak this protocol"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await?;
+    Message::decode(&body).map_err(TcpError::Handshake)
+}
+
+/// What the dialing side learns from a completed handshake.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    /// The acceptor's hello.
+    pub peer: Hello,
+    /// The segments it offers.
+    pub segments: Vec<Segment>,
+}
+
+/// Runs the dialer's side of the handshake on `stream`. `expect_engine` is checked if given.
+pub async fn dial(
+    stream: &mut TcpStream,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+    expect_engine: Option<u32>,
+    limit: Duration,
+) -> Result<Accepted, TcpError> {
+    let run = async {
+        send(
+            stream,
+            &Message::Hello(Box::new(hello.clone()), [0; MAC_LEN]),
+        )
+        .await?;
+        let (peer, mac) = match recv(stream).await? {
+            Message::Hello(peer, mac) => (peer, mac),
+            Message::Reject(reason) => {
+                return Err(TcpError::Handshake(format!("peer refused: {reason}")));
+            }
+            other => return Err(unexpected(&other)),
+        };
+        let mut problem = hello.mismatch(&peer);
+        if let Some(want) = expect_engine.filter(|e| problem.is_none() && *e != peer.engine_id) {
+            problem = Some(format!(
+                "expected engine {want} at this address but engine {} answered: the address is stale",
+                peer.engine_id
+            ));
+        }
+        if problem.is_none() && !verify_mac(secret, "acceptor", &hello.nonce, &peer.nonce, &mac) {
+            problem = Some("the peer failed shared-secret authentication: configure the same secret on both sides".into());
+        }
+        if let Some(reason) = problem {
+            let _ = send(stream, &Message::Reject(reason.clone())).await;
+            return Err(TcpError::Handshake(reason));
+        }
+        let mac = auth_mac(secret, "dialer", &peer.nonce, &hello.nonce);
+        send(stream, &Message::Auth(mac)).await?;
+        match recv(stream).await? {
+            Message::Welcome(segments) => Ok(Accepted {
+                peer: *peer,
+                segments,
+            }),
+            Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+            other => Err(unexpected(&other)),
+        }
+    };
+    tokio::time::timeout(limit, run)
+        .await
+        .map_err(|_| TcpError::Handshake(format!("no handshake answer within {limit:?}")))?
+}
+
+/// The acceptor's side, part one: reads the dialer's hello, checks it and answers with ours.
+/// On a mismatch the reason is sent to the dialer and returned.
+pub(crate) async fn accept_hello(
+    stream: &mut TcpStream,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+) -> Result<Hello, TcpError> {
+    let peer = match recv(stream).await {
+        Ok(Message::Hello(peer, _)) => peer,
+        Ok(other) => {
+            let err = unexpected(&other);
+            let _ = send(stream, &Message::Reject(err.to_string())).await;
+            return Err(err);
+        }
+        Err(e) => {
+            let _ = send(stream, &Message::Reject(e.to_string())).await;
+            return Err(e);
+        }
+    };
+    if let Some(reason) = hello.mismatch(&peer) {
+        let _ = send(stream, &Message::Reject(reason.clone())).await;
+        return Err(TcpError::Handshake(reason));
+    }
+    let mac = auth_mac(secret, "acceptor", &peer.nonce, &hello.nonce);
+    send(stream, &Message::Hello(Box::new(hello.clone()), mac)).await?;
+    match recv(stream).await? {
+        Message::Auth(mac) if verify_mac(secret, "dialer", &hello.nonce, &peer.nonce, &mac) => {
+            Ok(*peer)
+        }
+        Message::Auth(_) => {
+            let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
+            let _ = send(stream, &Message::Reject(reason.into())).await;
+            Err(TcpError::Handshake(reason.into()))
+        }
+        Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(msg: &Message) -> TcpError {
+    let name = match msg {
+        Message::Hello(..) => "Hello",
+        Message::Auth(_) => "Auth",
+        Message::Welcome(_) => "Welcome",
+        Message::Reject(_) => "Reject",
+    };
+    TcpError::Handshake(format!("unexpected {name} message during the handshake"))
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    let bytes = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn put_layout(out: &mut Vec<u8>, l: &KvLayout) {
+    out.extend_from_slice(&l.layers.to_le_bytes());
+    out.extend_from_slice(&l.blocks_per_layer.to_le_bytes());
+    out.extend_from_slice(&l.block_bytes.to_le_bytes());
+    out.extend_from_slice(&l.tokens_per_block.to_le_bytes());
+    out.push(l.dtype.code());
+}
+
+fn get_layout(r: &mut Reader<'_>) -> Result<KvLayout, String> {
+    let (layers, blocks, bytes, tokens) = (r.u32()?, r.u32()?, r.u64()?, r.u32()?);
+    let dtype = Dtype::from_code(r.u8()?).ok_or("unknown dtype")?;
+    KvLayout::new(layers, blocks, bytes, tokens, dtype).map_err(|e| e.to_string())
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("truncated handshake message".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, String> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().map_err(|_| "short")?,
+        ))
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().map_err(|_| "short")?,
+        ))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().map_err(|_| "short")?,
+        ))
+    }
+    fn str(&mut self) -> Result<String, String> {
+        let n = usize::from(self.u16()?);
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "string is not UTF-8".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_never_panics() {
+        let mut hello = Hello::new(7, Namespace::default()).unwrap();
+        hello.listen = Some("127.0.0.1:4000".into());
+        hello.want = Some(KvLayout::new(2, 3, 4096, 16, Dtype::Bf16).unwrap());
+        let msgs = [
+            Message::Hello(Box::new(hello), [9; MAC_LEN]),
+            Message::Auth([1; MAC_LEN]),
+            Message::Welcome(vec![Segment {
+                name: "kv".into(),
+                handle: RegionHandle {
+                    id: RegionId(4),
+                    key: AccessKey(99),
+                    len: 10,
+                    layout: None,
+                },
+            }]),
+            Message::Reject("no".into()),
+        ];
+        for m in msgs {
+            let bytes = m.encode();
+            assert_eq!(Message::decode(&bytes[4..]), Ok(m.clone()));
+            for cut in 0..bytes.len() - 4 {
+                let _ = Message::decode(&bytes[4..4 + cut]);
+            }
+        }
+        for seed in 0u32..2000 {
+            let junk: Vec<u8> = (0..(seed % 90))
+                .map(|i| (seed.wrapping_mul(31) ^ (i * 17)) as u8)
+                .collect();
+            let _ = Message::decode(&junk);
+        }
+    }
+
+    #[test]
+    fn mismatches_are_explained() {
+        let a = Hello::new(1, Namespace::default()).unwrap();
+        let mut b = Hello::new(2, Namespace::default()).unwrap();
+        assert_eq!(a.mismatch(&b), None);
+        b.namespace.weight_version = 2;
+        assert!(a.mismatch(&b).unwrap().contains("namespace"));
+        b.namespace.weight_version = 0;
+        b.protocol = 9;
+        assert!(a.mismatch(&b).unwrap().contains("protocol version 9"));
+        b.protocol = PROTOCOL_VERSION;
+        b.engine_id = 1;
+        assert!(a.mismatch(&b).unwrap().contains("engine id"));
+    }
+
+    #[test]
+    fn macs_bind_secret_role_and_nonces() {
+        let (x, y) = ([1u8; 16], [2u8; 16]);
+        let m = auth_mac(Some(b"s3cret"), "dialer", &x, &y);
+        assert!(verify_mac(Some(b"s3cret"), "dialer", &x, &y, &m));
+        assert!(!verify_mac(Some(b"other"), "dialer", &x, &y, &m));
+        assert!(!verify_mac(Some(b"s3cret"), "acceptor", &x, &y, &m));
+        assert!(!verify_mac(Some(b"s3cret"), "dialer", &y, &x, &m));
+    }
+}

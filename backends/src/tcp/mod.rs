@@ -1,0 +1,147 @@
+//! The TCP backend: a tokio driver for the sans-IO engine, one [`TcpNode`] per engine.
+//!
+//! - Lanes: a bounded pool of TCP connections per peer, opened on demand (up to
+//!   [`TcpConfig::max_lanes_per_peer`]), reused across transfers, and closed when idle. A lost lane is
+//!   redialed with exponential backoff; what it carried and was not acknowledged is sent again by the
+//!   engine's retransmit timer, and blocks that miss the session deadline are reported for recompute.
+//! - Writes: each lane's writer takes a batch of frames (up to [`TcpConfig::batch_bytes`]) and hands the
+//!   kernel their sealed headers and payloads in one vectored `sendmsg`, the payloads read straight from
+//!   the source region. An exclusive-lane unit is a batch of its own.
+//! - Reads: each lane's reader decodes a header, asks the engine where the payload goes and receives it
+//!   with `recv` straight into the destination region (no intermediate buffer), reading the next header in
+//!   the same syscall; the CRC is taken over the bytes where they landed.
+//! - Handshake ([`handshake`]): protocol version, engine identity and KV [`Namespace`], optionally
+//!   authenticated by HMAC-SHA256 over fresh challenges with a shared secret. Without a secret a node only
+//!   listens on loopback unless told otherwise.
+//! - Safety: a peer reaches memory only through registered regions and their keys, bounds-checked by the
+//!   engine; a frame that fails to decode or addresses anything else is refused, counted, answered with a
+//!   `Reject` naming the reason, and its lane is closed.
+
+mod blocking;
+pub mod handshake;
+mod lane;
+mod limit;
+mod memory;
+mod node;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use transfer_engine::{EngineConfig, PeerId};
+
+pub use blocking::BlockingNode;
+pub use handshake::{Namespace, Segment};
+pub use limit::socket_copy_gbps;
+pub use memory::{SharedMemory, SharedRegion};
+pub use node::{NodeStats, Outcome, PeerInfo, TcpNode};
+
+/// Settings of one TCP node.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// The engine's settings; `engine.engine_id` is the node's identity on the wire.
+    pub engine: EngineConfig,
+    /// The KV namespace this node serves; peers must match it exactly.
+    pub namespace: Namespace,
+    /// Address to listen on (`127.0.0.1:0` picks a free port); `None` for a node that only dials.
+    pub listen: Option<SocketAddr>,
+    /// Shared secret; when set, every lane is authenticated with HMAC-SHA256 in both directions.
+    pub secret: Option<Vec<u8>>,
+    /// Allow listening on a non-loopback address without a secret (off by default).
+    pub allow_unauthenticated_remote: bool,
+    /// Most lanes (connections) to one peer.
+    pub max_lanes_per_peer: usize,
+    /// An outbound lane idle this long is closed.
+    pub idle_timeout: Duration,
+    /// First redial delay after a failed dial; doubles each failure up to `redial_max`.
+    pub redial_base: Duration,
+    /// Largest redial delay.
+    pub redial_max: Duration,
+    /// Time allowed for connecting and the handshake.
+    pub handshake_timeout: Duration,
+    /// Most bytes a lane hands the kernel in one vectored write.
+    pub batch_bytes: usize,
+    /// Frame bytes queued for lanes before the engine is asked for more.
+    pub queue_bytes: u64,
+    /// Bytes of regions this node will allocate for peers that ask for one in the handshake (0: none).
+    pub serve_bytes: u64,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            engine: tcp_engine_config(1),
+            namespace: Namespace::default(),
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            secret: None,
+            allow_unauthenticated_remote: false,
+            max_lanes_per_peer: 2,
+            idle_timeout: Duration::from_secs(30),
+            redial_base: Duration::from_millis(10),
+            redial_max: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            batch_bytes: 4 << 20,
+            queue_bytes: 16 << 20,
+            serve_bytes: 0,
+        }
+    }
+}
+
+impl TcpConfig {
+    /// Default settings for engine `engine_id` (other engine settings default).
+    #[must_use]
+    pub fn with_engine_id(engine_id: u32) -> Self {
+        Self {
+            engine: tcp_engine_config(engine_id),
+            ..Self::default()
+        }
+    }
+}
+
+/// Engine settings suited to TCP: TCP itself never loses a byte on a live connection, so the engine only
+/// needs to resend after a lane is lost. Its retransmit floor starts at 100 ms (the measured round trip
+/// takes over once acks arrive, but includes the frames queued ahead in lanes and socket buffers, which a
+/// 5 ms floor mistakes for loss before the first sample).
+#[must_use]
+pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
+    EngineConfig {
+        engine_id,
+        rng_seed: u64::from(engine_id),
+        backoff: transfer_engine::Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            jitter: 0.25,
+        },
+        ..EngineConfig::default()
+    }
+}
+
+/// Errors of the TCP backend.
+#[derive(Debug, thiserror::Error)]
+pub enum TcpError {
+    /// A socket operation failed.
+    #[error("socket error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The engine refused a command.
+    #[error(transparent)]
+    Engine(#[from] transfer_engine::Error),
+    /// The handshake failed; the reason says which side must change what.
+    #[error("handshake failed: {0}")]
+    Handshake(String),
+    /// The configuration is not usable.
+    #[error("invalid TCP configuration: {0}")]
+    Config(String),
+    /// No lane to the peer and no address to dial it.
+    #[error("no route to peer {0:?}: connect to it first or add its address")]
+    NoRoute(PeerId),
+    /// A wait ran out of time.
+    #[error("{what} did not finish within {waited:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// The node is shut down.
+    #[error("the node is shut down")]
+    Closed,
+}

@@ -1,0 +1,151 @@
+//! Discovery through a real etcd server: registration, lookup and lease expiry.
+//!
+//! Uses the server at `ETCD_ENDPOINT` (see `scripts/etcd.sh`), or starts `/usr/bin/etcd` on a free
+//! loopback port. Fails, never skips, if neither works.
+#![cfg(feature = "etcd")]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use backends::discovery::{Discovery, DiscoveryError, Etcd, PeerRecord, SegmentRecord};
+use tokio::time::timeout;
+use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+
+/// An etcd this test started (killed on drop), or none when `ETCD_ENDPOINT` names one.
+struct Server {
+    child: Option<Child>,
+    dir: Option<std::path::PathBuf>,
+    endpoint: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn server() -> Server {
+    if let Ok(endpoint) = std::env::var("ETCD_ENDPOINT") {
+        return Server {
+            child: None,
+            dir: None,
+            endpoint,
+        };
+    }
+    let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "no etcd: set ETCD_ENDPOINT or install etcd (run scripts/etcd.sh, which installs Debian's \
+                 etcd-server and starts it)"
+            )
+        });
+    let (client, peer) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("etcd-test-{}-{client}", std::process::id()));
+    let child = Command::new(bin)
+        .args(["--name", "te-test", "--data-dir"])
+        .arg(&dir)
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=te-test=http://127.0.0.1:{peer}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("could not start {bin}: {e}"));
+    let server = Server {
+        child: Some(child),
+        dir: Some(dir),
+        endpoint: format!("http://127.0.0.1:{client}"),
+    };
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", client)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "etcd at {} did not start within 10 s",
+            server.endpoint
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_registers_finds_and_expires_peers_and_segments() {
+    let server = server();
+    timeout(Duration::from_secs(40), async {
+        let prefix = format!("/kvte-test/{}", std::process::id());
+        let etcd = Etcd::connect(std::slice::from_ref(&server.endpoint), &prefix)
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach etcd at {}: {e}", server.endpoint));
+        let peer = PeerRecord {
+            engine_id: 7,
+            addr: "127.0.0.1:4100".into(),
+            namespace: "ns".into(),
+        };
+        let segment = SegmentRecord {
+            owner: 7,
+            name: "kv".into(),
+            handle: RegionHandle {
+                id: RegionId(3),
+                key: AccessKey(0xDEAD_BEEF),
+                len: 1 << 20,
+                layout: Some(KvLayout::new(4, 4, 64 << 10, 16, Dtype::Bf16).unwrap()),
+            },
+        };
+        // A long lease: registration and lookup.
+        let long = etcd.grant(Duration::from_secs(60)).await.unwrap();
+        etcd.put_peer(&peer, long).await.unwrap();
+        etcd.put_segment(&segment, long).await.unwrap();
+        assert_eq!(etcd.peer(7).await.unwrap(), Some(peer.clone()));
+        assert_eq!(etcd.segment(7, "kv").await.unwrap(), Some(segment.clone()));
+        assert_eq!(etcd.peers().await.unwrap(), vec![peer.clone()]);
+        etcd.keep_alive(long).await.unwrap();
+        etcd.revoke(long).await.unwrap();
+        assert_eq!(etcd.peer(7).await.unwrap(), None);
+
+        // A short lease left alone: the dead peer's entries expire.
+        let short = etcd.grant(Duration::from_secs(2)).await.unwrap();
+        etcd.put_peer(&peer, short).await.unwrap();
+        etcd.put_segment(&segment, short).await.unwrap();
+        let start = Instant::now();
+        while etcd.peer(7).await.unwrap().is_some() {
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the lease never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_eq!(etcd.segment(7, "kv").await.unwrap(), None);
+        let renewed = etcd.keep_alive(short).await;
+        assert!(
+            matches!(renewed, Err(DiscoveryError::UnknownLease(_))),
+            "{renewed:?}"
+        );
+        assert!(matches!(
+            etcd.put_peer(&peer, short).await,
+            Err(DiscoveryError::UnknownLease(_))
+        ));
+    })
+    .await
+    .unwrap();
+}

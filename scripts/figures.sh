@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Regenerates every figure quoted in the README, as JSON lines under figures/ (and the sweep plots).
+# Run on a quiet machine: throughput figures are wall-clock measurements.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-figures}
+mkdir -p "$out"
+cargo build --release -p benches --bin te-bench
+tb=./target/release/te-bench
+
+# Loopback and TCP throughput: 256 KiB, 4 MiB and 64 MiB blocks (loopback), 64 KiB, 1 MiB, 4 MiB (TCP).
+: > "$out/run.jsonl"
+for size in 256KiB 4MiB 64MiB; do
+  $tb run --backend loopback --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
+done
+if $tb run --help | grep -q tcp; then
+  for size in 64KiB 1MiB 4MiB; do
+    $tb run --backend tcp --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
+  done
+fi
+
+# Faulty fabric: 0%, 1%, 5% random loss and 30% burst loss, each mode, seeds 1-3.
+: > "$out/sim.jsonl"
+for mode in exclusive packetized auto; do
+  for faults in "" "--loss 0.01" "--loss 0.05" "--burst-loss 0.03,0.07"; do
+    for seed in 1 2 3; do
+      # shellcheck disable=SC2086
+      echo "{\"faults\":\"$faults\",\"report\":$($tb sim --seed $seed --mode $mode $faults --json)}" >> "$out/sim.jsonl"
+    done
+  done
+done
+
+# Trace replay: lru, heat, belady at 5/10/20% of each trace's distinct blocks.
+: > "$out/replay.jsonl"
+for trace in ../shared/data/conversation_trace_first6000.jsonl ../shared/data/synthetic_trace.jsonl; do
+  $tb replay --trace "$trace" --json >> "$out/replay.jsonl"
+done
+
+# Sweep with plots.
+$tb sweep --out "$out/sweep" --iterations 3
+echo "figures written to $out/"
