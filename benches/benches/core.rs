@@ -186,14 +186,23 @@ fn scheduler(c: &mut Criterion) {
             let mut sent = 0;
             while sent < sessions * 256 {
                 match a.poll_transmit(now) {
-                    Some(t) if matches!(t.body, Body::Payload(_)) => sent += 1,
                     Some(t) => {
-                        let _ = b.handle_frame(now, PeerId(1), &t.header, &control(&t.body));
+                        if matches!(t.body, Body::Payload(_)) {
+                            sent += 1;
+                            if let Ok(Placement::Write { .. }) = b.placement(PeerId(1), &t.header) {
+                                let _ = b.handle_data(now, PeerId(1), &t.header, t.header.crc);
+                            }
+                        } else {
+                            let _ = b.handle_frame(now, PeerId(1), &t.header, &control(&t.body));
+                        }
                         while let Some(r) = b.poll_transmit(now) {
                             let _ = a.handle_frame(now, PeerId(2), &r.header, &control(&r.body));
                         }
                     }
-                    None => now = a.poll_timeout().unwrap_or(now).max(now),
+                    None => {
+                        now = a.poll_timeout().map_or(now, |t| t.max(now));
+                        a.handle_timeout(now);
+                    }
                 }
             }
             sent

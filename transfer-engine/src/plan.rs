@@ -14,9 +14,9 @@ pub const DEFAULT_SLICE_BYTES: u32 = 64 * 1024;
 pub const MIN_SLICE_BYTES: u32 = 256;
 /// Default smallest contiguous run that auto mode sends exclusive: 1 MiB.
 pub const DEFAULT_EXCLUSIVE_MIN_BYTES: u64 = 1 << 20;
-/// Largest unit auto mode makes of a contiguous run: 4 MiB. Larger units gain nothing on the wire (a 4 MiB
-/// write already saturates a TCP connection) and cost more to resend and to pipeline.
-pub const AUTO_MAX_UNIT_BYTES: u64 = 4 << 20;
+/// Largest unit auto mode makes of a contiguous run: 1 MiB. Larger units gain nothing on the wire (drivers
+/// batch units into large writes anyway) and cost more to resend and to pipeline.
+pub const AUTO_MAX_UNIT_BYTES: u64 = 1 << 20;
 
 /// How a transfer's bytes are cut into units on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -30,7 +30,7 @@ pub enum TransferMode {
         slice_bytes: u32,
     },
     /// Runs of blocks contiguous on both sides of at least `exclusive_min_bytes` travel exclusive (whole
-    /// blocks, merged up to 4 MiB a unit); the rest is packetized with `slice_bytes` slices.
+    /// blocks, merged up to 1 MiB a unit); the rest is packetized with `slice_bytes` slices.
     Auto {
         /// Largest slice of the packetized part.
         slice_bytes: u32,
