@@ -112,8 +112,11 @@ impl Endpoint {
 /// A frame on the in-process wire.
 #[derive(Debug)]
 enum Frame {
-    /// A sealed data header; the payload stays in the producer's region.
+    /// A data header (its payload CRC not yet filled in); the payload stays in the producer's region. The
+    /// consumer places and checksums the bytes while the producer computes the sender's CRC.
     Data([u8; HEADER_LEN], PayloadRef),
+    /// The same header sealed with the sender's CRC of the payload: the consumer compares the two.
+    Seal([u8; HEADER_LEN]),
     /// A control frame with its payload.
     Control([u8; HEADER_LEN], Vec<u8>),
 }
@@ -188,7 +191,7 @@ impl LoopbackPair {
             sessions.push(self.producer.engine.submit(start, req)?);
         }
         let deadline = start + limit;
-        let (data_tx, data_rx) = mpsc::sync_channel(depth);
+        let (data_tx, data_rx) = mpsc::sync_channel(2 * depth);
         let (ack_tx, ack_rx) = mpsc::channel();
         let (producer, consumer) = (&mut self.producer, &mut self.consumer);
         let producer_mem = &producer.memory;
@@ -270,7 +273,7 @@ fn run_producer(
         let now = Instant::now();
         loop {
             match ack_rx.try_recv() {
-                Ok(frame) => receive(engine, frame, now, CONSUMER, None, refused),
+                Ok(frame) => receive(engine, frame, now, CONSUMER, refused),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => return completed,
             }
@@ -282,7 +285,13 @@ fn run_producer(
         while let Some(mut t) = engine.poll_transmit(now) {
             let frame = match t.body {
                 Body::Payload(p) => match memory.read(p.region, p.range()) {
-                    Ok(payload) => Frame::Data(t.seal(payload), p),
+                    Ok(payload) => {
+                        // The header goes first so the consumer copies while we checksum.
+                        if data_tx.send(Frame::Data(t.header.encode(), p)).is_err() {
+                            return completed;
+                        }
+                        Frame::Seal(t.seal(payload))
+                    }
                     Err(e) => {
                         refused.push(e);
                         continue;
@@ -318,7 +327,7 @@ fn run_producer(
                 t.saturating_duration_since(now)
             });
             match ack_rx.recv_timeout(wait.min(Duration::from_millis(1))) {
-                Ok(frame) => receive(engine, frame, Instant::now(), CONSUMER, None, refused),
+                Ok(frame) => receive(engine, frame, Instant::now(), CONSUMER, refused),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return completed,
             }
@@ -334,16 +343,17 @@ fn run_consumer(
     ack_tx: mpsc::Sender<Frame>,
     deadline: Instant,
 ) {
+    let mut pending = None;
     loop {
         let now = Instant::now();
         let wait = consumer.wait(now, Duration::from_millis(1));
         match data_rx.recv_timeout(wait) {
             Ok(frame) => {
                 let now = Instant::now();
-                receive_into(consumer, frame, now, producer_mem);
+                receive_into(consumer, frame, now, producer_mem, &mut pending);
                 // Drain what is already queued before answering, so acknowledgements coalesce.
                 while let Ok(frame) = data_rx.try_recv() {
-                    receive_into(consumer, frame, now, producer_mem);
+                    receive_into(consumer, frame, now, producer_mem, &mut pending);
                 }
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -370,67 +380,107 @@ fn run_consumer(
     }
 }
 
-fn receive_into(consumer: &mut Endpoint, frame: Frame, now: Instant, producer_mem: &HostMemory) {
-    receive(
-        &mut consumer.engine,
-        frame,
-        now,
-        PRODUCER,
-        Some((producer_mem, &mut consumer.memory)),
-        &mut consumer.refused,
-    );
+/// A data payload placed and checksummed at the consumer, waiting for the sender's sealed header.
+struct Placed {
+    header: Header,
+    /// CRC-32C of the placed bytes; `None` when the engine said to discard them.
+    crc: Option<u32>,
 }
 
-/// Hands one frame to `engine`. Data payloads are copied from the sender's memory into `memories.1`.
+fn receive_into(
+    consumer: &mut Endpoint,
+    frame: Frame,
+    now: Instant,
+    producer_mem: &HostMemory,
+    pending: &mut Option<Placed>,
+) {
+    let result = match frame {
+        Frame::Data(header, payload_ref) => {
+            let placed = place(
+                &mut consumer.engine,
+                &header,
+                payload_ref,
+                producer_mem,
+                &mut consumer.memory,
+            );
+            placed.map(|p| *pending = Some(p))
+        }
+        Frame::Seal(sealed) => match (pending.take(), Header::decode(&sealed)) {
+            (Some(placed), Ok(sealed)) => {
+                let mut unsealed = sealed;
+                unsealed.crc = placed.header.crc;
+                if unsealed == placed.header {
+                    let crc = placed.crc.unwrap_or(sealed.crc);
+                    consumer.engine.handle_data(now, PRODUCER, &sealed, crc)
+                } else {
+                    Err(Error::InvalidRequest(
+                        "sealed header does not match the data it seals".into(),
+                    ))
+                }
+            }
+            // The data frame was refused (and recorded) already.
+            (None, Ok(_)) => Ok(()),
+            (_, Err(e)) => Err(e.into()),
+        },
+        control => {
+            receive(
+                &mut consumer.engine,
+                control,
+                now,
+                PRODUCER,
+                &mut consumer.refused,
+            );
+            Ok(())
+        }
+    };
+    if let Err(e) = result {
+        consumer.refused.push(e);
+    }
+}
+
+/// Hands one control frame to `engine`.
 fn receive(
     engine: &mut Engine,
     frame: Frame,
     now: Instant,
     from: PeerId,
-    memories: Option<(&HostMemory, &mut HostMemory)>,
     refused: &mut Vec<Error>,
 ) {
     let result = match frame {
         Frame::Control(header, payload) => Header::decode(&header)
             .map_err(Error::from)
             .and_then(|h| engine.handle_frame(now, from, &h, &payload)),
-        Frame::Data(header, payload_ref) => match memories {
-            Some((src_mem, dst_mem)) => {
-                place(engine, &header, payload_ref, now, from, src_mem, dst_mem)
-            }
-            None => Err(Error::InvalidRequest(
-                "data frame sent towards the producer".into(),
-            )),
-        },
+        Frame::Data(..) | Frame::Seal(_) => Err(Error::InvalidRequest(
+            "data frame sent towards the producer".into(),
+        )),
     };
     if let Err(e) = result {
         refused.push(e);
     }
 }
 
+/// Places a data payload where the consumer's engine says, checksumming the placed bytes.
 fn place(
     engine: &mut Engine,
     header: &[u8; HEADER_LEN],
     payload_ref: PayloadRef,
-    now: Instant,
-    from: PeerId,
     src_mem: &HostMemory,
     dst_mem: &mut HostMemory,
-) -> Result<(), Error> {
+) -> Result<Placed, Error> {
     let header = Header::decode(header)?;
     let payload = src_mem.read(payload_ref.region, payload_ref.range())?;
-    let crc = match engine.placement(from, &header)? {
+    let crc = match engine.placement(PRODUCER, &header)? {
         Placement::Write {
             region,
             offset,
             len,
         } => {
             let dst = dst_mem.write(region, offset as usize..offset as usize + len as usize)?;
-            transfer_engine::copy_and_crc32c(dst, payload)
+            Some(transfer_engine::copy_and_crc32c(dst, payload))
         }
-        Placement::Discard => header.crc,
+        Placement::Discard => None,
     };
-    engine.handle_data(now, from, &header, crc)
+    Ok(Placed { header, crc })
 }
 
 #[cfg(test)]
