@@ -198,16 +198,13 @@ impl LoopbackPair {
         let completed = std::thread::scope(|scope| {
             let consumer_thread =
                 scope.spawn(|| run_consumer(consumer, producer_mem, data_rx, ack_tx, deadline));
-            let sent = run_producer(
-                &mut producer.engine,
-                &mut producer.events,
-                &mut producer.refused,
-                producer_mem,
-                data_tx,
-                ack_rx,
-                deadline,
-                depth,
-            );
+            let side = ProducerSide {
+                engine: &mut producer.engine,
+                events: &mut producer.events,
+                refused: &mut producer.refused,
+                memory: producer_mem,
+            };
+            let sent = run_producer(side, data_tx, ack_rx, deadline, depth);
             consumer_thread
                 .join()
                 .expect("loopback consumer thread panicked");
@@ -259,15 +256,18 @@ impl LoopbackPair {
 /// Producer loop: sends until every session is over (close handshake included). Returns when each session
 /// completed on the receiving end, as acknowledged (completion time = when the sender learned it).
 fn run_producer(
-    engine: &mut Engine,
-    events: &mut Vec<Event>,
-    refused: &mut Vec<Error>,
-    memory: &HostMemory,
+    side: ProducerSide<'_>,
     data_tx: SyncSender<Frame>,
     ack_rx: Receiver<Frame>,
     deadline: Instant,
     depth: usize,
 ) -> Vec<(SessionId, Instant)> {
+    let ProducerSide {
+        engine,
+        events,
+        refused,
+        memory,
+    } = side;
     let mut completed = Vec::new();
     loop {
         let now = Instant::now();
@@ -378,6 +378,15 @@ fn run_consumer(
             return;
         }
     }
+}
+
+/// The producer's engine and what it reports, borrowed for the producer thread; its memory is shared
+/// read-only with the consumer thread.
+struct ProducerSide<'a> {
+    engine: &'a mut Engine,
+    events: &'a mut Vec<Event>,
+    refused: &'a mut Vec<Error>,
+    memory: &'a HostMemory,
 }
 
 /// A data payload placed and checksummed at the consumer, waiting for the sender's sealed header.
