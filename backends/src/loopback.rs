@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::wire::{HEADER_LEN, Header};
 use transfer_engine::{
-    BlockId, Body, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PayloadRef, PeerId,
-    Placement, RegionHandle, Role, SessionId, TransferMode, TransferRequest,
+    Backoff, BlockId, Body, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PayloadRef,
+    PeerId, Placement, RegionHandle, Role, SessionId, TransferMode, TransferRequest,
 };
 
 /// The producer's peer id, as the consumer sees it.
@@ -41,6 +41,23 @@ fn channel_depth(reqs: &[TransferRequest]) -> usize {
         .max()
         .unwrap_or(IN_FLIGHT_BYTES);
     (IN_FLIGHT_BYTES / unit.max(1)).clamp(2, 64) as usize
+}
+
+/// Engine settings for loopback: nothing is ever lost in process, so a frame is late only when a thread
+/// was not scheduled. The retransmit timer starts at 100 ms (not the network default of 5 ms) so that a
+/// scheduling hiccup on a busy machine does not turn into a burst of pointless resends.
+#[must_use]
+pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
+    let defaults = EngineConfig::default();
+    EngineConfig {
+        engine_id,
+        backoff: Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(2),
+            ..defaults.backoff
+        },
+        ..defaults
+    }
 }
 
 /// Errors of the loopback driver itself (the engines' refusals of frames are recorded, not raised).
@@ -151,18 +168,14 @@ impl LoopbackPair {
         }
     }
 
-    /// A pair with default settings and engine ids 1 and 2.
+    /// A pair with engine ids 1 and 2 and [`loopback_engine_config`]'s timing.
     #[must_use]
     pub fn with_defaults() -> Self {
         Self::new(
+            loopback_engine_config(1),
             EngineConfig {
-                engine_id: 1,
-                ..EngineConfig::default()
-            },
-            EngineConfig {
-                engine_id: 2,
                 rng_seed: 1,
-                ..EngineConfig::default()
+                ..loopback_engine_config(2)
             },
         )
     }
