@@ -84,6 +84,20 @@ fn demo() -> anyhow::Result<()> {
     );
     run::main(&run::RunArgs::demo())?;
     println!(
+        "\n   The same over TCP (two nodes, real loopback sockets, 2 lanes), beside a plain socket copy.\n"
+    );
+    dispatch(&[
+        "run",
+        "--backend",
+        "tcp",
+        "--mode",
+        "exclusive",
+        "--mode",
+        "packetized",
+        "--iterations",
+        "2",
+    ])?;
+    println!(
         "\n2. A faulty fabric (virtual time): the same 512 MiB over a 100 Gb/s link, clean and with 1% loss;"
     );
     println!(

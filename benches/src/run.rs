@@ -123,10 +123,14 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
         args.mode.clone()
     };
     let mut rows = Vec::new();
+    let progress = crate::progress::bar(modes.len() as u64, args.json);
     for mode in modes {
         let mode = mode.with_slice(slice_bytes);
+        progress.set_message(format!("{:?} {}", args.backend, mode.name()));
         rows.push(measure(args.backend, layout, mode, args.iterations)?);
+        progress.inc(1);
     }
+    progress.finish_and_clear();
     let columns = [
         "backend",
         "mode",
