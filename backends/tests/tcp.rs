@@ -197,23 +197,55 @@ async fn an_unreachable_peer_ends_in_recompute_not_a_hang() {
     assert_eq!(out.recompute.len(), 8, "{out:?}");
 }
 
-/// Runs a good transfer between `tx` and `rx` while `attack` runs, and checks it was unaffected.
-async fn good_transfer_alongside<F: std::future::Future<Output = ()>>(attack: F) -> TcpNode {
-    let l = layout(8, 16, 256 << 10);
+/// A good 512 MiB transfer started before an attack, so that the attack runs while it is in flight.
+struct GoodTransfer {
+    tx: TcpNode,
+    rx: TcpNode,
+    src: RegionHandle,
+    dst: RegionHandle,
+    session: transfer_engine::SessionId,
+}
+
+async fn start_good_transfer() -> GoodTransfer {
+    let l = layout(8, 256, 256 << 10);
     let (tx, rx, peer, src, dst) = pair(
         TcpConfig::with_engine_id(1),
         TcpConfig::with_engine_id(2),
         l,
     )
     .await;
-    let req = TransferRequest::whole(peer, &src, &dst).unwrap();
-    let good = tx.submit(req).unwrap();
-    let _ = rx.local_addr();
-    attack.await;
-    let out = timeout(LIMIT, tx.wait(good, LIMIT)).await.unwrap().unwrap();
-    assert!(out.recompute.is_empty());
-    assert_identical(&tx, &src, &rx, &dst);
-    rx
+    let session = tx
+        .submit(TransferRequest::whole(peer, &src, &dst).unwrap())
+        .unwrap();
+    GoodTransfer {
+        tx,
+        rx,
+        src,
+        dst,
+        session,
+    }
+}
+
+impl GoodTransfer {
+    /// Checks the good transfer was still running when the attack ended, then that it completes intact.
+    async fn finish(self) -> TcpNode {
+        let acked = self.tx.stats().engine.bytes_acked;
+        assert!(
+            acked < 512 << 20,
+            "the good transfer finished before the attack did: nothing was shown"
+        );
+        let out = timeout(LIMIT, self.tx.wait(self.session, LIMIT))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            out.recompute.is_empty(),
+            "{} blocks to recompute",
+            out.recompute.len()
+        );
+        assert_identical(&self.tx, &self.src, &self.rx, &self.dst);
+        self.rx
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,9 +274,9 @@ async fn raw_lane(addr: SocketAddr, id: u32) -> TcpStream {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_frames_after_the_handshake_cost_the_lane_not_the_node() {
-    let mut addr = None;
-    let rx = good_transfer_alongside(async {}).await;
-    addr.get_or_insert(rx.local_addr().unwrap());
+    let good = start_good_transfer().await;
+    let rx = &good.rx;
+    let addr = Some(rx.local_addr().unwrap());
     let mut s = raw_lane(addr.unwrap(), 66).await;
     s.write_all(&[0x5A; 4096]).await.unwrap();
     let mut buf = Vec::new();
@@ -263,9 +295,10 @@ async fn garbage_frames_after_the_handshake_cost_the_lane_not_the_node() {
     let mut h = Header::new(FrameKind::Data, 0x42_0000_0001);
     h.sequence = 0;
     s.write_all(&encode_frame(&h, &[1u8; 1000])).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(rx.stats().lanes_closed_for_bad_frames, 1);
     assert!(rx.stats().engine.frames_refused >= 1);
+    good.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,12 +392,12 @@ async fn a_shared_secret_authenticates_both_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() {
-    let mut victim_addr = None;
-    let mut victim_dst = None;
-    let rx = good_transfer_alongside(async {}).await;
-    victim_addr.get_or_insert(rx.local_addr().unwrap());
-    victim_dst.get_or_insert(rx.register_kv_region(layout(2, 4, 64 << 10)).unwrap());
-    let (addr, dst) = (victim_addr.unwrap(), victim_dst.unwrap());
+    let good = start_good_transfer().await;
+    let rx = &good.rx;
+    let (addr, dst) = (
+        rx.local_addr().unwrap(),
+        rx.register_kv_region(layout(2, 4, 64 << 10)).unwrap(),
+    );
     let attacker = node(9).await;
     let info = attacker.connect(addr, None).await.unwrap();
     let l = layout(2, 4, 64 << 10);
@@ -408,4 +441,5 @@ async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() 
     assert!(log.iter().any(|l| l.contains("outside region")), "{log:?}");
     // The victim's memory was never touched.
     assert!(rx.region(dst.id).unwrap().to_vec().iter().all(|b| *b == 0));
+    good.finish().await;
 }
