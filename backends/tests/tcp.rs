@@ -276,8 +276,8 @@ async fn raw_lane(addr: SocketAddr, id: u32) -> TcpStream {
 async fn garbage_frames_after_the_handshake_cost_the_lane_not_the_node() {
     let good = start_good_transfer().await;
     let rx = &good.rx;
-    let addr = Some(rx.local_addr().unwrap());
-    let mut s = raw_lane(addr.unwrap(), 66).await;
+    let addr = rx.local_addr().unwrap();
+    let mut s = raw_lane(addr, 66).await;
     s.write_all(&[0x5A; 4096]).await.unwrap();
     let mut buf = Vec::new();
     let closed = timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
@@ -291,7 +291,7 @@ async fn garbage_frames_after_the_handshake_cost_the_lane_not_the_node() {
         rx.log()
     );
     // A frame for a session that does not exist is refused but costs nothing else.
-    let mut s = raw_lane(addr.unwrap(), 67).await;
+    let mut s = raw_lane(addr, 67).await;
     let mut h = Header::new(FrameKind::Data, 0x42_0000_0001);
     h.sequence = 0;
     s.write_all(&encode_frame(&h, &[1u8; 1000])).await.unwrap();
