@@ -18,7 +18,13 @@ use clap::{Parser, Subcommand};
 
 /// KV-cache transfer engine bench: real transfers beside the machine's raw limits.
 #[derive(Debug, Parser)]
-#[command(name = "te-bench", version, about, long_about = None)]
+#[command(
+    name = "te-bench",
+    version,
+    about = "KV-cache transfer engine bench: real transfers, simulations and trace replays, each figure \
+             beside its raw limit. Run without a command for a guided demonstration (a few seconds).",
+    long_about = None
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
