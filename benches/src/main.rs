@@ -83,7 +83,7 @@ fn demo() -> anyhow::Result<()> {
         "te-bench: a guided demonstration (a few seconds). `te-bench --help` lists every subcommand.\n"
     );
     println!(
-        "1. Loopback: a 7B model's KV for 1,024 tokens (32 layers x 64 blocks x 256 KiB = 512 MiB)"
+        "1. Loopback: a 7B model's KV for 512 tokens (32 layers x 32 blocks x 256 KiB = 256 MiB)"
     );
     println!(
         "   moved between two engines in each mode, checksummed, beside a plain memcpy of the same blocks.\n"
@@ -100,11 +100,13 @@ fn demo() -> anyhow::Result<()> {
         "exclusive",
         "--mode",
         "packetized",
+        "--total-bytes",
+        "256MiB",
         "--iterations",
-        "2",
+        "1",
     ])?;
     println!(
-        "\n2. A faulty fabric (virtual time): the same 512 MiB over a 100 Gb/s link, clean and with 1% loss;"
+        "\n2. A faulty fabric (virtual time): 512 MiB over a 100 Gb/s link, clean and with 1% loss;"
     );
     println!(
         "   every block arrives intact or is reported for recompute (corrupt_delivered must be 0).\n"

@@ -86,9 +86,9 @@ impl RunArgs {
             backend: Backend::Loopback,
             mode: Vec::new(),
             block_bytes: 256 << 10,
-            total_bytes: 512 << 20,
+            total_bytes: 256 << 20,
             slice_bytes: 64 << 10,
-            iterations: 3,
+            iterations: 2,
             json: false,
         }
     }
