@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, TcpConfig, socket_copy_gbps};
-use clap::{Args, ValueEnum};
-use serde::Serialize;
-use transfer_engine::{Dtype, Event, KvLayout, Role, TransferMode, TransferRequest};
+use clap::Args;
+use transfer_engine::{Event, Role, TransferRequest};
 
 use crate::args::{fmt_size, parse_size};
-use crate::report::{print_rows, quantile};
+use crate::report::print_rows;
+use crate::run::{ModeArg, RUN_COLUMNS, layout_for, row};
 
 /// Arguments of `te-bench serve`.
 #[derive(Debug, Args)]
@@ -39,17 +39,6 @@ pub(crate) struct ServeArgs {
     seconds: u64,
 }
 
-/// Wire mode of `te-bench connect`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum NetMode {
-    /// Whole blocks as single units.
-    Exclusive,
-    /// Blocks cut into slices (see --slice-bytes).
-    Packetized,
-    /// Large contiguous runs exclusive, the rest packetized.
-    Auto,
-}
-
 /// Arguments of `te-bench connect`.
 #[derive(Debug, Args)]
 pub(crate) struct ConnectArgs {
@@ -64,7 +53,7 @@ pub(crate) struct ConnectArgs {
     block_bytes: u64,
     /// Wire mode; repeat or omit to run every mode.
     #[arg(long, value_enum)]
-    mode: Vec<NetMode>,
+    mode: Vec<ModeArg>,
     /// Slice size of packetized and auto modes, in bytes (with a unit).
     #[arg(long, value_parser = parse_size, default_value = "64KiB")]
     slice_bytes: u64,
@@ -83,25 +72,6 @@ pub(crate) struct ConnectArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
-}
-
-/// One result row: the keys of `te-bench run`.
-#[derive(Debug, Serialize)]
-struct NetRow {
-    backend: &'static str,
-    mode: &'static str,
-    block_bytes: u64,
-    block: String,
-    bytes: u64,
-    iterations: usize,
-    seconds: f64,
-    gbps: f64,
-    limit_gbps: f64,
-    ratio: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    retransmits: u64,
-    recompute_blocks: usize,
 }
 
 /// Serves until killed (or `--seconds`): accepts clients, gives each the region it asks for, and prints a
@@ -166,15 +136,7 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     };
     let node = BlockingNode::start(cfg)?;
     let src = node.register_kv_region(layout)?;
-    node.node().region(src.id)?.fill_with(|offset, bytes| {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset as u64;
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-    });
+    crate::tcp::fill(node.node(), &src)?;
     let info = node
         .connect(args.peer, Some(layout))
         .with_context(|| format!("connecting to {}", args.peer))?;
@@ -188,20 +150,13 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         args.lanes.max(1),
     ))?;
     let modes = if args.mode.is_empty() {
-        vec![NetMode::Exclusive, NetMode::Packetized, NetMode::Auto]
+        ModeArg::ALL.to_vec()
     } else {
         args.mode.clone()
     };
     let mut rows = Vec::new();
     for mode in modes {
-        let mode = match mode {
-            NetMode::Exclusive => TransferMode::Exclusive,
-            NetMode::Packetized => TransferMode::Packetized { slice_bytes },
-            NetMode::Auto => TransferMode::Auto {
-                slice_bytes,
-                exclusive_min_bytes: transfer_engine::DEFAULT_EXCLUSIVE_MIN_BYTES,
-            },
-        };
+        let mode = mode.with_slice(slice_bytes);
         let retransmits_before = node.node().stats().engine.retransmits;
         let mut seconds = Vec::new();
         let mut recompute = 0;
@@ -216,59 +171,16 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
                 seconds.push(out.elapsed.as_secs_f64());
             }
         }
-        let bytes = layout.total_bytes();
-        let median = quantile(&mut seconds, 0.5);
-        let gbps = bytes as f64 / median / 1e9;
-        rows.push(NetRow {
-            backend: "tcp",
-            mode: mode.name(),
-            block_bytes: layout.block_bytes,
-            block: fmt_size(layout.block_bytes),
-            bytes,
-            iterations: args.iterations,
-            seconds: median,
-            gbps,
+        let retransmits = node.node().stats().engine.retransmits - retransmits_before;
+        rows.push(row(
+            "tcp",
+            layout,
+            mode,
+            seconds,
             limit_gbps,
-            ratio: gbps / limit_gbps,
-            p50_ms: median * 1e3,
-            p99_ms: quantile(&mut seconds, 0.99) * 1e3,
-            retransmits: node.node().stats().engine.retransmits - retransmits_before,
-            recompute_blocks: recompute,
-        });
+            retransmits,
+            recompute,
+        ));
     }
-    let columns = [
-        "backend",
-        "mode",
-        "block",
-        "bytes",
-        "gbps",
-        "limit_gbps",
-        "ratio",
-        "p50_ms",
-        "p99_ms",
-        "recompute_blocks",
-    ];
-    print_rows(&rows, args.json, &columns)
-}
-
-/// A layout of whole blocks close to `total` bytes: up to 32 layers, as many blocks per layer as fit
-/// (the same rule as `te-bench run`).
-fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayout> {
-    if block_bytes == 0 || total < block_bytes {
-        bail!(
-            "--total-bytes ({total}) must hold at least one block of --block-bytes ({block_bytes})"
-        );
-    }
-    let blocks = total / block_bytes;
-    let layers = (1..=blocks.min(32))
-        .rev()
-        .find(|l| blocks.is_multiple_of(*l))
-        .unwrap_or(1);
-    Ok(KvLayout::new(
-        layers as u32,
-        u32::try_from(blocks / layers).context("too many blocks")?,
-        block_bytes,
-        16,
-        Dtype::Bf16,
-    )?)
+    print_rows(&rows, args.json, &RUN_COLUMNS)
 }

@@ -11,6 +11,20 @@ use transfer_engine::{Dtype, HostMemory, KvLayout, TransferMode, TransferRequest
 use crate::args::{fmt_size, parse_size};
 use crate::report::{print_rows, quantile};
 
+/// Columns of the `run` (and `connect`) table.
+pub(crate) const RUN_COLUMNS: [&str; 10] = [
+    "backend",
+    "mode",
+    "block",
+    "bytes",
+    "gbps",
+    "limit_gbps",
+    "ratio",
+    "p50_ms",
+    "p99_ms",
+    "recompute_blocks",
+];
+
 /// Which backend carries the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Backend {
@@ -131,19 +145,7 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    let columns = [
-        "backend",
-        "mode",
-        "block",
-        "bytes",
-        "gbps",
-        "limit_gbps",
-        "ratio",
-        "p50_ms",
-        "p99_ms",
-        "recompute_blocks",
-    ];
-    print_rows(&rows, args.json, &columns)
+    print_rows(&rows, args.json, &RUN_COLUMNS)
 }
 
 /// Measures `iterations` transfers of `layout` in `mode` over `backend`, beside the backend's raw limit.
@@ -171,7 +173,7 @@ pub(crate) fn measure(
 }
 
 /// A result row from measured transfer times and the limit measured beside them.
-fn row(
+pub(crate) fn row(
     backend: &'static str,
     layout: KvLayout,
     mode: TransferMode,

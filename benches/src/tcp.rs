@@ -72,7 +72,8 @@ pub(crate) fn run_tcp(
     })
 }
 
-fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> {
+/// Fills a region with a pseudo-random pattern (xorshift, seeded by offset).
+pub(crate) fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> {
     node.region(region.id)?.fill_with(|offset, bytes| {
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset as u64;
         for chunk in bytes.chunks_mut(8) {
