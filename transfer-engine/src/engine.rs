@@ -663,22 +663,20 @@ impl Engine {
                     return Ok(());
                 }
                 if self.closed.contains(&key) {
-                    return Ok(());
+                    // Either a stale duplicate (its sender is gone and ignores the answer) or a peer that
+                    // restarted and reused a session id: refuse, so the sender learns at once.
+                    let err = Error::InvalidRequest(format!(
+                        "session {} was already used and closed here: a restarted peer reused its session \
+                         ids (seed each engine process's rng_seed differently)",
+                        key.1
+                    ));
+                    self.refuse_open(from, key.1, &err);
+                    return Err(err);
                 }
                 match self.accept(now, key, payload) {
                     Ok(()) => Ok(()),
                     Err(err) => {
-                        let reason = err.to_string().into_bytes();
-                        let mut h = Header::new(FrameKind::Reject, key.1.0);
-                        h.length = reason.len() as u32;
-                        h.crc = crate::crc32c(&reason);
-                        self.control_out.push_back(Transmit {
-                            peer: from,
-                            header: h,
-                            body: Body::Control(reason),
-                            lane: Lane::Shared,
-                            class: TrafficClass::Collective,
-                        });
+                        self.refuse_open(from, key.1, &err);
                         Err(err)
                     }
                 }
@@ -702,6 +700,21 @@ impl Engine {
             }
             _ => Err(Error::UnknownSession(key.1)),
         }
+    }
+
+    /// Answers an open with a reject carrying `err`'s message.
+    fn refuse_open(&mut self, to: PeerId, session: SessionId, err: &Error) {
+        let reason = err.to_string().into_bytes();
+        let mut h = Header::new(FrameKind::Reject, session.0);
+        h.length = reason.len() as u32;
+        h.crc = crate::crc32c(&reason);
+        self.control_out.push_back(Transmit {
+            peer: to,
+            header: h,
+            body: Body::Control(reason),
+            lane: Lane::Shared,
+            class: TrafficClass::Collective,
+        });
     }
 
     /// Checks an open request against our regions and creates the receiving end.

@@ -357,3 +357,40 @@ fn regions_in_use_cannot_be_unregistered_and_unknown_regions_are_named() {
     assert!(err.to_string().contains("#99"));
     finish_and_check_good_transfer(pair, src, dst);
 }
+
+#[test]
+fn a_restarted_peer_that_reuses_a_session_id_is_refused_at_once() {
+    let mut pair = Pair::new();
+    let l = layout(2, 2, 4096);
+    let (src, dst) = pair.regions(l, 9);
+    let first = pair
+        .a
+        .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())
+        .unwrap();
+    pair.run(Duration::from_secs(5));
+    // The producer restarts with the same engine id and seed: its session ids repeat.
+    pair.a = transfer_engine::Engine::new(common::config(1));
+    let src = pair.a.register_kv_region(l).unwrap();
+    pair.mem_a.alloc(&src).unwrap();
+    let again = pair
+        .a
+        .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())
+        .unwrap();
+    assert_eq!(again, first, "same seed, same first session id");
+    pair.step();
+    assert!(
+        pair.refused_b
+            .iter()
+            .any(|e| e.to_string().contains("reused its session ids")),
+        "{:?}",
+        pair.refused_b
+    );
+    let refused = pair.events_a.iter().any(|(_, e)| {
+        matches!(e, Event::Refused { session, reason } if *session == again && reason.contains("rng_seed"))
+    });
+    assert!(
+        refused,
+        "the sender learns at once, not at its deadline: {:?}",
+        pair.events_a
+    );
+}
