@@ -160,24 +160,29 @@ impl Pair {
         }
     }
 
+    /// Steps until neither engine has a frame to send; returns the earliest timer then pending.
+    fn step_until_quiet(&mut self) -> Option<Instant> {
+        while self.step() > 0 {}
+        [self.a.poll_timeout(), self.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Jumps virtual time to `at` (if later) and fires both engines' timers.
+    fn advance_to(&mut self, at: Instant) {
+        self.now = self.now.max(at);
+        self.a.handle_timeout(self.now);
+        self.b.handle_timeout(self.now);
+    }
+
     /// Steps for `span` of virtual time (or until both engines are idle with no timer pending).
     pub fn run_for(&mut self, span: Duration) {
         let until = self.now + span;
         loop {
-            if self.step() > 0 {
-                continue;
-            }
-            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
-                .into_iter()
-                .flatten()
-                .min();
-            match next {
-                Some(next) if next <= until => {
-                    self.now = self.now.max(next);
-                    self.a.handle_timeout(self.now);
-                    self.b.handle_timeout(self.now);
-                }
-                _ => {
+            match self.step_until_quiet() {
+                Some(next) if next <= until => self.advance_to(next),
+                next => {
                     self.now = self.now.max(until.min(next.unwrap_or(until)));
                     return;
                 }
@@ -188,22 +193,12 @@ impl Pair {
     /// Steps until neither engine has anything to send or any timer pending, jumping virtual time to
     /// the next timer whenever the pair is quiet. Panics if `limit` of virtual time passes.
     pub fn run(&mut self, limit: Duration) {
-        loop {
-            if self.step() > 0 {
-                continue;
-            }
-            let next = [self.a.poll_timeout(), self.b.poll_timeout()]
-                .into_iter()
-                .flatten()
-                .min();
-            let Some(next) = next else { return };
+        while let Some(next) = self.step_until_quiet() {
             assert!(
                 next - self.start <= limit,
                 "still busy after {limit:?} of virtual time"
             );
-            self.now = self.now.max(next);
-            self.a.handle_timeout(self.now);
-            self.b.handle_timeout(self.now);
+            self.advance_to(next);
         }
     }
 }
