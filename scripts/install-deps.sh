@@ -1,14 +1,57 @@
 #!/usr/bin/env bash
-# Installs the Debian packages that optional parts need, if missing: protoc (etcd-client's build) and
-# etcd-server (the etcd discovery tests). Idempotent; quiet when everything is there.
+# Installs the Debian packages that the build and the tests need, if missing. Idempotent; quiet when
+# everything is there. What is missing is decided by the files each build script or test uses, not only by
+# commands on the PATH: a command can be present while the headers or data files beside it are not.
+#
+# Each line of NEEDS is "package path-or-command": the package is installed when the path does not exist
+# (an absolute path) or the command is not on the PATH (a bare name). Who needs what:
+#   - etcd-client's build script runs protoc over etcd's .proto files, which import
+#     google/protobuf/descriptor.proto and struct.proto: protoc from protobuf-compiler, the well-known
+#     .proto files from libprotobuf-dev (protobuf-compiler alone does not carry them);
+#   - the etcd discovery tests start a real etcd server (etcd-server);
+#   - alloca's and other cc builds compile C against libc's headers (libc6-dev, with gcc);
+#   - pkg-config, which -sys build scripts use to find libraries.
 set -euo pipefail
+
+NEEDS=(
+  "protobuf-compiler protoc"
+  "libprotobuf-dev /usr/include/google/protobuf/descriptor.proto"
+  "libprotobuf-dev /usr/include/google/protobuf/struct.proto"
+  "etcd-server etcd"
+  "gcc gcc"
+  "libc6-dev /usr/include/stdint.h"
+  "pkg-config pkg-config"
+)
+
+missing() {
+  local what="$1"
+  if [[ "$what" == /* ]]; then
+    [ ! -e "$what" ]
+  else
+    ! command -v "$what" >/dev/null 2>&1
+  fi
+}
+
 need=()
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
-command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+for line in "${NEEDS[@]}"; do
+  read -r package what <<<"$line"
+  if missing "$what"; then
+    echo "missing $what (from $package)"
+    [[ " ${need[*]-} " == *" $package "* ]] || need+=("$package")
+  fi
+done
+
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}"
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  for line in "${NEEDS[@]}"; do
+    read -r package what <<<"$line"
+    if missing "$what"; then
+      echo "install-deps: $what is still missing after installing $package" >&2
+      exit 1
+    fi
+  done
 fi
