@@ -7,7 +7,12 @@
 //!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
 //! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
 //!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
+#![forbid(unsafe_code)]
 
+pub mod board;
 pub mod discovery;
 pub mod loopback;
+mod station;
 pub mod tcp;
+
+pub use board::{IncomingSession, Outcome, Received, WaitError};

@@ -1,20 +1,35 @@
-//! The in-process loopback backend: a producer engine and a consumer engine in one process, each on its
-//! own thread, joined by bounded channels.
+//! The in-process loopback backend: a producer engine and a consumer engine in one process, each driven by
+//! its own thread, joined by channels.
 //!
 //! Every frame goes through the real wire codec. A data frame's payload is never copied into a message: the
-//! producer checksums it in place and sends the header with a reference to its region; the consumer copies
-//! it once, straight from the producer's region into the place its engine names, and verifies it there.
-//! The producer's checksum pass pulls the bytes into the shared cache just before the consumer copies them,
-//! so the two cores together keep close to the speed of a plain copy.
+//! producer sends the header with a handle on its region's memory and checksums the payload in place; the
+//! consumer copies it once, straight from the producer's memory into the place its engine names, and
+//! verifies it there. The producer's checksum pass pulls the bytes into the shared cache just before the
+//! consumer copies them, so the two cores together keep close to the speed of a plain copy.
+//!
+//! Both ends are [`LoopbackEnd`]s with the same calls as a TCP node: register caller memory, submit and
+//! await transfers, accept incoming sessions, await them layer by layer and consume layers, subscribe to
+//! events.
 
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
-use std::time::{Duration, Instant};
+mod credit;
+mod threads;
 
-use transfer_engine::wire::{HEADER_LEN, Header};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
 use transfer_engine::{
-    Backoff, BlockId, Body, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PayloadRef,
-    PeerId, Placement, RegionHandle, Role, SessionId, TransferMode, TransferRequest,
+    Backoff, Counters, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
+    RegionId, SessionId, TransferRequest,
 };
+
+use crate::board::{IncomingSession, Outcome, Received, WaitError};
+use crate::station::Station;
+use credit::Credit;
+use threads::{Frame, RefusalLog};
 
 /// The producer's peer id, as the consumer sees it.
 pub const PRODUCER: PeerId = PeerId(1);
@@ -25,23 +40,8 @@ pub const CONSUMER: PeerId = PeerId(2);
 /// bytes the producer just checksummed are still in cache when the consumer copies them (measured: 1 MiB
 /// beats 256 KiB and 4 MiB on a 2-core machine with 1 MiB of L2 per core).
 const IN_FLIGHT_BYTES: u64 = 1 << 20;
-
-/// Frames the channel holds: about [`IN_FLIGHT_BYTES`] of the largest unit these requests send.
-fn channel_depth(reqs: &[TransferRequest]) -> usize {
-    let unit = reqs
-        .iter()
-        .map(|r| {
-            let block = r.src_layout.block_bytes;
-            match r.mode.unwrap_or_else(TransferMode::auto) {
-                TransferMode::Exclusive => block,
-                TransferMode::Packetized { slice_bytes } => block.min(u64::from(slice_bytes)),
-                TransferMode::Auto { .. } => block.max(transfer_engine::AUTO_MAX_UNIT_BYTES),
-            }
-        })
-        .max()
-        .unwrap_or(IN_FLIGHT_BYTES);
-    (IN_FLIGHT_BYTES / unit.max(1)).clamp(2, 64) as usize
-}
+/// Frames the producer-to-consumer channel holds (a data frame and its seal are two).
+const CHANNEL_FRAMES: usize = 256;
 
 /// Engine settings for loopback: nothing is ever lost in process, so a frame is late only when a thread
 /// was not scheduled. The retransmit timer starts at 100 ms (not the network default of 5 ms) so that a
@@ -60,12 +60,15 @@ pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
     }
 }
 
-/// Errors of the loopback driver itself (the engines' refusals of frames are recorded, not raised).
+/// Errors of the loopback driver (the engines' refusals of frames are recorded, not raised).
 #[derive(Debug, thiserror::Error)]
 pub enum LoopbackError {
     /// The engine refused a command.
     #[error(transparent)]
     Engine(#[from] Error),
+    /// A wait on the receiving or sending side ended without its answer.
+    #[error(transparent)]
+    Wait(#[from] WaitError),
     /// Transfers did not finish within the time allowed.
     #[error("{pending} session(s) did not finish within {waited:?}")]
     Stalled {
@@ -76,95 +79,179 @@ pub enum LoopbackError {
     },
 }
 
-/// One engine with the memory behind its regions, and what it reported.
+/// One end of the pair: an engine, the caller memory registered with it, and what it reported.
 #[derive(Debug)]
-pub struct Endpoint {
-    /// The engine.
-    pub engine: Engine,
-    /// Bytes of its regions.
-    pub memory: HostMemory,
-    /// Every event it emitted, in order.
-    pub events: Vec<Event>,
-    /// Every frame it refused, with the reason. A refusal never stops the endpoint.
-    pub refused: Vec<Error>,
+pub struct LoopbackEnd {
+    station: Station,
+    refused: RefusalLog,
+    /// Wakes this end's thread (a submit, a consumed layer).
+    wake: WakeHandle,
+    /// How the other end names this one.
+    peer_id: PeerId,
 }
 
-impl Endpoint {
-    fn new(cfg: EngineConfig) -> Self {
-        Self {
-            engine: Engine::new(cfg),
-            memory: HostMemory::default(),
-            events: Vec::new(),
-            refused: Vec::new(),
-        }
-    }
-
-    /// Registers a KV region and allocates its bytes.
-    pub fn kv_region(&mut self, layout: KvLayout) -> Result<RegionHandle, Error> {
-        let handle = self.engine.register_kv_region(layout)?;
-        self.memory.alloc(&handle)?;
-        Ok(handle)
-    }
-
-    fn drain_events(&mut self) {
-        while let Some(event) = self.engine.poll_event() {
-            self.events.push(event);
-        }
-    }
-
-    fn handle_timeout(&mut self, now: Instant) {
-        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
-            self.engine.handle_timeout(now);
-        }
-    }
-
-    /// How long to block waiting for frames before a timer is due (at most `cap`).
-    fn wait(&self, now: Instant, cap: Duration) -> Duration {
-        self.engine
-            .poll_timeout()
-            .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
-    }
-}
-
-/// A frame on the in-process wire.
 #[derive(Debug)]
-enum Frame {
-    /// A data header (its payload CRC not yet filled in); the payload stays in the producer's region. The
-    /// consumer places and checksums the bytes while the producer computes the sender's CRC.
-    Data([u8; HEADER_LEN], PayloadRef),
-    /// The same header sealed with the sender's CRC of the payload: the consumer compares the two.
-    Seal([u8; HEADER_LEN]),
-    /// A control frame with its payload.
-    Control([u8; HEADER_LEN], Vec<u8>),
+enum WakeHandle {
+    Producer(mpsc::Sender<Frame>),
+    Consumer(mpsc::SyncSender<Frame>),
 }
 
-/// What a finished transfer reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The session.
-    pub session: SessionId,
-    /// Blocks the producer was told to recompute (source ids); empty when all arrived.
-    pub recompute: Vec<BlockId>,
-    /// Wall time from submit until both ends reported completion.
-    pub elapsed: Duration,
+impl LoopbackEnd {
+    /// How the other end names this one ([`PRODUCER`] or [`CONSUMER`]).
+    #[must_use]
+    pub fn peer_id(&self) -> PeerId {
+        self.peer_id
+    }
+
+    /// Registers the caller's `memory` as a KV region of `layout`; transfers read from it or place into it
+    /// in place.
+    pub fn register_kv_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, LoopbackError> {
+        Ok(self.station.register_kv_region(layout, memory)?)
+    }
+
+    /// Registers a KV region of `layout` over zeroed host memory the engine allocates.
+    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, LoopbackError> {
+        let memory = MemoryRegion::zeroed(usize::try_from(layout.total_bytes()).map_err(|_| {
+            Error::InvalidRequest("the layout does not fit in this machine's memory".into())
+        })?);
+        self.register_kv_region(layout, memory)
+    }
+
+    /// The memory behind a registered region.
+    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, LoopbackError> {
+        Ok(self.station.engine().memory(id)?.clone())
+    }
+
+    /// Unregisters a region no live session uses and hands back its memory.
+    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, LoopbackError> {
+        Ok(self.station.engine().unregister_region(id)?)
+    }
+
+    /// Waits until sending session `session` is over.
+    pub async fn wait(&self, session: SessionId) -> Result<Outcome, LoopbackError> {
+        Ok(self.station.board.wait_sent(session).await?)
+    }
+
+    /// The next incoming session nobody has accepted yet, waiting for one.
+    pub async fn accept(&self) -> Result<IncomingSession, LoopbackError> {
+        Ok(self.station.board.accept().await?)
+    }
+
+    /// Waits until `layer` of receiving session `session` has arrived whole (an error names its blocks to
+    /// recompute if the session ended without it).
+    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), LoopbackError> {
+        Ok(self.station.board.wait_layer(session, layer).await?)
+    }
+
+    /// Waits until receiving session `session` is over.
+    pub async fn wait_received(&self, session: SessionId) -> Result<Received, LoopbackError> {
+        Ok(self.station.board.wait_received(session).await?)
+    }
+
+    /// The consumer is about to compute `layer` of receiving session `session` (layers in order): the
+    /// producer may then send up to its prefetch depth beyond it. Returns whether the layer is complete.
+    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, LoopbackError> {
+        let complete = self.station.consume_layer(session, layer)?;
+        self.wake();
+        Ok(complete)
+    }
+
+    /// Every event from now on.
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.station.board.subscribe()
+    }
+
+    /// Frames this end refused, newest last (the newest 1024), with the total count.
+    #[must_use]
+    pub fn refused(&self) -> (Vec<Error>, u64) {
+        self.refused.snapshot()
+    }
+
+    /// The engine's counters.
+    #[must_use]
+    pub fn stats(&self) -> Counters {
+        self.station.engine().stats()
+    }
+
+    /// Live sessions (both roles).
+    #[must_use]
+    pub fn live_sessions(&self) -> usize {
+        self.station.engine().live_sessions()
+    }
+
+    fn wake(&self) {
+        match &self.wake {
+            WakeHandle::Producer(tx) => {
+                let _ = tx.send(Frame::Wake);
+            }
+            // A full channel means the consumer thread is busy and will look again soon.
+            WakeHandle::Consumer(tx) => {
+                let _ = tx.try_send(Frame::Wake);
+            }
+        }
+    }
 }
 
-/// A producer and a consumer engine with their host memory, wired back to back.
+/// A producer and a consumer engine, wired back to back, each driven by its own thread until the pair
+/// is dropped.
 #[derive(Debug)]
 pub struct LoopbackPair {
-    /// The sending end.
-    pub producer: Endpoint,
-    /// The receiving end.
-    pub consumer: Endpoint,
+    producer: Arc<LoopbackEnd>,
+    consumer: Arc<LoopbackEnd>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    /// Runs the blocking waits of [`LoopbackPair::transfer_all`].
+    rt: tokio::runtime::Runtime,
 }
 
 impl LoopbackPair {
-    /// Two engines with these configurations (their engine ids must differ).
+    /// Two engines with these configurations (their engine ids must differ), and their threads.
+    ///
+    /// # Panics
+    /// If the operating system refuses a thread or a timer.
     #[must_use]
     pub fn new(producer: EngineConfig, consumer: EngineConfig) -> Self {
+        let (data_tx, data_rx) = mpsc::sync_channel(CHANNEL_FRAMES);
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let producer = Arc::new(LoopbackEnd {
+            station: Station::new(producer),
+            refused: RefusalLog::default(),
+            wake: WakeHandle::Producer(ack_tx.clone()),
+            peer_id: PRODUCER,
+        });
+        let consumer = Arc::new(LoopbackEnd {
+            station: Station::new(consumer),
+            refused: RefusalLog::default(),
+            wake: WakeHandle::Consumer(data_tx.clone()),
+            peer_id: CONSUMER,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let credit = Arc::new(Credit::new(IN_FLIGHT_BYTES));
+        let threads = vec![
+            threads::spawn_producer(
+                producer.clone(),
+                data_tx,
+                ack_rx,
+                credit.clone(),
+                stop.clone(),
+            ),
+            threads::spawn_consumer(consumer.clone(), data_rx, ack_tx, credit, stop.clone()),
+        ];
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a current-thread runtime for blocking waits");
         Self {
-            producer: Endpoint::new(producer),
-            consumer: Endpoint::new(consumer),
+            producer,
+            consumer,
+            stop,
+            threads,
+            rt,
         }
     }
 
@@ -180,9 +267,46 @@ impl LoopbackPair {
         )
     }
 
+    /// The sending end.
+    #[must_use]
+    pub fn producer(&self) -> &LoopbackEnd {
+        &self.producer
+    }
+
+    /// The receiving end.
+    #[must_use]
+    pub fn consumer(&self) -> &LoopbackEnd {
+        &self.consumer
+    }
+
+    /// Starts a transfer from the producer to the consumer; await it with [`LoopbackEnd::wait`].
+    pub fn submit(&self, req: TransferRequest) -> Result<SessionId, LoopbackError> {
+        if req.peer != CONSUMER {
+            return Err(Error::InvalidRequest(format!(
+                "a loopback producer sends only to its consumer ({CONSUMER:?}), not {:?}",
+                req.peer
+            ))
+            .into());
+        }
+        let src = self.producer.memory(req.src_region)?;
+        if let Ok(dst) = self.consumer.memory(req.dst_region)
+            && src.same_memory(&dst)
+        {
+            return Err(Error::InvalidRequest(
+                "the source and destination regions are the same memory: register distinct memory on \
+                 each end"
+                    .into(),
+            )
+            .into());
+        }
+        let id = self.producer.station.submit(req)?;
+        self.producer.wake();
+        Ok(id)
+    }
+
     /// Runs one transfer to completion; see [`LoopbackPair::transfer_all`].
     pub fn transfer(
-        &mut self,
+        &self,
         req: TransferRequest,
         limit: Duration,
     ) -> Result<Outcome, LoopbackError> {
@@ -190,319 +314,57 @@ impl LoopbackPair {
         Ok(out.remove(0))
     }
 
-    /// Submits every request on the producer and drives both engines, each on its own thread, until every
-    /// session has completed on both ends (delivered or reported for recompute) or `limit` passes.
+    /// Submits every request and blocks until every session has completed on the producer (delivered and
+    /// acknowledged, or reported for recompute) or `limit` passes.
     pub fn transfer_all(
-        &mut self,
+        &self,
         reqs: Vec<TransferRequest>,
         limit: Duration,
     ) -> Result<Vec<Outcome>, LoopbackError> {
-        let start = Instant::now();
-        let depth = channel_depth(&reqs);
-        let mut sessions = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            sessions.push(self.producer.engine.submit(start, req)?);
-        }
-        let deadline = start + limit;
-        let (data_tx, data_rx) = mpsc::sync_channel(2 * depth);
-        let (ack_tx, ack_rx) = mpsc::channel();
-        let (producer, consumer) = (&mut self.producer, &mut self.consumer);
-        let producer_mem = &producer.memory;
-        let completed = std::thread::scope(|scope| {
-            let consumer_thread =
-                scope.spawn(|| run_consumer(consumer, producer_mem, data_rx, ack_tx, deadline));
-            let side = ProducerSide {
-                engine: &mut producer.engine,
-                events: &mut producer.events,
-                refused: &mut producer.refused,
-                memory: producer_mem,
-            };
-            let sent = run_producer(side, data_tx, ack_rx, deadline, depth);
-            consumer_thread
-                .join()
-                .expect("loopback consumer thread panicked");
-            sent
-        });
-        let finished_at = |session| {
-            completed
-                .iter()
-                .find(|(id, _)| *id == session)
-                .map(|(_, at)| *at)
-        };
-        let pending = sessions
-            .iter()
-            .filter(|s| finished_at(**s).is_none())
-            .count();
-        if pending > 0 {
-            return Err(LoopbackError::Stalled {
-                pending,
-                waited: limit,
-            });
-        }
-        Ok(sessions
+        let sessions = reqs
             .into_iter()
-            .map(|session| {
-                let elapsed = finished_at(session).map_or(limit, |at| at.duration_since(start));
-                let recompute = self
-                    .producer
-                    .events
+            .map(|r| self.submit(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let board = &self.producer.station.board;
+        let all = async {
+            let mut out = Vec::with_capacity(sessions.len());
+            for s in &sessions {
+                out.push(board.wait_sent(*s).await?);
+            }
+            Ok::<_, WaitError>(out)
+        };
+        match self
+            .rt
+            .block_on(async { tokio::time::timeout(limit, all).await })
+        {
+            Ok(out) => Ok(out?),
+            Err(_) => Err(LoopbackError::Stalled {
+                pending: sessions
                     .iter()
-                    .find_map(|e| match e {
-                        Event::Recompute {
-                            session: s,
-                            role: Role::Sender,
-                            blocks,
-                        } if *s == session => Some(blocks.clone()),
-                        _ => None,
-                    })
-                    .unwrap_or_default();
-                Outcome {
-                    session,
-                    recompute,
-                    elapsed,
-                }
-            })
-            .collect())
+                    .filter(|s| board.sent(**s).is_none())
+                    .count(),
+                waited: limit,
+            }),
+        }
+    }
+
+    /// Runs `f` to completion on the pair's own runtime (for callers without an executor).
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
     }
 }
 
-/// Producer loop: sends until every session is over (close handshake included). Returns when each session
-/// completed on the receiving end, as acknowledged (completion time = when the sender learned it).
-fn run_producer(
-    side: ProducerSide<'_>,
-    data_tx: SyncSender<Frame>,
-    ack_rx: Receiver<Frame>,
-    deadline: Instant,
-    depth: usize,
-) -> Vec<(SessionId, Instant)> {
-    let ProducerSide {
-        engine,
-        events,
-        refused,
-        memory,
-    } = side;
-    let mut completed = Vec::new();
-    loop {
-        let now = Instant::now();
-        loop {
-            match ack_rx.try_recv() {
-                Ok(frame) => receive(engine, frame, now, CONSUMER, refused),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return completed,
-            }
+impl Drop for LoopbackPair {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.producer.wake();
+        self.consumer.wake();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
         }
-        if engine.poll_timeout().is_some_and(|t| t <= now) {
-            engine.handle_timeout(now);
-        }
-        let mut sent = 0;
-        while let Some(mut t) = engine.poll_transmit(now) {
-            let frame = match t.body {
-                Body::Payload(p) => match memory.read(p.region, p.range()) {
-                    Ok(payload) => {
-                        // The header goes first so the consumer copies while we checksum.
-                        if data_tx.send(Frame::Data(t.header.encode(), p)).is_err() {
-                            return completed;
-                        }
-                        Frame::Seal(t.seal(payload))
-                    }
-                    Err(e) => {
-                        refused.push(e);
-                        continue;
-                    }
-                },
-                Body::Control(ref payload) => Frame::Control(t.header.encode(), payload.clone()),
-                Body::Empty => Frame::Control(t.header.encode(), Vec::new()),
-            };
-            if data_tx.send(frame).is_err() {
-                return completed;
-            }
-            sent += 1;
-            if sent >= depth {
-                break;
-            }
-        }
-        while let Some(event) = engine.poll_event() {
-            if let Event::Completed {
-                session,
-                role: Role::Sender,
-                ..
-            } = event
-            {
-                completed.push((session, Instant::now()));
-            }
-            events.push(event);
-        }
-        if engine.live_sessions() == 0 || now >= deadline {
-            return completed;
-        }
-        if sent == 0 {
-            let wait = engine.poll_timeout().map_or(Duration::from_millis(1), |t| {
-                t.saturating_duration_since(now)
-            });
-            match ack_rx.recv_timeout(wait.min(Duration::from_millis(1))) {
-                Ok(frame) => receive(engine, frame, Instant::now(), CONSUMER, refused),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return completed,
-            }
-        }
+        self.producer.station.board.close();
+        self.consumer.station.board.close();
     }
-}
-
-/// Consumer loop: places and verifies data, sends acknowledgements, until the producer hangs up.
-fn run_consumer(
-    consumer: &mut Endpoint,
-    producer_mem: &HostMemory,
-    data_rx: Receiver<Frame>,
-    ack_tx: mpsc::Sender<Frame>,
-    deadline: Instant,
-) {
-    let mut pending = None;
-    loop {
-        let now = Instant::now();
-        let wait = consumer.wait(now, Duration::from_millis(1));
-        match data_rx.recv_timeout(wait) {
-            Ok(frame) => {
-                let now = Instant::now();
-                receive_into(consumer, frame, now, producer_mem, &mut pending);
-                // Drain what is already queued before answering, so acknowledgements coalesce.
-                while let Ok(frame) = data_rx.try_recv() {
-                    receive_into(consumer, frame, now, producer_mem, &mut pending);
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
-        let now = Instant::now();
-        consumer.handle_timeout(now);
-        while let Some(t) = consumer.engine.poll_transmit(now) {
-            let payload = match &t.body {
-                Body::Control(p) => p.clone(),
-                _ => Vec::new(),
-            };
-            if ack_tx
-                .send(Frame::Control(t.header.encode(), payload))
-                .is_err()
-            {
-                return;
-            }
-        }
-        consumer.drain_events();
-        if now >= deadline {
-            return;
-        }
-    }
-}
-
-/// The producer's engine and what it reports, borrowed for the producer thread; its memory is shared
-/// read-only with the consumer thread.
-struct ProducerSide<'a> {
-    engine: &'a mut Engine,
-    events: &'a mut Vec<Event>,
-    refused: &'a mut Vec<Error>,
-    memory: &'a HostMemory,
-}
-
-/// A data payload placed and checksummed at the consumer, waiting for the sender's sealed header.
-struct Placed {
-    header: Header,
-    /// CRC-32C of the placed bytes; `None` when the engine said to discard them.
-    crc: Option<u32>,
-}
-
-fn receive_into(
-    consumer: &mut Endpoint,
-    frame: Frame,
-    now: Instant,
-    producer_mem: &HostMemory,
-    pending: &mut Option<Placed>,
-) {
-    let result = match frame {
-        Frame::Data(header, payload_ref) => {
-            let placed = place(
-                &mut consumer.engine,
-                &header,
-                payload_ref,
-                producer_mem,
-                &mut consumer.memory,
-            );
-            placed.map(|p| *pending = Some(p))
-        }
-        Frame::Seal(sealed) => match (pending.take(), Header::decode(&sealed)) {
-            (Some(placed), Ok(sealed)) => {
-                let mut unsealed = sealed;
-                unsealed.crc = placed.header.crc;
-                if unsealed == placed.header {
-                    let crc = placed.crc.unwrap_or(sealed.crc);
-                    consumer.engine.handle_data(now, PRODUCER, &sealed, crc)
-                } else {
-                    Err(Error::InvalidRequest(
-                        "sealed header does not match the data it seals".into(),
-                    ))
-                }
-            }
-            // The data frame was refused (and recorded) already.
-            (None, Ok(_)) => Ok(()),
-            (_, Err(e)) => Err(e.into()),
-        },
-        control => {
-            receive(
-                &mut consumer.engine,
-                control,
-                now,
-                PRODUCER,
-                &mut consumer.refused,
-            );
-            Ok(())
-        }
-    };
-    if let Err(e) = result {
-        consumer.refused.push(e);
-    }
-}
-
-/// Hands one control frame to `engine`.
-fn receive(
-    engine: &mut Engine,
-    frame: Frame,
-    now: Instant,
-    from: PeerId,
-    refused: &mut Vec<Error>,
-) {
-    let result = match frame {
-        Frame::Control(header, payload) => Header::decode(&header)
-            .map_err(Error::from)
-            .and_then(|h| engine.handle_frame(now, from, &h, &payload)),
-        Frame::Data(..) | Frame::Seal(_) => Err(Error::InvalidRequest(
-            "data frame sent towards the producer".into(),
-        )),
-    };
-    if let Err(e) = result {
-        refused.push(e);
-    }
-}
-
-/// Places a data payload where the consumer's engine says, checksumming the placed bytes.
-fn place(
-    engine: &mut Engine,
-    header: &[u8; HEADER_LEN],
-    payload_ref: PayloadRef,
-    src_mem: &HostMemory,
-    dst_mem: &mut HostMemory,
-) -> Result<Placed, Error> {
-    let header = Header::decode(header)?;
-    let payload = src_mem.read(payload_ref.region, payload_ref.range())?;
-    let crc = match engine.placement(PRODUCER, &header)? {
-        Placement::Write {
-            region,
-            offset,
-            len,
-        } => {
-            let dst = dst_mem.write(region, offset as usize..offset as usize + len as usize)?;
-            Some(transfer_engine::copy_and_crc32c(dst, payload))
-        }
-        Placement::Discard => None,
-    };
-    Ok(Placed { header, crc })
 }
 
 #[cfg(test)]
@@ -523,38 +385,57 @@ mod tests {
             TransferMode::Packetized { slice_bytes: 1024 },
             TransferMode::auto(),
         ] {
-            let mut pair = LoopbackPair::with_defaults();
+            let pair = LoopbackPair::with_defaults();
             let layout = KvLayout::new(4, 8, 4096, 16, Dtype::F16).unwrap();
-            let src = pair.producer.kv_region(layout).unwrap();
-            let dst = pair.consumer.kv_region(layout).unwrap();
-            fill(pair.producer.memory.region_mut(src.id).unwrap(), 7);
+            let mut kv = vec![0; layout.total_bytes() as usize];
+            fill(&mut kv, 7);
+            let src = pair
+                .producer()
+                .register_kv_region(layout, MemoryRegion::from_vec(kv.clone()))
+                .unwrap();
+            let dst = pair.consumer().kv_region(layout).unwrap();
+            let mut events = pair.consumer().subscribe();
             let req = TransferRequest::whole(CONSUMER, &src, &dst)
                 .unwrap()
                 .with_mode(mode);
             let out = pair.transfer(req, Duration::from_secs(10)).unwrap();
             assert!(out.recompute.is_empty(), "{mode:?}");
+            let received = pair
+                .block_on(pair.consumer().wait_received(out.session))
+                .unwrap();
+            assert!(received.recompute.is_empty());
             assert_eq!(
-                pair.producer.memory.region(src.id).unwrap(),
-                pair.consumer.memory.region(dst.id).unwrap()
+                pair.consumer().memory(dst.id).unwrap().to_vec().unwrap(),
+                kv
             );
-            assert!(
-                pair.producer.refused.is_empty(),
-                "{:?}",
-                pair.producer.refused
-            );
-            assert!(
-                pair.consumer.refused.is_empty(),
-                "{:?}",
-                pair.consumer.refused
-            );
-            assert_eq!(pair.producer.engine.live_sessions(), 0);
-            let layers = pair
-                .consumer
-                .events
-                .iter()
-                .filter(|e| matches!(e, Event::LayerComplete { .. }))
-                .count();
+            assert_eq!(pair.producer().refused().1, 0);
+            assert_eq!(pair.consumer().refused().1, 0);
+            // The close handshake follows completion; then the session is forgotten.
+            let start = std::time::Instant::now();
+            while pair.producer().live_sessions() > 0 && start.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(pair.producer().live_sessions(), 0);
+            let mut layers = 0;
+            while let Ok(e) = events.try_recv() {
+                layers += usize::from(matches!(e, Event::LayerComplete { .. }));
+            }
             assert_eq!(layers, 4);
         }
+    }
+
+    #[test]
+    fn the_same_memory_on_both_ends_is_refused_at_submit() {
+        let pair = LoopbackPair::with_defaults();
+        let layout = KvLayout::new(1, 2, 4096, 16, Dtype::F16).unwrap();
+        let memory = MemoryRegion::zeroed(layout.total_bytes() as usize);
+        let src = pair
+            .producer()
+            .register_kv_region(layout, memory.clone())
+            .unwrap();
+        let dst = pair.consumer().register_kv_region(layout, memory).unwrap();
+        let req = TransferRequest::whole(CONSUMER, &src, &dst).unwrap();
+        let err = pair.submit(req).unwrap_err();
+        assert!(err.to_string().contains("same memory"), "{err}");
     }
 }

@@ -13,7 +13,7 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
         let registry = Embedded::new();
         let rx = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
         let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
-        let dst = rx.register_kv_region(layout).unwrap();
+        let dst = rx.kv_region(layout).unwrap();
         let lease = registry.grant(Duration::from_millis(300)).await.unwrap();
         discovery::announce(&registry, &rx, &Namespace::default(), lease)
             .await
@@ -31,7 +31,7 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
             .unwrap();
 
         let tx = TcpNode::start(TcpConfig::with_engine_id(1)).await.unwrap();
-        let src = tx.register_kv_region(layout).unwrap();
+        let src = tx.kv_region(layout).unwrap();
         let info = discovery::connect(&registry, &tx, 2).await.unwrap();
         let seg = registry.segment(2, "kv").await.unwrap().unwrap();
         let req = TransferRequest::whole(info.peer, &src, &seg.handle).unwrap();

@@ -5,7 +5,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use backends::loopback::{CONSUMER, LoopbackPair};
-use transfer_engine::{BlockId, Dtype, Event, KvLayout, Role, TransferMode, TransferRequest};
+use transfer_engine::{
+    BlockId, Dtype, Event, KvLayout, MemoryRegion, Role, TransferMode, TransferRequest,
+};
 
 fn fill(bytes: &mut [u8], seed: u64) {
     let mut x = seed | 1;
@@ -20,28 +22,46 @@ fn fill(bytes: &mut [u8], seed: u64) {
 fn one_gib(mode: TransferMode, seed: u64) {
     let layout = KvLayout::new(32, 128, 256 << 10, 16, Dtype::Bf16).unwrap();
     assert_eq!(layout.total_bytes(), 1 << 30);
-    let mut pair = LoopbackPair::with_defaults();
-    let src = pair.producer.kv_region(layout).unwrap();
-    let dst = pair.consumer.kv_region(layout).unwrap();
-    fill(pair.producer.memory.region_mut(src.id).unwrap(), seed);
+    let pair = LoopbackPair::with_defaults();
+    // The caller's own buffers, registered as they are: the producer's KV pool and the consumer's.
+    let mut kv = vec![0u8; layout.total_bytes() as usize];
+    fill(&mut kv, seed);
+    let src_memory = MemoryRegion::from_vec(kv);
+    let dst_memory = MemoryRegion::zeroed(layout.total_bytes() as usize);
+    let src = pair
+        .producer()
+        .register_kv_region(layout, src_memory.clone())
+        .unwrap();
+    let dst = pair
+        .consumer()
+        .register_kv_region(layout, dst_memory.clone())
+        .unwrap();
+    let (mut sent_events, mut received_events) =
+        (pair.producer().subscribe(), pair.consumer().subscribe());
     let req = TransferRequest::whole(CONSUMER, &src, &dst)
         .unwrap()
         .with_mode(mode);
     let out = pair.transfer(req, Duration::from_secs(300)).unwrap();
-    let stats = pair.producer.engine.stats();
+    let received = pair
+        .block_on(pair.consumer().wait_received(out.session))
+        .unwrap();
+    assert!(received.recompute.is_empty());
+    let stats = pair.producer().stats();
     assert!(
         out.recompute.is_empty(),
         "{mode:?}: {} blocks to recompute; {stats:?}",
         out.recompute.len()
     );
     assert!(
-        pair.producer.memory.region(src.id).unwrap()
-            == pair.consumer.memory.region(dst.id).unwrap(),
+        *src_memory.read(0..src_memory.len()).unwrap()
+            == *dst_memory.read(0..dst_memory.len()).unwrap(),
         "{mode:?}: destination differs from source"
     );
-    let blocks: Vec<BlockId> = pair
-        .consumer
-        .events
+    let drain = |rx: &mut tokio::sync::broadcast::Receiver<Event>| {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect::<Vec<_>>()
+    };
+    let (sent_events, received_events) = (drain(&mut sent_events), drain(&mut received_events));
+    let blocks: Vec<BlockId> = received_events
         .iter()
         .filter_map(|e| match e {
             Event::BlockDelivered { block, .. } => Some(*block),
@@ -50,9 +70,7 @@ fn one_gib(mode: TransferMode, seed: u64) {
         .collect();
     assert_eq!(blocks.len(), 32 * 128, "{mode:?}: each block reported once");
     assert_eq!(blocks.iter().collect::<BTreeSet<_>>().len(), 32 * 128);
-    let layers: Vec<u32> = pair
-        .consumer
-        .events
+    let layers: Vec<u32> = received_events
         .iter()
         .filter_map(|e| match e {
             Event::LayerComplete { layer, .. } => Some(*layer),
@@ -64,7 +82,7 @@ fn one_gib(mode: TransferMode, seed: u64) {
         (0..32).collect::<Vec<_>>(),
         "{mode:?}: layers complete in order"
     );
-    let sender = pair.producer.events.iter().find_map(|e| match e {
+    let sender = sent_events.iter().find_map(|e| match e {
         Event::Completed {
             role: Role::Sender,
             stats,
@@ -79,7 +97,7 @@ fn one_gib(mode: TransferMode, seed: u64) {
         1 << 30,
         "{mode:?}: completion means every byte acknowledged"
     );
-    assert!(pair.producer.refused.is_empty() && pair.consumer.refused.is_empty());
+    assert_eq!(pair.producer().refused().1 + pair.consumer().refused().1, 0);
 }
 
 #[test]

@@ -19,29 +19,29 @@ fn layout(layers: u32, blocks: u32, block_bytes: u64) -> KvLayout {
 }
 
 fn fill(node: &TcpNode, region: &RegionHandle, seed: u64) {
-    node.region(region.id).unwrap().fill_with(|offset, bytes| {
-        let mut x = seed ^ (offset as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-    });
+    node.memory(region.id)
+        .unwrap()
+        .fill_with(|offset, bytes| {
+            let mut x = seed ^ (offset as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for chunk in bytes.chunks_mut(8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+            }
+        })
+        .unwrap();
 }
 
 /// Compares two regions 16 MiB at a time.
 fn assert_identical(a: &TcpNode, ra: &RegionHandle, b: &TcpNode, rb: &RegionHandle) {
-    let (x, y) = (a.region(ra.id).unwrap(), b.region(rb.id).unwrap());
+    let (x, y) = (a.memory(ra.id).unwrap(), b.memory(rb.id).unwrap());
     assert_eq!(x.len(), y.len());
-    let (mut bx, mut by) = (vec![0u8; 16 << 20], vec![0u8; 16 << 20]);
     let mut off = 0;
     while off < x.len() {
-        let n = (x.len() - off).min(bx.len());
-        x.read(off, &mut bx[..n]).unwrap();
-        y.read(off, &mut by[..n]).unwrap();
+        let n = (x.len() - off).min(16 << 20);
         assert!(
-            bx[..n] == by[..n],
+            *x.read(off..off + n).unwrap() == *y.read(off..off + n).unwrap(),
             "regions differ in bytes {off}..{}",
             off + n
         );
@@ -61,8 +61,8 @@ async fn pair(
 ) -> (TcpNode, TcpNode, PeerId, RegionHandle, RegionHandle) {
     let tx = TcpNode::start(sender_cfg).await.unwrap();
     let rx = TcpNode::start(receiver_cfg).await.unwrap();
-    let src = tx.register_kv_region(layout).unwrap();
-    let dst = rx.register_kv_region(layout).unwrap();
+    let src = tx.kv_region(layout).unwrap();
+    let dst = rx.kv_region(layout).unwrap();
     rx.publish_segment("kv", dst);
     fill(&tx, &src, 7);
     let info = tx.connect(rx.local_addr().unwrap(), None).await.unwrap();
@@ -93,7 +93,7 @@ async fn one_gib_arrives_byte_identical_in_both_modes() {
             .unwrap()
             .unwrap();
         assert!(out.recompute.is_empty(), "{mode:?}: {out:?}");
-        assert_eq!(out.refused, None);
+        assert_eq!(out.reason, None);
         assert_identical(&tx, &src, &rx, &dst);
         eprintln!(
             "{}: 1 GiB in {:?} ({:.2} GB/s)",
@@ -369,9 +369,9 @@ async fn a_shared_secret_authenticates_both_ends() {
     };
     let rx = TcpNode::start(with(2, b"right")).await.unwrap();
     let l = layout(2, 4, 64 << 10);
-    let dst = rx.register_kv_region(l).unwrap();
+    let dst = rx.kv_region(l).unwrap();
     let good = TcpNode::start(with(1, b"right")).await.unwrap();
-    let src = good.register_kv_region(l).unwrap();
+    let src = good.kv_region(l).unwrap();
     let info = good.connect(rx.local_addr().unwrap(), None).await.unwrap();
     let req = TransferRequest::whole(info.peer, &src, &dst).unwrap();
     assert!(
@@ -408,12 +408,12 @@ async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() 
     let rx = &good.rx;
     let (addr, dst) = (
         rx.local_addr().unwrap(),
-        rx.register_kv_region(layout(2, 4, 64 << 10)).unwrap(),
+        rx.kv_region(layout(2, 4, 64 << 10)).unwrap(),
     );
     let attacker = node(9).await;
     let info = attacker.connect(addr, None).await.unwrap();
     let l = layout(2, 4, 64 << 10);
-    let src = attacker.register_kv_region(l).unwrap();
+    let src = attacker.kv_region(l).unwrap();
 
     // Wrong key.
     let mut req = TransferRequest::whole(info.peer, &src, &dst).unwrap();
@@ -422,13 +422,13 @@ async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() 
         .await
         .unwrap()
         .unwrap();
-    let reason = out.refused.expect("the write must be refused");
+    let reason = out.reason.expect("the write must be refused");
     assert!(reason.contains("wrong access key"), "{reason}");
     assert_eq!(out.recompute.len(), 8);
 
     // Beyond the region: the attacker claims the destination has more blocks than it does.
     let big = layout(2, 64, 64 << 10);
-    let src_big = attacker.register_kv_region(big).unwrap();
+    let src_big = attacker.kv_region(big).unwrap();
     let mut req = TransferRequest::whole(info.peer, &src_big, &dst).unwrap();
     req.dst_layout = big;
     req.src_blocks = (0..64).collect();
@@ -437,7 +437,7 @@ async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() 
         .await
         .unwrap()
         .unwrap();
-    let reason = out.refused.expect("the write must be refused");
+    let reason = out.reason.expect("the write must be refused");
     assert!(reason.contains("outside region"), "{reason}");
 
     assert!(
@@ -452,6 +452,13 @@ async fn wrong_key_and_out_of_bounds_writes_are_refused_while_others_continue() 
     );
     assert!(log.iter().any(|l| l.contains("outside region")), "{log:?}");
     // The victim's memory was never touched.
-    assert!(rx.region(dst.id).unwrap().to_vec().iter().all(|b| *b == 0));
+    assert!(
+        rx.memory(dst.id)
+            .unwrap()
+            .to_vec()
+            .unwrap()
+            .iter()
+            .all(|b| *b == 0)
+    );
     good.finish().await;
 }

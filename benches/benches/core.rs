@@ -7,8 +7,8 @@ use backends::loopback::{CONSUMER, LoopbackPair};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use transfer_engine::wire::{FrameKind, Header, decode_frame, encode_frame};
 use transfer_engine::{
-    Body, Dtype, Engine, EngineConfig, KvLayout, PeerId, Placement, ShapingConfig, TokenBucket,
-    TrafficClass, TransferMode, TransferRequest,
+    Body, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, Placement, ShapingConfig,
+    TokenBucket, TrafficClass, TransferMode, TransferRequest,
 };
 
 fn codec(c: &mut Criterion) {
@@ -65,8 +65,8 @@ fn run_state_machines(slices: u32, reverse: bool) -> u64 {
         ..EngineConfig::default()
     };
     let (mut a, mut b) = (Engine::new(cfg(1)), Engine::new(cfg(2)));
-    let src = a.register_kv_region(layout).unwrap();
-    let dst = b.register_kv_region(layout).unwrap();
+    let src = a.register_kv_region(layout, zeroed(layout)).unwrap();
+    let dst = b.register_kv_region(layout, zeroed(layout)).unwrap();
     let now = Instant::now();
     let req = TransferRequest::whole(PeerId(2), &src, &dst)
         .unwrap()
@@ -174,8 +174,8 @@ fn scheduler(c: &mut Criterion) {
             });
             let mut now = Instant::now();
             for i in 0..sessions {
-                let src = a.register_kv_region(layout).unwrap();
-                let dst = b.register_kv_region(layout).unwrap();
+                let src = a.register_kv_region(layout, zeroed(layout)).unwrap();
+                let dst = b.register_kv_region(layout, zeroed(layout)).unwrap();
                 let class = TrafficClass::ALL[(i % 3) as usize];
                 let req = TransferRequest::whole(PeerId(2), &src, &dst)
                     .unwrap()
@@ -211,13 +211,18 @@ fn scheduler(c: &mut Criterion) {
     g.finish();
 }
 
+/// Zeroed host memory for a region of `layout` (allocated lazily by the OS: untouched pages cost nothing).
+fn zeroed(layout: KvLayout) -> MemoryRegion {
+    MemoryRegion::zeroed(layout.total_bytes() as usize)
+}
+
 fn loopback(c: &mut Criterion) {
     let mut g = c.benchmark_group("loopback_end_to_end");
     g.sample_size(10);
     let layout = KvLayout::new(8, 32, 256 << 10, 16, Dtype::Bf16).unwrap();
-    let mut pair = LoopbackPair::with_defaults();
-    let src = pair.producer.kv_region(layout).unwrap();
-    let dst = pair.consumer.kv_region(layout).unwrap();
+    let pair = LoopbackPair::with_defaults();
+    let src = pair.producer().kv_region(layout).unwrap();
+    let dst = pair.consumer().kv_region(layout).unwrap();
     g.throughput(Throughput::Bytes(layout.total_bytes()));
     for mode in [
         TransferMode::Exclusive,

@@ -1,5 +1,6 @@
 //! `te-bench`: runs real transfers, simulations and trace replays, and prints each figure beside the
 //! machine's raw limit measured in the same run.
+#![forbid(unsafe_code)]
 
 mod args;
 mod bucket;

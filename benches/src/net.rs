@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, TcpConfig, socket_copy_gbps};
 use clap::Args;
+use tokio::sync::broadcast::error::RecvError;
 use transfer_engine::{Event, Role, TransferRequest};
 
 use crate::args::{fmt_size, parse_size};
@@ -92,35 +93,48 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
         fmt_size(args.serve_bytes)
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        for event in node.node().take_events() {
-            match event {
-                Event::Completed {
-                    session,
-                    role: Role::Receiver,
-                    stats,
-                } => println!(
-                    "session {session}: {} received, {} blocks delivered, {} to recompute",
-                    fmt_size(stats.bytes_received),
-                    stats.blocks_delivered,
-                    stats.recompute_blocks
-                ),
-                Event::Refused { session, reason } => {
-                    println!("session {session} refused: {reason}")
+    let server = node.node();
+    node.block_on(async {
+        let mut events = server.subscribe();
+        let mut logged = 0;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            let until = stop.map_or(Duration::from_secs(3600), |t| {
+                t.saturating_duration_since(Instant::now())
+            });
+            tokio::select! {
+                incoming = server.accept() => {
+                    let Ok(s) = incoming else { return Ok(()) };
+                    println!(
+                        "session {} from engine {}: layers {:?} of {} blocks into region {}",
+                        s.session, s.peer.0, s.layers, s.blocks.len(), s.region
+                    );
                 }
-                _ => {}
+                event = events.recv() => match event {
+                    Ok(Event::Completed { session, role: Role::Receiver, stats }) => println!(
+                        "session {session}: {} received, {} blocks delivered, {} to recompute",
+                        fmt_size(stats.bytes_received),
+                        stats.blocks_delivered,
+                        stats.recompute_blocks
+                    ),
+                    Ok(Event::Aborted { session, reason, .. }) => {
+                        println!("session {session} ended early: {reason}");
+                    }
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
+                    Err(RecvError::Closed) => return Ok(()),
+                },
+                _ = tick.tick() => {
+                    let (lines, newest) = server.log_after(logged);
+                    logged = newest;
+                    for line in lines {
+                        eprintln!("{line}");
+                    }
+                }
+                () = tokio::time::sleep(until) => return Ok(()),
             }
         }
-        for line in node.node().log() {
-            if line.contains("refused") {
-                eprintln!("{line}");
-            }
-        }
-        if stop.is_some_and(|t| Instant::now() >= t) {
-            return Ok(());
-        }
-    }
+    })
 }
 
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
@@ -135,7 +149,7 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         ..TcpConfig::with_engine_id(args.engine_id)
     };
     let node = BlockingNode::start(cfg)?;
-    let src = node.register_kv_region(layout)?;
+    let src = node.kv_region(layout)?;
     crate::tcp::fill(node.node(), &src)?;
     let info = node
         .connect(args.peer, Some(layout))
@@ -163,7 +177,7 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         for i in 0..=args.iterations {
             let req = TransferRequest::whole(info.peer, &src, &dst)?.with_mode(mode);
             let out = node.transfer(req, Duration::from_secs(600))?;
-            if let Some(reason) = out.refused {
+            if let Some(reason) = out.reason {
                 bail!("the server refused the transfer: {reason}");
             }
             recompute += out.recompute.len();

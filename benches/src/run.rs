@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use backends::loopback::{CONSUMER, LoopbackPair};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use transfer_engine::{Dtype, HostMemory, KvLayout, TransferMode, TransferRequest};
+use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferMode, TransferRequest};
 
 use crate::args::{fmt_size, parse_size};
 use crate::report::{print_rows, quantile};
@@ -225,11 +225,21 @@ pub(crate) fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayou
 }
 
 fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyhow::Result<RunRow> {
-    let mut pair = LoopbackPair::with_defaults();
-    let src = pair.producer.kv_region(layout)?;
-    let dst = pair.consumer.kv_region(layout)?;
-    fill(pair.producer.memory.region_mut(src.id)?);
-    let limit = memcpy_limit(&pair.producer.memory, src.id, layout, iterations)?;
+    let pair = LoopbackPair::with_defaults();
+    // Caller-owned memory on both ends, registered as it is.
+    let mut kv = vec![0u8; usize::try_from(layout.total_bytes())?];
+    fill(&mut kv);
+    let limit = memcpy_limit(&kv, layout, iterations);
+    let (src_memory, dst_memory) = (
+        MemoryRegion::from_vec(kv),
+        MemoryRegion::zeroed(kv_len(layout)?),
+    );
+    let src = pair
+        .producer()
+        .register_kv_region(layout, src_memory.clone())?;
+    let dst = pair
+        .consumer()
+        .register_kv_region(layout, dst_memory.clone())?;
     let mut seconds = Vec::new();
     let mut recompute = 0;
     for i in 0..=iterations {
@@ -240,12 +250,12 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
             seconds.push(out.elapsed.as_secs_f64());
         }
     }
-    if pair.producer.memory.region(src.id)? != pair.consumer.memory.region(dst.id)? {
+    if *src_memory.read(0..src_memory.len())? != *dst_memory.read(0..dst_memory.len())? {
         bail!(
             "destination differs from source after the transfer: this is a bug, please report it"
         );
     }
-    let retransmits = pair.producer.engine.stats().retransmits;
+    let retransmits = pair.producer().stats().retransmits;
     Ok(row(
         "loopback",
         layout,
@@ -258,13 +268,7 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
 }
 
 /// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).
-fn memcpy_limit(
-    mem: &HostMemory,
-    src: transfer_engine::RegionId,
-    layout: KvLayout,
-    iterations: usize,
-) -> anyhow::Result<f64> {
-    let src = mem.region(src)?;
+fn memcpy_limit(src: &[u8], layout: KvLayout, iterations: usize) -> f64 {
     let mut dst = vec![0u8; src.len()];
     let block = layout.block_bytes as usize;
     let mut seconds = Vec::new();
@@ -278,7 +282,12 @@ fn memcpy_limit(
             seconds.push(start.elapsed().as_secs_f64());
         }
     }
-    Ok(src.len() as f64 / quantile(&mut seconds, 0.5) / 1e9)
+    src.len() as f64 / quantile(&mut seconds, 0.5) / 1e9
+}
+
+/// Bytes of a region of `layout`, as a length in memory.
+pub(crate) fn kv_len(layout: KvLayout) -> anyhow::Result<usize> {
+    usize::try_from(layout.total_bytes()).context("the layout does not fit in memory")
 }
 
 fn fill(bytes: &mut [u8]) {

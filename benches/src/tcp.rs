@@ -37,8 +37,8 @@ pub(crate) fn run_tcp(
     };
     let lanes = sender_cfg.max_lanes_per_peer;
     let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
-    let src = sender.register_kv_region(layout)?;
-    let dst = receiver.register_kv_region(layout)?;
+    let src = sender.kv_region(layout)?;
+    let dst = receiver.kv_region(layout)?;
     fill(sender.node(), &src)?;
     let addr = receiver
         .node()
@@ -53,7 +53,7 @@ pub(crate) fn run_tcp(
     for i in 0..=iterations {
         let req = TransferRequest::whole(peer, &src, &dst)?.with_mode(mode);
         let out = sender.transfer(req, limit)?;
-        if let Some(reason) = out.refused {
+        if let Some(reason) = out.reason {
             bail!("the receiver refused the transfer: {reason}");
         }
         recompute_blocks += out.recompute.len();
@@ -74,7 +74,7 @@ pub(crate) fn run_tcp(
 
 /// Fills a region with a pseudo-random pattern (xorshift, seeded by offset).
 pub(crate) fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> {
-    node.region(region.id)?.fill_with(|offset, bytes| {
+    node.memory(region.id)?.fill_with(|offset, bytes| {
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset as u64;
         for chunk in bytes.chunks_mut(8) {
             x ^= x << 13;
@@ -82,7 +82,7 @@ pub(crate) fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> 
             x ^= x << 17;
             chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
         }
-    });
+    })?;
     Ok(())
 }
 
@@ -92,14 +92,11 @@ fn check_identical(
     b: &TcpNode,
     rb: &RegionHandle,
 ) -> anyhow::Result<()> {
-    let (x, y) = (a.region(ra.id)?, b.region(rb.id)?);
-    let (mut bx, mut by) = (vec![0u8; 16 << 20], vec![0u8; 16 << 20]);
+    let (x, y) = (a.memory(ra.id)?, b.memory(rb.id)?);
     let mut off = 0;
     while off < x.len() {
-        let n = (x.len() - off).min(bx.len());
-        x.read(off, &mut bx[..n])?;
-        y.read(off, &mut by[..n])?;
-        if bx[..n] != by[..n] {
+        let n = (x.len() - off).min(16 << 20);
+        if *x.read(off..off + n)? != *y.read(off..off + n)? {
             bail!(
                 "destination differs from source in bytes {off}..{}: this is a bug, please report it",
                 off + n

@@ -24,6 +24,7 @@
 //! ([`Sim::add_collective`]) is a periodic, latency-sensitive flow whose every operation's latency is
 //! measured. [`ContentionConfig`] runs a collective beside a KV transfer under each [`Sharing`];
 //! [`OverlapConfig`] runs a consumer computing layers while their KV streams in.
+#![forbid(unsafe_code)]
 
 mod collective;
 mod contention;

@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use transfer_engine::{
-    Body, Counters, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PeerId, RegionHandle,
-    TrafficClass, Transmit,
+    Body, Counters, Engine, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId,
+    RegionHandle, RegionId, TrafficClass, Transmit,
 };
 
 /// A node of the simulation. Its engine's peer id is `PeerId(u64::from(id.0))`.
@@ -35,7 +35,7 @@ pub(crate) struct Frame {
     pub(crate) class: TrafficClass,
 }
 
-/// A host running one [`Engine`] over [`HostMemory`].
+/// A host running one [`Engine`] over host memory ([`MemoryRegion`]s it keeps across crashes).
 ///
 /// A crash throws the engine away (every session, timer and counter it held); the bytes in its regions
 /// survive, like a KV pool that outlives the serving process. A restart builds a fresh engine from the same
@@ -46,7 +46,7 @@ pub struct Node {
     id: NodeId,
     cfg: EngineConfig,
     engine: Engine,
-    memory: HostMemory,
+    memories: Vec<MemoryRegion>,
     layouts: Vec<KvLayout>,
     handles: Vec<RegionHandle>,
     up: bool,
@@ -63,7 +63,7 @@ impl Node {
             id,
             engine: Engine::new(cfg.clone()),
             cfg,
-            memory: HostMemory::default(),
+            memories: Vec::new(),
             layouts: Vec::new(),
             handles: Vec::new(),
             up: true,
@@ -92,22 +92,20 @@ impl Node {
         &mut self.engine
     }
 
-    /// The bytes of this node's regions.
-    #[must_use]
-    pub fn memory(&self) -> &HostMemory {
-        &self.memory
+    /// The bytes of region `id` of this incarnation (they survive crashes; a restart registers them again).
+    pub fn memory(&self, id: RegionId) -> Result<&MemoryRegion, Error> {
+        self.handles
+            .iter()
+            .position(|h| h.id == id)
+            .map(|i| &self.memories[i])
+            .ok_or(Error::UnknownRegion(id))
     }
 
-    /// The bytes of this node's regions, writable (to fill a source region).
-    pub fn memory_mut(&mut self) -> &mut HostMemory {
-        &mut self.memory
-    }
-
-    /// Registers a KV region with the engine and allocates its (zeroed) bytes; it is registered again
-    /// after every restart.
+    /// Registers a KV region over zeroed host memory; it is registered again after every restart.
     pub fn register_kv_region(&mut self, layout: KvLayout) -> Result<RegionHandle, Error> {
-        let handle = self.engine.register_kv_region(layout)?;
-        self.memory.alloc(&handle)?;
+        let memory = MemoryRegion::zeroed(layout.total_bytes() as usize);
+        let handle = self.engine.register_kv_region(layout, memory.clone())?;
+        self.memories.push(memory);
         self.layouts.push(layout);
         self.handles.push(handle);
         Ok(handle)
@@ -166,8 +164,9 @@ impl Node {
         cfg.rng_seed = crate::mix(cfg.rng_seed, u64::from(self.incarnation));
         self.engine = Engine::new(cfg);
         self.handles.clear();
-        for layout in &self.layouts {
-            self.handles.push(self.engine.register_kv_region(*layout)?);
+        for (layout, memory) in self.layouts.iter().zip(&self.memories) {
+            let handle = self.engine.register_kv_region(*layout, memory.clone())?;
+            self.handles.push(handle);
         }
         self.up = true;
         Ok(())
@@ -178,7 +177,7 @@ impl Node {
     pub(crate) fn poll_frame(&mut self, now: Instant) -> Option<Frame> {
         let mut t = self.engine.poll_transmit(now)?;
         let data = matches!(t.body, Body::Payload(_));
-        let bytes = match encode(&mut t, &self.memory) {
+        let bytes = match encode(&mut t, &self.engine) {
             Ok(bytes) => bytes,
             Err(_) => {
                 // The engine named bytes outside its own regions: a core bug. Count it and send nothing.
@@ -198,7 +197,7 @@ impl Node {
     pub(crate) fn receive(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
         if self
             .engine
-            .handle_datagram(now, from.peer(), bytes, &mut self.memory)
+            .handle_datagram(now, from.peer(), bytes)
             .is_err()
         {
             self.refused += 1;
@@ -212,13 +211,13 @@ impl Node {
 }
 
 /// Encodes a transmit as its wire bytes.
-fn encode(t: &mut Transmit, memory: &HostMemory) -> Result<Vec<u8>, Error> {
+fn encode(t: &mut Transmit, engine: &Engine) -> Result<Vec<u8>, Error> {
     Ok(match t.body.clone() {
         Body::Payload(p) => {
-            let payload = memory.read(p.region, p.range())?;
+            let payload = engine.memory(p.region)?.read(p.range())?;
             let mut out = Vec::with_capacity(transfer_engine::HEADER_LEN + payload.len());
-            out.extend_from_slice(&t.seal(payload));
-            out.extend_from_slice(payload);
+            out.extend_from_slice(&t.seal(&payload));
+            out.extend_from_slice(&payload);
             out
         }
         Body::Control(payload) => transfer_engine::wire::encode_frame(&t.header, &payload),

@@ -4,12 +4,11 @@
 use std::time::{Duration, Instant};
 
 use transfer_engine::{
-    Dtype, EngineConfig, Event, HostMemory, KvLayout, RegionHandle, SessionId, TransferMode,
-    TransferRequest,
+    Dtype, EngineConfig, Event, KvLayout, RegionHandle, SessionId, TransferMode, TransferRequest,
 };
 
 use crate::link::LinkConfig;
-use crate::node::NodeId;
+use crate::node::{Node, NodeId};
 use crate::scenario::ScenarioConfig;
 use crate::sim::{Observer, Sim};
 use crate::{SimError, mix};
@@ -51,12 +50,8 @@ impl Pair {
         let src = sim.node_mut(a).register_kv_region(layout)?;
         let dst = sim.node_mut(b).register_kv_region(layout)?;
         let mut x = mix(seed, 0x5eed) | 1;
-        for chunk in sim
-            .node_mut(a)
-            .memory_mut()
-            .region_mut(src.id)?
-            .chunks_mut(8)
-        {
+        let memory = sim.node(a).memory(src.id)?.clone();
+        for chunk in memory.write(0..memory.len())?.chunks_mut(8) {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -88,9 +83,8 @@ impl Pair {
 
     /// Whether the consumer's region holds exactly the producer's bytes.
     pub(crate) fn intact(&self) -> bool {
-        let src = self.sim.node(self.a).memory().region(self.src.id);
-        let dst = self.sim.node(self.b).memory().region(self.dst.id);
-        matches!((src, dst), (Ok(s), Ok(d)) if s == d)
+        let bytes = |node, id| self.sim.node(node).memory(id).and_then(|m| m.to_vec());
+        matches!((bytes(self.a, self.src.id), bytes(self.b, self.dst.id)), (Ok(s), Ok(d)) if s == d)
     }
 }
 
@@ -130,7 +124,7 @@ impl Consumer {
 }
 
 impl Observer for Consumer {
-    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, _memory: &HostMemory) {
+    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, _host: &Node) {
         if node != self.node {
             return;
         }

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use transfer_engine::{
-    AUTO_MAX_UNIT_BYTES, Backoff, BlockId, Dtype, EngineConfig, Event, HEADER_LEN, HostMemory,
-    KvLayout, RegionId, RetransmitBudget, Role, TransferMode, TransferRequest,
+    AUTO_MAX_UNIT_BYTES, Backoff, BlockId, Dtype, EngineConfig, Event, HEADER_LEN, KvLayout,
+    RegionId, RetransmitBudget, Role, TransferMode, TransferRequest,
 };
 
 use crate::SimError;
 use crate::fault::{CorruptTarget, FaultRule, GilbertElliott};
 use crate::link::LinkConfig;
-use crate::node::NodeId;
+use crate::node::{Node, NodeId};
 use crate::sim::{CrossTraffic, RunEnd, Sim};
 
 /// Idle time worth one step of a scenario's Gilbert-Elliott chain: about one 64 KiB frame at 100 Gb/s.
@@ -360,13 +360,13 @@ struct Tracker {
 }
 
 impl Tracker {
-    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, memory: &HostMemory) {
+    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, host: &Node) {
         match event {
             Event::BlockDelivered { block, .. } if node == self.receiver => {
                 if self.delivered.insert(*block, at).is_some() {
                     self.duplicates += 1;
                 }
-                if !self.block_intact(*block, memory) {
+                if !self.block_intact(*block, host) {
                     self.corrupt += 1;
                 }
             }
@@ -393,17 +393,17 @@ impl Tracker {
         }
     }
 
-    /// Whether destination block `block` in `memory` holds exactly the source block's bytes.
-    fn block_intact(&self, block: BlockId, memory: &HostMemory) -> bool {
+    /// Whether destination block `block` on `host` holds exactly the source block's bytes.
+    fn block_intact(&self, block: BlockId, host: &Node) -> bool {
         let Some(&src) = self.dst_to_src.get(&block.block) else {
             return false;
         };
         let off = self.layout_dst.block_offset(block) as usize;
         let len = self.layout_dst.block_bytes as usize;
-        let Ok(region) = memory.region(self.dst_region) else {
-            return false;
-        };
-        let Some(got) = region.get(off..off + len) else {
+        let Ok(got) = host
+            .memory(self.dst_region)
+            .and_then(|m| m.read(off..off + len))
+        else {
             return false;
         };
         let mut want = vec![0; len];
@@ -413,7 +413,7 @@ impl Tracker {
             BlockId::new(block.layer, src),
             &mut want,
         );
-        got == want.as_slice()
+        *got == *want.as_slice()
     }
 }
 
@@ -486,7 +486,8 @@ impl Scenario {
         let src = sim.node_mut(a).register_kv_region(src_layout)?;
         let dst = sim.node_mut(b).register_kv_region(dst_layout)?;
         {
-            let mem = sim.node_mut(a).memory_mut().region_mut(src.id)?;
+            let memory = sim.node(a).memory(src.id)?.clone();
+            let mut mem = memory.write(0..memory.len())?;
             for layer in 0..cfg.layers {
                 for block in 0..cfg.blocks {
                     let id = BlockId::new(layer, block);
@@ -548,12 +549,9 @@ impl Scenario {
             corrupt: 0,
             duplicates: 0,
         };
-        let end = sim.run(
-            cfg.limit,
-            &mut |at, node, event: &Event, mem: &HostMemory| {
-                tracker.on_event(at, node, event, mem);
-            },
-        );
+        let end = sim.run(cfg.limit, &mut |at, node, event: &Event, host: &Node| {
+            tracker.on_event(at, node, event, host);
+        });
         Ok(self.report(&sim, a, b, end, &mut tracker))
     }
 
@@ -582,11 +580,11 @@ impl Scenario {
             }
         }
         // Delivered blocks must still hold the right bytes at the end (a late frame must never overwrite).
-        let mem = sim.node(b).memory();
+        let host = sim.node(b);
         let late_corrupt = tracker
             .delivered
             .keys()
-            .filter(|blk| !tracker.block_intact(**blk, mem))
+            .filter(|blk| !tracker.block_intact(**blk, host))
             .count() as u64;
         let blocks_total = u64::from(cfg.layers) * u64::from(cfg.blocks);
         let delivered = tracker.delivered.len() as u64;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use transfer_engine::{EngineConfig, Event, HostMemory, TrafficClass};
+use transfer_engine::{EngineConfig, Event, TrafficClass};
 
 use crate::collective::{CollectiveFlow, CollectiveId, CollectiveStats, FlowState};
 use crate::fault::{FaultRule, PacketInfo, Verdict};
@@ -31,7 +31,7 @@ const STALL_STEPS: u64 = 10_000_000;
 /// block's bytes can be checked before anything else could touch them).
 pub trait Observer {
     /// An engine emitted `event` at virtual time `at`.
-    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, memory: &HostMemory);
+    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, host: &Node);
 
     /// Whether [`Sim::run_until`] should return now (checked after every batch of events); [`Sim::run`]
     /// never asks.
@@ -40,9 +40,9 @@ pub trait Observer {
     }
 }
 
-impl<F: FnMut(Duration, NodeId, &Event, &HostMemory)> Observer for F {
-    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, memory: &HostMemory) {
-        self(at, node, event, memory);
+impl<F: FnMut(Duration, NodeId, &Event, &Node)> Observer for F {
+    fn on_event(&mut self, at: Duration, node: NodeId, event: &Event, host: &Node) {
+        self(at, node, event, host);
     }
 }
 
@@ -695,7 +695,7 @@ impl Sim {
         let at = self.now;
         let node = &mut self.nodes[id.0 as usize];
         while let Some(event) = node.poll_event() {
-            observer.on_event(at, id, &event, node.memory());
+            observer.on_event(at, id, &event, node);
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use transfer_engine::wire::HEADER_LEN;
-use transfer_engine::{crc32c, Dtype, Engine, EngineConfig, HostMemory, KvLayout, PeerId, TransferRequest};
+use transfer_engine::{crc32c, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, TransferRequest};
 
 fn repair(chunk: &[u8]) -> Vec<u8> {
     let mut bytes = chunk.to_vec();
@@ -29,18 +29,16 @@ fn repair(chunk: &[u8]) -> Vec<u8> {
 fuzz_target!(|data: &[u8]| {
     let cfg = |id| EngineConfig { engine_id: id, ..EngineConfig::default() };
     let (mut a, mut b) = (Engine::new(cfg(1)), Engine::new(cfg(2)));
-    let (mut mem_a, mut mem_b) = (HostMemory::default(), HostMemory::default());
     let layout = KvLayout::new(2, 4, 1024, 16, Dtype::F16).unwrap();
-    let src = a.register_kv_region(layout).unwrap();
-    mem_a.alloc(&src).unwrap();
-    let dst = b.register_kv_region(layout).unwrap();
-    mem_b.alloc(&dst).unwrap();
+    let zeroed = || MemoryRegion::zeroed(layout.total_bytes() as usize);
+    let src = a.register_kv_region(layout, zeroed()).unwrap();
+    let dst = b.register_kv_region(layout, zeroed()).unwrap();
     let mut now = Instant::now();
     a.submit(now, TransferRequest::whole(PeerId(2), &src, &dst).unwrap()).unwrap();
     for chunk in data.split(|&b| b == 0xFF) {
         let bytes = repair(chunk);
-        let _ = b.handle_datagram(now, PeerId(1), &bytes, &mut mem_b);
-        let _ = a.handle_datagram(now, PeerId(2), &bytes, &mut mem_a);
+        let _ = b.handle_datagram(now, PeerId(1), &bytes);
+        let _ = a.handle_datagram(now, PeerId(2), &bytes);
         while a.poll_transmit(now).is_some() {}
         while b.poll_transmit(now).is_some() {}
         now += Duration::from_millis(7);

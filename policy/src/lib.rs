@@ -3,6 +3,7 @@
 //!
 //! Everything is deterministic: hashes use a fixed seed ([`namespace::HASH_SEED`]), time is passed in,
 //! and no result depends on hash-map iteration order.
+#![forbid(unsafe_code)]
 
 pub mod belady;
 pub mod error;

@@ -1,5 +1,6 @@
 //! Cross-crate integration and fault-injection tests live in `tests/`; this library holds what they share:
 //! the scenario settings of the fault-tolerance suite and a runner that names the seed in every failure.
+#![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
 

@@ -13,10 +13,11 @@ use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::region::RegionTable;
 use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::{SenderSession, SenderSpec};
+use crate::transmit::{check_blocks, check_distinct};
 use crate::wire::{FrameKind, Header, WireError};
 use crate::{
-    AccessKey, Backoff, Body, Counters, Error, Event, HostMemory, KvLayout, Lane, PeerId,
-    RegionHandle, RegionId, RetransmitBudget, SessionId, TrafficClass, TransferMode,
+    AccessKey, Backoff, Body, Counters, Error, Event, KvLayout, Lane, MemoryRegion, PeerId,
+    RegionHandle, RegionId, RetransmitBudget, Role, SessionId, TrafficClass, TransferMode,
     TransferRequest, TransferShape, Transmit,
 };
 
@@ -211,23 +212,36 @@ impl Engine {
 
     // ---- commands ----
 
-    /// Registers `len` bytes of memory (owned by the driver) and returns its id and a fresh access key.
-    pub fn register_region(&mut self, len: u64) -> RegionHandle {
+    /// Registers `memory` as a region and returns its id and a fresh access key. The bytes stay where they
+    /// are: sends read them and placements write them in place (see [`MemoryRegion`] for who may touch
+    /// which bytes meanwhile).
+    pub fn register_region(&mut self, memory: MemoryRegion) -> Result<RegionHandle, Error> {
         let key = AccessKey(self.rng.random());
-        self.regions.register(len, key, None)
+        let len = memory.len() as u64;
+        self.regions.register(memory, len, key, None)
     }
 
-    /// Registers a region holding a KV cache of `layout`; incoming transfers must agree with it.
-    pub fn register_kv_region(&mut self, layout: KvLayout) -> Result<RegionHandle, Error> {
+    /// Registers `memory` as a region holding a KV cache of `layout` (its first `layout.total_bytes()`
+    /// bytes); incoming transfers must agree with the layout.
+    pub fn register_kv_region(
+        &mut self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, Error> {
         layout.validate()?;
         let key = AccessKey(self.rng.random());
-        Ok(self
-            .regions
-            .register(layout.total_bytes(), key, Some(layout)))
+        self.regions
+            .register(memory, layout.total_bytes(), key, Some(layout))
     }
 
-    /// Unregisters a region no live session uses.
-    pub fn unregister_region(&mut self, id: RegionId) -> Result<(), Error> {
+    /// The memory behind a registered region.
+    pub fn memory(&self, id: RegionId) -> Result<&MemoryRegion, Error> {
+        self.regions.memory(id)
+    }
+
+    /// Unregisters a region no live session uses and hands back its memory. Drivers may still hold a clone
+    /// for a frame they were moving; [`MemoryRegion::holders`] says when the caller's is the last.
+    pub fn unregister_region(&mut self, id: RegionId) -> Result<MemoryRegion, Error> {
         let busy = self
             .senders
             .iter()
@@ -245,7 +259,7 @@ impl Engine {
                 session,
             });
         }
-        self.regions.unregister(id).map(|_| ())
+        self.regions.unregister(id)
     }
 
     /// Starts pushing blocks to a peer. Layouts are checked here, so a block-size mismatch is an error now,
@@ -265,8 +279,7 @@ impl Engine {
         }
         self.regions
             .check_local(req.src_region, 0, req.src_layout.total_bytes())?;
-        check_blocks(&req.src_layout, &req.layers, &req.src_blocks, "source")?;
-        check_blocks(&req.dst_layout, &req.layers, &req.dst_blocks, "destination")?;
+        req.check_blocks()?;
         let shape = TransferShape {
             bytes: u64::from(req.layers.end - req.layers.start)
                 * req.src_blocks.len() as u64
@@ -336,6 +349,43 @@ impl Engine {
         Ok(())
     }
 
+    /// The driver lost `peer` for good (every connection gone and redialing refused): every session with
+    /// it ends now, each with an [`Event::Aborted`] carrying `reason`, then its recompute report (the
+    /// sender's unacknowledged blocks, the receiver's missing ones) and completion. Returns how many ended.
+    pub fn abort_peer(&mut self, peer: PeerId, reason: &str) -> usize {
+        let mut ended = 0;
+        let mut ctx = Ctx {
+            cfg: &self.cfg,
+            rng: &mut self.rng,
+            budget: &mut self.budget,
+            events: &mut self.events,
+        };
+        for (id, sender) in self.senders.iter_mut().filter(|(_, s)| s.peer() == peer) {
+            ctx.events.push_back(Event::Aborted {
+                session: *id,
+                role: Role::Sender,
+                reason: reason.to_string(),
+            });
+            sender.abort(&mut ctx);
+            ended += 1;
+        }
+        for ((_, id), rx) in self
+            .receivers
+            .iter_mut()
+            .filter(|((p, _), r)| *p == peer && !r.is_done())
+        {
+            self.events.push_back(Event::Aborted {
+                session: *id,
+                role: Role::Receiver,
+                reason: reason.to_string(),
+            });
+            rx.abort(&mut self.events);
+            ended += 1;
+        }
+        self.reap();
+        ended
+    }
+
     // ---- inputs ----
 
     /// Handles a control frame (anything but data) from `from`, its payload already read.
@@ -389,14 +439,14 @@ impl Engine {
         result
     }
 
-    /// Handles a whole frame held in memory: decodes it and, for data, places the payload into `memory`,
-    /// verifies it and hands it on. For in-process drivers (loopback, simulation).
+    /// Handles a whole frame held in memory: decodes it and, for data, places the payload into the
+    /// destination region's memory, verifies it there and hands it on. For in-process drivers (simulation,
+    /// tests); the payload is copied once, from `bytes` into its place.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
         from: PeerId,
         bytes: &[u8],
-        memory: &mut HostMemory,
     ) -> Result<(), Error> {
         let (header, payload) =
             crate::wire::decode_frame(bytes).inspect_err(|_| self.refused += 1)?;
@@ -409,8 +459,9 @@ impl Engine {
                 offset,
                 len,
             } => {
-                let dst = memory.write(region, offset as usize..offset as usize + len as usize)?;
-                crate::copy_and_crc32c(dst, payload)
+                let range = offset as usize..offset as usize + len as usize;
+                let mut dst = self.regions.memory(region)?.write(range)?;
+                crate::copy_and_crc32c(&mut dst, payload)
             }
             Placement::Discard => header.crc,
         };
@@ -748,6 +799,7 @@ impl Engine {
             &open.dst_blocks,
             "destination",
         )?;
+        check_distinct(&open.dst_blocks)?;
         let plan = Plan::build(
             open.dst_layout.block_bytes,
             open.layers.clone(),
@@ -760,7 +812,7 @@ impl Engine {
             peer: key.0,
             dst_region: open.dst_region,
             dst_layout: open.dst_layout,
-            dst_blocks: open.dst_blocks,
+            dst_blocks: open.dst_blocks.clone(),
             plan,
             expires: now + open.deadline.saturating_mul(2),
         };
@@ -769,6 +821,9 @@ impl Engine {
         self.events.push_back(Event::Incoming {
             session: key.1,
             peer: key.0,
+            region: open.dst_region,
+            layers: open.layers.clone(),
+            blocks: open.dst_blocks.clone(),
         });
         Ok(())
     }
@@ -834,26 +889,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// Checks that `layers` and every block of `blocks` exist in `layout`.
-fn check_blocks(
-    layout: &KvLayout,
-    layers: &std::ops::Range<u32>,
-    blocks: &[u32],
-    side: &str,
-) -> Result<(), Error> {
-    if layers.end > layout.layers || layers.is_empty() {
-        return Err(Error::InvalidRequest(format!(
-            "layers {layers:?} are not within the {side} layout's {} layers",
-            layout.layers
-        )));
-    }
-    if let Some(b) = blocks.iter().find(|&&b| b >= layout.blocks_per_layer) {
-        return Err(Error::InvalidRequest(format!(
-            "{side} block {b} is beyond the layout's {} blocks per layer",
-            layout.blocks_per_layer
-        )));
-    }
-    Ok(())
 }

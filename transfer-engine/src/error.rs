@@ -1,6 +1,6 @@
 //! The core's error type: one enum, every variant says what went wrong and what to do.
 
-use crate::{RegionId, SessionId, WireError};
+use crate::{MemoryKind, RegionId, SessionId, WireError};
 
 /// Everything the core can refuse. None of these leave the engine in a bad state: the offending input is
 /// dropped and every other session carries on.
@@ -42,6 +42,19 @@ pub enum Error {
         /// The region's length.
         len: u64,
     },
+    /// An access falls outside a region's memory.
+    #[error("bytes {offset}..{end} are outside memory of {len} bytes", end = offset.saturating_add(*length))]
+    MemoryRange {
+        /// First byte addressed.
+        offset: u64,
+        /// Number of bytes addressed.
+        length: u64,
+        /// The memory's length.
+        len: u64,
+    },
+    /// The memory cannot be read or written by the CPU: the driver must copy through the device's API.
+    #[error("{0} cannot be accessed from the host: stage it through host memory")]
+    NotHostMemory(MemoryKind),
     /// The region is in use by a live session and cannot be unregistered.
     #[error("region {region} is in use by session {session}: cancel or finish it first")]
     RegionBusy {

@@ -1,6 +1,8 @@
 //! What the engine tells its user.
 
-use crate::{BlockId, Counters, PeerId, SessionId};
+use std::ops::Range;
+
+use crate::{BlockId, Counters, PeerId, RegionId, SessionId};
 
 /// Which end of a session an event concerns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,6 +23,12 @@ pub enum Event {
         session: SessionId,
         /// The sending peer.
         peer: PeerId,
+        /// The local region the KV lands in.
+        region: RegionId,
+        /// The layers that will arrive.
+        layers: Range<u32>,
+        /// The destination blocks, within each layer.
+        blocks: Vec<u32>,
     },
     /// A block arrived intact and is in place (receiver).
     BlockDelivered {
@@ -50,6 +58,16 @@ pub enum Event {
         /// The session.
         session: SessionId,
         /// The peer's reason.
+        reason: String,
+    },
+    /// The driver lost the peer for good (every connection gone, redialing refused) and ended the session
+    /// early; a [`Event::Recompute`] and an [`Event::Completed`] follow.
+    Aborted {
+        /// The session.
+        session: SessionId,
+        /// Which end reports.
+        role: Role,
+        /// Why, in words (for example that the peer is unreachable).
         reason: String,
     },
     /// The session is over: every block was delivered or reported for recompute.

@@ -11,24 +11,25 @@
 //! - commands: [`Engine::register_region`], [`Engine::submit`], [`Engine::cancel`];
 //! - outputs: [`Engine::poll_transmit`], [`Engine::poll_timeout`], [`Engine::poll_event`].
 //!
-//! The core never copies payload: a data [`Transmit`] names the region range its bytes live in, and on
-//! receive [`Engine::placement`] says where the driver should put them. [`HostMemory`] is a plain host-memory
-//! store that in-process drivers use for the bytes themselves.
+//! Regions are registered over a [`MemoryRegion`]: bytes the caller hands over (a `Vec`), memory it keeps
+//! owning (host memory by pointer and length), or pinned and GPU memory from the backends. A data
+//! [`Transmit`] names the region range its bytes live in, and on receive [`Engine::placement`] says where the
+//! driver should put them: drivers read from and place into the caller's memory, with no copy at the API
+//! boundary.
 //!
 //! ```
 //! use std::time::Instant;
-//! use transfer_engine::{Body, Dtype, Engine, EngineConfig, Event, HostMemory, KvLayout, PeerId, Role,
+//! use transfer_engine::{Body, Dtype, Engine, EngineConfig, Event, KvLayout, MemoryRegion, PeerId, Role,
 //!                       TransferMode, TransferRequest, wire};
 //!
-//! // Two engines (a prefill producer and a decode consumer) and the memory behind their regions.
+//! // Two engines (a prefill producer and a decode consumer), each over memory it was handed.
 //! let (mut prefill, mut decode) = (Engine::new(EngineConfig { engine_id: 1, ..Default::default() }),
 //!                                  Engine::new(EngineConfig { engine_id: 2, ..Default::default() }));
-//! let (mut prefill_mem, mut decode_mem) = (HostMemory::default(), HostMemory::default());
 //! let layout = KvLayout::new(4, 16, 64 << 10, 16, Dtype::Bf16)?; // 4 layers x 16 blocks x 64 KiB
-//! let src = prefill.register_kv_region(layout)?;
-//! prefill_mem.alloc(&src)?.fill(7);
-//! let dst = decode.register_kv_region(layout)?; // its id and key reach the producer out of band
-//! decode_mem.alloc(&dst)?;
+//! let kv = vec![7u8; layout.total_bytes() as usize]; // the producer's KV pool
+//! let src = prefill.register_kv_region(layout, MemoryRegion::from_vec(kv))?;
+//! let pool = MemoryRegion::zeroed(layout.total_bytes() as usize); // the consumer's
+//! let dst = decode.register_kv_region(layout, pool.clone())?; // id and key reach the producer out of band
 //!
 //! let now = Instant::now();
 //! let req = TransferRequest::whole(PeerId(2), &src, &dst)?.with_mode(TransferMode::packetized());
@@ -40,13 +41,13 @@
 //!     while let Some(mut t) = prefill.poll_transmit(now) {
 //!         let bytes = match &t.body {
 //!             Body::Payload(p) => {
-//!                 let payload = prefill_mem.read(p.region, p.range())?.to_vec();
-//!                 [&t.seal(&payload)[..], &payload].concat()
+//!                 let payload = prefill.memory(p.region)?.read(p.range())?;
+//!                 [&t.seal(&payload)[..], &payload[..]].concat()
 //!             }
 //!             Body::Control(payload) => wire::encode_frame(&t.header, payload),
 //!             Body::Empty => t.header.encode().to_vec(),
 //!         };
-//!         decode.handle_datagram(now, PeerId(1), &bytes, &mut decode_mem)?;
+//!         decode.handle_datagram(now, PeerId(1), &bytes)?;
 //!     }
 //!     while let Some(t) = decode.poll_transmit(now) {
 //!         let payload = if let Body::Control(p) = &t.body { p.clone() } else { Vec::new() };
@@ -59,7 +60,7 @@
 //!         }
 //!     }
 //! }
-//! assert_eq!(prefill_mem.region(src.id)?, decode_mem.region(dst.id)?);
+//! assert!(pool.read(0..pool.len())?.iter().all(|&b| b == 7)); // arrived in the caller's memory
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
@@ -92,7 +93,7 @@ pub use engine::{Engine, EngineConfig, Placement};
 pub use error::Error;
 pub use event::{Event, Role};
 pub use layout::{BlockId, Dtype, KvLayout};
-pub use memory::HostMemory;
+pub use memory::{Bytes, BytesMut, MemoryKind, MemoryRegion, RawMemory, SHARD_BYTES};
 pub use plan::{
     AUTO_MAX_UNIT_BYTES, DEFAULT_EXCLUSIVE_MIN_BYTES, DEFAULT_SLICE_BYTES, MIN_SLICE_BYTES,
     TransferMode,

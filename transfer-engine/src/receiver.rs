@@ -260,6 +260,17 @@ impl ReceiverSession {
         self.closed = true;
     }
 
+    /// The sender is gone for good: whatever has not verified is to be recomputed, and nothing more is
+    /// sent back.
+    pub(crate) fn abort(&mut self, events: &mut VecDeque<Event>) {
+        self.expire(events);
+        self.open_ack_due = false;
+        self.close_ack_due = false;
+        self.progress_due = false;
+        self.pending_acks.clear();
+        self.pending_nacks.clear();
+    }
+
     fn finish(&mut self, events: &mut VecDeque<Event>) {
         self.consumer_blocked = false;
         self.progress_again = None;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
-use crate::{Error, KvLayout};
+use crate::{Error, KvLayout, MemoryRegion};
 
 /// Identifies a registered region within one engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,21 +39,35 @@ pub struct RegionHandle {
     pub layout: Option<KvLayout>,
 }
 
+/// A registered region: what peers address, and the memory behind it.
+#[derive(Debug)]
+struct Region {
+    handle: RegionHandle,
+    memory: MemoryRegion,
+}
+
 /// The table of registered regions.
 #[derive(Debug, Default)]
 pub(crate) struct RegionTable {
     next_id: u32,
-    regions: BTreeMap<RegionId, RegionHandle>,
+    regions: BTreeMap<RegionId, Region>,
 }
 
 impl RegionTable {
-    /// Registers a region of `len` bytes guarded by `key`.
+    /// Registers the first `len` bytes of `memory` (at most its length), guarded by `key`.
     pub(crate) fn register(
         &mut self,
+        memory: MemoryRegion,
         len: u64,
         key: AccessKey,
         layout: Option<KvLayout>,
-    ) -> RegionHandle {
+    ) -> Result<RegionHandle, Error> {
+        if len > memory.len() as u64 {
+            return Err(Error::InvalidRequest(format!(
+                "a region of {len} bytes needs at least that much memory, but {} bytes were given",
+                memory.len()
+            )));
+        }
         self.next_id += 1;
         let handle = RegionHandle {
             id: RegionId(self.next_id),
@@ -61,18 +75,32 @@ impl RegionTable {
             len,
             layout,
         };
-        self.regions.insert(handle.id, handle);
-        handle
+        self.regions.insert(handle.id, Region { handle, memory });
+        Ok(handle)
     }
 
-    /// Removes a region.
-    pub(crate) fn unregister(&mut self, id: RegionId) -> Result<RegionHandle, Error> {
-        self.regions.remove(&id).ok_or(Error::UnknownRegion(id))
+    /// Removes a region, handing back its memory.
+    pub(crate) fn unregister(&mut self, id: RegionId) -> Result<MemoryRegion, Error> {
+        self.regions
+            .remove(&id)
+            .map(|r| r.memory)
+            .ok_or(Error::UnknownRegion(id))
     }
 
     /// The region, if registered.
     pub(crate) fn get(&self, id: RegionId) -> Result<&RegionHandle, Error> {
-        self.regions.get(&id).ok_or(Error::UnknownRegion(id))
+        self.regions
+            .get(&id)
+            .map(|r| &r.handle)
+            .ok_or(Error::UnknownRegion(id))
+    }
+
+    /// The memory behind a region.
+    pub(crate) fn memory(&self, id: RegionId) -> Result<&MemoryRegion, Error> {
+        self.regions
+            .get(&id)
+            .map(|r| &r.memory)
+            .ok_or(Error::UnknownRegion(id))
     }
 
     /// Checks a peer's access: the key must match and `offset..offset + length` must lie inside the region.
@@ -120,7 +148,14 @@ mod tests {
     #[test]
     fn key_and_bounds_are_checked() {
         let mut table = RegionTable::default();
-        let r = table.register(100, AccessKey(7), None);
+        let r = table
+            .register(MemoryRegion::zeroed(100), 100, AccessKey(7), None)
+            .unwrap();
+        assert!(
+            table
+                .register(MemoryRegion::zeroed(10), 11, AccessKey(7), None)
+                .is_err()
+        );
         assert_eq!(table.check_remote(r.id, AccessKey(7), 90, 10), Ok(90..100));
         assert_eq!(
             table.check_remote(r.id, AccessKey(8), 0, 1),

@@ -484,6 +484,16 @@ impl SenderSession {
         }
     }
 
+    /// The peer is gone for good: every unresolved unit is given up and the session ends without a close
+    /// handshake (there is nobody to answer it).
+    pub(crate) fn abort(&mut self, ctx: &mut Ctx<'_>) {
+        self.give_up_all(ctx);
+        if self.state == SenderState::Opening {
+            let _ = self.enter(SenderState::Closing);
+        }
+        let _ = self.enter(SenderState::Done);
+    }
+
     fn acked(&mut self, index: u32) {
         let unit = self.spec.plan.units[index as usize];
         if matches!(

@@ -84,6 +84,70 @@ impl TransferRequest {
         })
     }
 
+    /// Moves source blocks `src_blocks` of `src` into destination blocks `dst_blocks` of `dst` on `peer`,
+    /// pair by pair (`src_blocks[i]` lands in `dst_blocks[i]`), for every layer in `layers`: the block ids a
+    /// serving engine's block tables hand out for one request, which need not be contiguous or in order.
+    ///
+    /// Both handles must carry a layout. Lists of different lengths, an empty list, a destination block
+    /// named twice, a block or layer beyond a layout, are refused here (and again at submit).
+    pub fn blocks(
+        peer: PeerId,
+        src: &RegionHandle,
+        src_blocks: Vec<u32>,
+        dst: &RegionHandle,
+        dst_blocks: Vec<u32>,
+        layers: Range<u32>,
+    ) -> Result<Self, Error> {
+        let missing = || {
+            Error::InvalidRequest(
+                "block-list transfers need regions registered with a layout".into(),
+            )
+        };
+        let src_layout = src.layout.ok_or_else(missing)?;
+        let dst_layout = dst.layout.ok_or_else(missing)?;
+        let req = Self {
+            peer,
+            src_region: src.id,
+            src_layout,
+            dst_region: dst.id,
+            dst_key: dst.key,
+            dst_layout,
+            layers,
+            src_blocks,
+            dst_blocks,
+            mode: None,
+            class: None,
+            deadline: None,
+            prefetch_depth: None,
+        };
+        req.check_blocks()?;
+        Ok(req)
+    }
+
+    /// Checks the block lists and layers against both layouts.
+    pub(crate) fn check_blocks(&self) -> Result<(), Error> {
+        if self.src_blocks.len() != self.dst_blocks.len() {
+            return Err(Error::InvalidRequest(format!(
+                "{} source blocks but {} destination blocks: the lists pair up one to one",
+                self.src_blocks.len(),
+                self.dst_blocks.len()
+            )));
+        }
+        if self.src_blocks.is_empty() {
+            return Err(Error::InvalidRequest(
+                "a transfer needs at least one block".into(),
+            ));
+        }
+        check_blocks(&self.src_layout, &self.layers, &self.src_blocks, "source")?;
+        check_blocks(
+            &self.dst_layout,
+            &self.layers,
+            &self.dst_blocks,
+            "destination",
+        )?;
+        check_distinct(&self.dst_blocks)
+    }
+
     /// The same request with `mode`.
     #[must_use]
     pub fn with_mode(mut self, mode: TransferMode) -> Self {
@@ -180,5 +244,40 @@ impl Transmit {
     #[must_use]
     pub fn wire_len(&self) -> usize {
         HEADER_LEN + self.header.length as usize
+    }
+}
+
+/// Checks that `layers` and every block of `blocks` exist in `layout`.
+pub(crate) fn check_blocks(
+    layout: &KvLayout,
+    layers: &Range<u32>,
+    blocks: &[u32],
+    side: &str,
+) -> Result<(), Error> {
+    if layers.end > layout.layers || layers.is_empty() {
+        return Err(Error::InvalidRequest(format!(
+            "layers {layers:?} are not within the {side} layout's {} layers",
+            layout.layers
+        )));
+    }
+    if let Some(b) = blocks.iter().find(|&&b| b >= layout.blocks_per_layer) {
+        return Err(Error::InvalidRequest(format!(
+            "{side} block {b} is beyond the layout's {} blocks per layer",
+            layout.blocks_per_layer
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that no destination block is named twice.
+pub(crate) fn check_distinct(dst_blocks: &[u32]) -> Result<(), Error> {
+    let mut seen = dst_blocks.to_vec();
+    seen.sort_unstable();
+    match seen.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(Error::InvalidRequest(format!(
+            "destination block {} is named twice: two source blocks cannot land in one place",
+            w[0]
+        ))),
+        None => Ok(()),
     }
 }

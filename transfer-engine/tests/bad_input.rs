@@ -5,10 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{A, B, Pair, layout};
+use common::{A, B, KvZeroed, Pair, layout};
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header, WireError, encode_frame};
 use transfer_engine::{
-    AccessKey, Dtype, Error, Event, KvLayout, Role, SessionId, TransferMode, TransferRequest,
+    AccessKey, Dtype, Error, Event, KvLayout, MemoryRegion, Role, SessionId, TransferMode,
+    TransferRequest,
 };
 
 /// Starts a good packetized transfer and moves it part way.
@@ -45,8 +46,8 @@ fn finish_and_check_good_transfer(
 ) {
     pair.run(Duration::from_secs(10));
     assert_eq!(
-        pair.mem_a.region(src.id).unwrap(),
-        pair.mem_b.region(dst.id).unwrap(),
+        pair.bytes_a(src.id),
+        pair.bytes_b(dst.id),
         "good transfer corrupted"
     );
     let ok = pair.events_a.iter().any(|(_, e)| matches!(e, Event::Completed { role: Role::Sender, stats, .. } if stats.recompute_blocks == 0 && stats.blocks_delivered == 32));
@@ -62,8 +63,8 @@ fn mismatched_block_size_is_refused_at_submit_naming_both_values() {
     let mut pair = Pair::new();
     let src_layout = KvLayout::new(2, 4, 4096, 32, Dtype::F16).unwrap();
     let dst_layout = KvLayout::new(2, 4, 4096, 16, Dtype::F16).unwrap();
-    let src = pair.a.register_kv_region(src_layout).unwrap();
-    let dst = pair.b.register_kv_region(dst_layout).unwrap();
+    let src = pair.a.kv_zeroed(src_layout).unwrap();
+    let dst = pair.b.kv_zeroed(dst_layout).unwrap();
     let err = pair
         .a
         .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())
@@ -84,10 +85,10 @@ fn mismatched_block_size_is_refused_at_submit_naming_both_values() {
     assert_eq!(pair.a.live_sessions(), 0);
 
     let wide = KvLayout::new(2, 4, 8192, 16, Dtype::F16).unwrap();
-    let dst = pair.b.register_kv_region(wide).unwrap();
+    let dst = pair.b.kv_zeroed(wide).unwrap();
     let src = pair
         .a
-        .register_kv_region(KvLayout::new(2, 4, 4096, 16, Dtype::F16).unwrap())
+        .kv_zeroed(KvLayout::new(2, 4, 4096, 16, Dtype::F16).unwrap())
         .unwrap();
     let err = pair
         .a
@@ -103,13 +104,11 @@ fn mismatched_block_size_is_refused_at_submit_naming_both_values() {
 fn a_receiver_refuses_a_layout_that_disagrees_with_its_region() {
     let (mut pair, src, dst) = pair_with_good_transfer();
     // The sender believes the destination holds 32-token blocks; the receiver registered 16.
-    let theirs = pair.b.register_kv_region(layout(4, 8, 8192)).unwrap();
-    pair.mem_b.alloc(&theirs).unwrap();
+    let theirs = pair.b.kv_zeroed(layout(4, 8, 8192)).unwrap();
     let mut lying = TransferRequest::whole(B, &src, &theirs).unwrap();
     lying.src_layout.tokens_per_block = 32;
     lying.dst_layout.tokens_per_block = 32;
-    let mine = pair.a.register_kv_region(lying.src_layout).unwrap();
-    pair.mem_a.alloc(&mine).unwrap();
+    let mine = pair.a.kv_zeroed(lying.src_layout).unwrap();
     lying.src_region = mine.id;
     pair.a.submit(pair.now, lying).unwrap();
     pair.step();
@@ -136,8 +135,7 @@ fn a_receiver_refuses_a_layout_that_disagrees_with_its_region() {
 #[test]
 fn a_wrong_access_key_is_refused_and_the_sender_hands_everything_back() {
     let (mut pair, src, dst) = pair_with_good_transfer();
-    let target = pair.b.register_kv_region(layout(4, 8, 8192)).unwrap();
-    pair.mem_b.alloc(&target).unwrap();
+    let target = pair.b.kv_zeroed(layout(4, 8, 8192)).unwrap();
     let mut req = TransferRequest::whole(B, &src, &target).unwrap();
     req.dst_key = AccessKey(target.key.0 ^ 1);
     let bad = pair.a.submit(pair.now, req).unwrap();
@@ -164,11 +162,7 @@ fn a_wrong_access_key_is_refused_and_the_sender_hands_everything_back() {
         "every block of a refused session goes back for recompute"
     );
     assert!(
-        pair.mem_b
-            .region(target.id)
-            .unwrap()
-            .iter()
-            .all(|&b| b == 0),
+        pair.bytes_b(target.id).iter().all(|&b| b == 0),
         "nothing was written"
     );
     finish_and_check_good_transfer(pair, src, dst);
@@ -178,8 +172,7 @@ fn a_wrong_access_key_is_refused_and_the_sender_hands_everything_back() {
 fn out_of_bounds_addresses_are_refused() {
     let (mut pair, src, dst) = pair_with_good_transfer();
     // A region smaller than the layout the sender claims for it.
-    let small = pair.b.register_region(1000);
-    pair.mem_b.alloc(&small).unwrap();
+    let small = pair.b.register_region(MemoryRegion::zeroed(1000)).unwrap();
     let mut req = TransferRequest::whole(B, &src, &dst).unwrap();
     req.dst_region = small.id;
     req.dst_key = small.key;
@@ -201,28 +194,18 @@ fn out_of_bounds_addresses_are_refused() {
     h.sequence = 0;
     let err = pair
         .b
-        .handle_datagram(
-            pair.now,
-            A,
-            &encode_frame(&h, &[0u8; 1024]),
-            &mut pair.mem_b,
-        )
+        .handle_datagram(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
         .unwrap_err();
     assert!(matches!(err, Error::FrameMismatch { .. }), "{err}");
     h.offset = 0;
     h.sequence = 1 << 30;
     let err = pair
         .b
-        .handle_datagram(
-            pair.now,
-            A,
-            &encode_frame(&h, &[0u8; 1024]),
-            &mut pair.mem_b,
-        )
+        .handle_datagram(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
         .unwrap_err();
     assert!(err.to_string().contains("slice 1073741824"), "{err}");
     // Locally: a source region too small for its layout.
-    let tiny = pair.a.register_region(10);
+    let tiny = pair.a.register_region(MemoryRegion::zeroed(10)).unwrap();
     let mut req = TransferRequest::whole(B, &src, &dst).unwrap();
     req.src_region = tiny.id;
     assert!(matches!(
@@ -252,34 +235,28 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
         encode_frame(&h, &[1, 2, 3])
     };
     let b = &mut pair.b;
-    let mem = &mut pair.mem_b;
     assert_eq!(
-        b.handle_datagram(now, A, &data(999), mem),
+        b.handle_datagram(now, A, &data(999)),
         Err(Error::UnknownSession(SessionId(999)))
     );
     let ack = encode_frame(&Header::new(FrameKind::Ack, 12345), &[0, 0, 0, 0]);
     assert_eq!(
-        pair.a.handle_datagram(now, B, &ack, &mut pair.mem_a),
+        pair.a.handle_datagram(now, B, &ack),
         Err(Error::UnknownSession(SessionId(12345)))
     );
     // The good session's id from the wrong peer is unknown too: sessions are bound to their peer.
     let session = good_session(&pair);
     let from_stranger = encode_frame(&Header::new(FrameKind::Close, session.0), &[]);
     assert_eq!(
-        pair.b.handle_datagram(
-            now,
-            transfer_engine::PeerId(77),
-            &from_stranger,
-            &mut pair.mem_b
-        ),
+        pair.b
+            .handle_datagram(now, transfer_engine::PeerId(77), &from_stranger),
         Err(Error::UnknownSession(session))
     );
 
     let good = data(1);
     let b = &mut pair.b;
-    let mem = &mut pair.mem_b;
     let truncated = b
-        .handle_datagram(now, A, &good[..HEADER_LEN - 1], mem)
+        .handle_datagram(now, A, &good[..HEADER_LEN - 1])
         .unwrap_err();
     assert_eq!(
         truncated,
@@ -289,7 +266,7 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
         })
     );
     let short_payload = b
-        .handle_datagram(now, A, &good[..good.len() - 1], mem)
+        .handle_datagram(now, A, &good[..good.len() - 1])
         .unwrap_err();
     assert!(matches!(
         short_payload,
@@ -298,19 +275,19 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     let mut long = good.clone();
     long.extend_from_slice(&[0; 5]);
     assert_eq!(
-        b.handle_datagram(now, A, &long, mem),
+        b.handle_datagram(now, A, &long),
         Err(Error::Wire(WireError::TrailingBytes { extra: 5 }))
     );
     let mut huge = Header::new(FrameKind::Open, 5);
     huge.length = u32::MAX;
-    let err = b.handle_datagram(now, A, &huge.encode(), mem).unwrap_err();
+    let err = b.handle_datagram(now, A, &huge.encode()).unwrap_err();
     assert!(
         matches!(err, Error::Wire(WireError::Oversized { .. })),
         "{err}"
     );
     let mut v9 = good.clone();
     v9[2] = 9;
-    let err = b.handle_datagram(now, A, &v9, mem).unwrap_err();
+    let err = b.handle_datagram(now, A, &v9).unwrap_err();
     assert_eq!(
         err,
         Error::Wire(WireError::UnsupportedVersion {
@@ -322,22 +299,19 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     let mut flipped = good.clone();
     flipped[20] ^= 1;
     assert_eq!(
-        b.handle_datagram(now, A, &flipped, mem),
+        b.handle_datagram(now, A, &flipped),
         Err(Error::Wire(WireError::HeaderChecksum))
     );
     let garbage: Vec<u8> = (0..200u8).collect();
-    assert!(b.handle_datagram(now, A, &garbage, mem).is_err());
+    assert!(b.handle_datagram(now, A, &garbage).is_err());
     // A malformed open and a malformed ack.
     let open = encode_frame(&Header::new(FrameKind::Open, 77), &[1, 2, 3]);
     assert!(matches!(
-        b.handle_datagram(now, A, &open, mem),
+        b.handle_datagram(now, A, &open),
         Err(Error::Wire(WireError::BadControl { what: "open" }))
     ));
     let bad_ack = encode_frame(&Header::new(FrameKind::Ack, session.0), &[9, 9]);
-    let err = pair
-        .a
-        .handle_datagram(now, B, &bad_ack, &mut pair.mem_a)
-        .unwrap_err();
+    let err = pair.a.handle_datagram(now, B, &bad_ack).unwrap_err();
     assert_eq!(err, Error::Wire(WireError::BadControl { what: "ack" }));
     assert!(pair.b.stats().frames_refused >= 10);
     finish_and_check_good_transfer(pair, src, dst);
@@ -370,8 +344,7 @@ fn a_restarted_peer_that_reuses_a_session_id_is_refused_at_once() {
     pair.run(Duration::from_secs(5));
     // The producer restarts with the same engine id and seed: its session ids repeat.
     pair.a = transfer_engine::Engine::new(common::config(1));
-    let src = pair.a.register_kv_region(l).unwrap();
-    pair.mem_a.alloc(&src).unwrap();
+    let src = pair.a.kv_zeroed(l).unwrap();
     let again = pair
         .a
         .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())

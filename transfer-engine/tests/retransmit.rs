@@ -50,10 +50,7 @@ fn dropped_and_corrupted_slices_are_retransmitted_with_backoff_and_recover() {
     let session = pair.a.submit(pair.now, req).unwrap();
     pair.run(Duration::from_secs(5));
 
-    assert_eq!(
-        pair.mem_a.region(src.id).unwrap(),
-        pair.mem_b.region(dst.id).unwrap()
-    );
+    assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
     assert_eq!(completed(&pair.events_a, Role::Sender), 1);
     assert!(
         !pair
@@ -157,8 +154,8 @@ fn a_slice_dropped_forever_is_handed_back_as_recompute_naming_exactly_its_block(
     assert_eq!(sorted.len(), 11);
     assert!(!sorted.contains(&BlockId::new(1, 3)));
     // Delivered blocks are byte-identical; the undelivered one is never reported delivered.
-    let src_bytes = pair.mem_a.region(src.id).unwrap();
-    let dst_bytes = pair.mem_b.region(dst.id).unwrap();
+    let src_bytes = pair.bytes_a(src.id);
+    let dst_bytes = pair.bytes_b(dst.id);
     for block in &sorted {
         let src_block = BlockId::new(block.layer, 3 - block.block);
         let s = l.block_offset(src_block) as usize;

@@ -60,10 +60,7 @@ fn kv_never_exceeds_its_share_of_the_link() {
             "{in_window} bytes in 10 ms from {window_start:?}"
         );
     }
-    assert_eq!(
-        pair.mem_a.region(src.id).unwrap(),
-        pair.mem_b.region(dst.id).unwrap()
-    );
+    assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
 }
 
 #[test]
@@ -105,14 +102,8 @@ fn urgent_kv_goes_first_but_bulk_kv_is_never_starved() {
     }
     assert!(urgent_done - last <= Duration::from_micros(5_200));
     assert!(!bulk_during.is_empty());
-    assert_eq!(
-        pair.mem_a.region(src.id).unwrap(),
-        pair.mem_b.region(dst.id).unwrap()
-    );
-    assert_eq!(
-        pair.mem_a.region(src2.id).unwrap(),
-        pair.mem_b.region(dst2.id).unwrap()
-    );
+    assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
+    assert_eq!(pair.bytes_a(src2.id), pair.bytes_b(dst2.id));
 }
 
 fn layers_complete(pair: &Pair) -> Vec<u32> {
@@ -150,10 +141,7 @@ fn streaming_keeps_prefetch_depth_layers_ahead_of_the_consumer() {
     assert!(!pair.b.consume_layer(pair.now, session, 6).unwrap());
     pair.run(Duration::from_secs(1));
     assert_eq!(layers_complete(&pair), (0..8).collect::<Vec<_>>());
-    assert_eq!(
-        pair.mem_a.region(src.id).unwrap(),
-        pair.mem_b.region(dst.id).unwrap()
-    );
+    assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
 }
 
 #[test]

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Runtime;
-use transfer_engine::{KvLayout, RegionHandle, TransferRequest};
+use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, TransferRequest};
 
-use super::node::{Outcome, PeerInfo, TcpNode};
+use super::node::{PeerInfo, TcpNode};
 use super::{TcpConfig, TcpError};
+use crate::board::Outcome;
 
 /// A [`TcpNode`] with the runtime it runs on; every method blocks the calling thread.
 #[derive(Debug)]
@@ -52,9 +53,18 @@ impl BlockingNode {
         self.rt.block_on(f)
     }
 
-    /// Registers a KV region and allocates its bytes.
-    pub fn register_kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
-        self.node().register_kv_region(layout)
+    /// See [`TcpNode::register_kv_region`].
+    pub fn register_kv_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, TcpError> {
+        self.node().register_kv_region(layout, memory)
+    }
+
+    /// See [`TcpNode::kv_region`].
+    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
+        self.node().kv_region(layout)
     }
 
     /// See [`TcpNode::connect`].

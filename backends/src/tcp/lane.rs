@@ -13,16 +13,11 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
-use transfer_engine::{Body, Error, KvLayout, Lane, PeerId, Placement, Transmit};
+use transfer_engine::{Body, Error, KvLayout, Lane, MemoryRegion, PeerId, Placement, Transmit};
 
 use super::TcpError;
 use super::handshake;
-use super::memory::SharedRegion;
 use super::node::{PeerInfo, Shared, lock};
-
-/// A shard of a region in a batch: (index into the batch's regions, shard index).
-type ShardKey = (usize, usize);
-type ShardGuard<'a> = std::sync::RwLockReadGuard<'a, Box<[u8]>>;
 
 /// Most frames in one vectored write.
 const MAX_BATCH_FRAMES: usize = 128;
@@ -313,29 +308,32 @@ async fn send_batch(
     batch: &mut [Transmit],
     wr: &OwnedWriteHalf,
 ) -> io::Result<()> {
-    let mut regions: Vec<Arc<SharedRegion>> = Vec::new();
+    let mut regions: Vec<MemoryRegion> = Vec::new();
     let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(batch.len());
     let mut payloads: Vec<Option<(usize, std::ops::Range<usize>)>> =
         Vec::with_capacity(batch.len());
     for t in batch.iter_mut() {
         let payload = match &t.body {
             Body::Payload(p) => {
-                let found = shared.memory.get(p.region).and_then(|r| {
-                    let range = p.range();
-                    r.crc32c(range.clone()).map(|crc| (r, range, crc))
-                });
-                let Ok((region, range, crc)) = found else {
-                    // The region was freed under a live session: drop the frame; the engine resends or
-                    // gives up with recompute.
+                let range = p.range();
+                let found = shared
+                    .station
+                    .engine()
+                    .memory(p.region)
+                    .cloned()
+                    .and_then(|m| m.crc32c(range.clone()).map(|crc| (m, crc)));
+                let Ok((memory, crc)) = found else {
+                    // The region was unregistered under a live session: drop the frame; the engine
+                    // resends or gives up with recompute.
                     headers.push([0; HEADER_LEN]);
                     payloads.push(None);
                     continue;
                 };
                 t.header.crc = crc;
-                let idx = match regions.iter().position(|r| Arc::ptr_eq(r, &region)) {
+                let idx = match regions.iter().position(|r| r.same_memory(&memory)) {
                     Some(i) => i,
                     None => {
-                        regions.push(region);
+                        regions.push(memory);
                         regions.len() - 1
                     }
                 };
@@ -354,24 +352,19 @@ async fn send_batch(
         frames.push(Frame::Bytes(h));
         match (&t.body, p) {
             (Body::Control(c), _) => frames.push(Frame::Bytes(c)),
-            (_, Some((idx, range))) => {
-                for (shard, r) in regions[*idx].segments(range.clone()) {
-                    let base = shard * super::memory::SHARD_BYTES;
-                    frames.push(Frame::Region(*idx, base + r.start..base + r.end));
-                }
-            }
+            (_, Some((idx, range))) => frames.push(Frame::Region(*idx, range.clone())),
             _ => {}
         }
     }
     write_all(wr, &frames, &regions).await
 }
 
-/// Writes every piece, in order, with vectored non-blocking writes; locks are held only during the
-/// syscall, never across an await.
+/// Writes every piece, in order, with vectored non-blocking writes. Each region's bytes are read through
+/// one view covering its pieces in this syscall, held only during the syscall, never across an await.
 async fn write_all(
     wr: &OwnedWriteHalf,
     frames: &[Frame<'_>],
-    regions: &[Arc<SharedRegion>],
+    regions: &[MemoryRegion],
 ) -> io::Result<()> {
     let lens: Vec<usize> = frames
         .iter()
@@ -385,29 +378,32 @@ async fn write_all(
         wr.writable().await?;
         let result = {
             let end = (first + MAX_IOV).min(frames.len());
-            // One guard per distinct shard: a thread must not take the same read lock twice.
-            let mut guards: Vec<(ShardKey, ShardGuard<'_>)> = Vec::new();
+            // One view per region: the span of its pieces in this syscall.
+            let mut spans: Vec<Option<std::ops::Range<usize>>> = vec![None; regions.len()];
             for f in &frames[first..end] {
                 if let Frame::Region(idx, r) = f {
-                    let shard = r.start / super::memory::SHARD_BYTES;
-                    if !guards.iter().any(|(k, _)| *k == (*idx, shard)) {
-                        guards.push(((*idx, shard), regions[*idx].read_shard(shard)));
-                    }
+                    let span = spans[*idx].get_or_insert(r.clone());
+                    span.start = span.start.min(r.start);
+                    span.end = span.end.max(r.end);
                 }
             }
+            let views = spans
+                .iter()
+                .zip(regions)
+                .map(|(span, region)| {
+                    span.clone()
+                        .map(|s| region.read(s.clone()).map(|v| (s.start, v)))
+                        .transpose()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(io::Error::other)?;
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(end - first);
             for (i, f) in frames[first..end].iter().enumerate() {
                 let bytes: &[u8] = match f {
                     Frame::Bytes(b) => b,
                     Frame::Region(idx, r) => {
-                        let shard = r.start / super::memory::SHARD_BYTES;
-                        let base = shard * super::memory::SHARD_BYTES;
-                        let g = &guards
-                            .iter()
-                            .find(|(k, _)| *k == (*idx, shard))
-                            .expect("locked above")
-                            .1;
-                        &g[r.start - base..r.end - base]
+                        let (base, view) = views[*idx].as_ref().expect("viewed above");
+                        &view[r.start - base..r.end - base]
                     }
                 };
                 slices.push(IoSlice::new(if i == 0 { &bytes[skip..] } else { bytes }));
@@ -489,34 +485,36 @@ async fn read_loop(
             Err(e) => return Some(refuse(shared, lane, peer, None, &Error::Wire(e))),
         };
         let result = if header.kind == FrameKind::Data {
-            let placement = shared.core().engine.placement(peer, &header);
+            let placement = {
+                let mut engine = shared.station.engine();
+                engine.placement(peer, &header).and_then(|p| match p {
+                    Placement::Write {
+                        region,
+                        offset,
+                        len,
+                    } => {
+                        let range = offset as usize..offset as usize + len as usize;
+                        // The engine checked the range against the region, and a region is never
+                        // longer than its memory.
+                        Ok(Some((engine.memory(region)?.clone(), range)))
+                    }
+                    Placement::Discard => Ok(None),
+                })
+            };
             match placement {
-                Ok(Placement::Write {
-                    region,
-                    offset,
-                    len,
-                }) => {
-                    let range = offset as usize..offset as usize + len as usize;
-                    let region = match shared
-                        .memory
-                        .get(region)
-                        .and_then(|r| r.check(&range).map(|()| r))
-                    {
-                        Ok(r) => r,
-                        Err(e) => return Some(refuse(shared, lane, peer, Some(&header), &e)),
-                    };
+                Ok(Some((memory, range))) => {
                     if let Err(e) =
-                        recv_into_region(rd, &region, range.clone(), &mut hdr, &mut have).await
+                        recv_into_region(rd, &memory, range.clone(), &mut hdr, &mut have).await
                     {
                         return Some(e.to_string());
                     }
-                    let crc = region.crc32c(range).unwrap_or(!header.crc);
+                    let crc = memory.crc32c(range).unwrap_or(!header.crc);
                     shared
-                        .core()
-                        .engine
+                        .station
+                        .engine()
                         .handle_data(Instant::now(), peer, &header, crc)
                 }
-                Ok(Placement::Discard) => {
+                Ok(None) => {
                     if let Err(e) = discard(
                         rd,
                         header.length as usize,
@@ -529,8 +527,8 @@ async fn read_loop(
                         return Some(e.to_string());
                     }
                     shared
-                        .core()
-                        .engine
+                        .station
+                        .engine()
                         .handle_data(Instant::now(), peer, &header, header.crc)
                 }
                 Err(e) => {
@@ -557,8 +555,8 @@ async fn read_loop(
                 return Some(e.to_string());
             }
             shared
-                .core()
-                .engine
+                .station
+                .engine()
                 .handle_frame(Instant::now(), peer, &header, &payload)
         };
         if let Err(e) = &result
@@ -671,49 +669,37 @@ async fn discard(
     Ok(())
 }
 
-/// Receives a payload straight into `range` of `region`, shard by shard, each shard locked only for the
-/// non-blocking `recv` itself.
+/// Receives a payload straight into `range` of `memory`, each piece viewed (its shards locked) only for
+/// the non-blocking `recv` itself; the last piece's syscall also takes the next header's first bytes.
 async fn recv_into_region(
     rd: &OwnedReadHalf,
-    region: &SharedRegion,
+    memory: &MemoryRegion,
     range: std::ops::Range<usize>,
     hdr: &mut [u8; HEADER_LEN],
     have: &mut usize,
 ) -> io::Result<()> {
-    let segments: Vec<_> = region.segments(range).collect();
-    let count = segments.len();
-    for (i, (shard, r)) in segments.into_iter().enumerate() {
-        let last = i + 1 == count;
-        let mut pos = r.start;
-        while pos < r.end {
-            rd.readable().await?;
-            let result = {
-                let mut g = region.write_shard(shard);
-                if last {
-                    let mut bufs = [
-                        IoSliceMut::new(&mut g[pos..r.end]),
-                        IoSliceMut::new(&mut hdr[..]),
-                    ];
-                    rd.try_read_vectored(&mut bufs)
-                } else {
-                    rd.try_read(&mut g[pos..r.end])
-                }
-            };
-            match result {
-                Ok(0) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "peer closed the lane mid-frame",
-                    ));
-                }
-                Ok(n) => {
-                    let take = n.min(r.end - pos);
-                    pos += take;
-                    *have += n - take;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+    let mut pos = range.start;
+    while pos < range.end {
+        rd.readable().await?;
+        let result = {
+            let mut view = memory.write(pos..range.end).map_err(io::Error::other)?;
+            let mut bufs = [IoSliceMut::new(&mut view), IoSliceMut::new(&mut hdr[..])];
+            rd.try_read_vectored(&mut bufs)
+        };
+        match result {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the lane mid-frame",
+                ));
             }
+            Ok(n) => {
+                let take = n.min(range.end - pos);
+                pos += take;
+                *have += n - take;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
         }
     }
     Ok(())

@@ -21,7 +21,6 @@ mod blocking;
 pub mod handshake;
 mod lane;
 mod limit;
-mod memory;
 mod node;
 
 use std::net::SocketAddr;
@@ -29,11 +28,11 @@ use std::time::Duration;
 
 use transfer_engine::{EngineConfig, PeerId};
 
+pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;
 pub use handshake::{Namespace, Segment};
 pub use limit::socket_copy_gbps;
-pub use memory::{SharedMemory, SharedRegion};
-pub use node::{NodeStats, Outcome, PeerInfo, TcpNode};
+pub use node::{NodeStats, PeerInfo, TcpNode};
 
 /// Settings of one TCP node.
 #[derive(Debug, Clone)]
@@ -131,6 +130,9 @@ pub enum TcpError {
     /// The engine refused a command.
     #[error(transparent)]
     Engine(#[from] transfer_engine::Error),
+    /// A wait on the receiving or sending side ended without its answer.
+    #[error(transparent)]
+    Wait(#[from] crate::board::WaitError),
     /// The handshake failed; the reason says which side must change what.
     #[error("handshake failed: {0}")]
     Handshake(String),

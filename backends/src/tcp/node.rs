@@ -11,33 +11,19 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use transfer_engine::{
-    BlockId, Engine, Event, KvLayout, PeerId, RegionHandle, RegionId, Role, SessionId,
-    TransferRequest,
+    Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
 };
 
 use super::handshake::{self, Hello, Message, Segment};
 use super::lane::{self, Link};
-use super::memory::{SharedMemory, SharedRegion};
 use super::{TcpConfig, TcpError};
+use crate::board::{IncomingSession, Outcome, Received};
+use crate::station::Station;
 
-/// Events and log lines kept for the user (oldest dropped first).
-const KEEP_EVENTS: usize = 1 << 16;
+/// Log lines kept for the user (oldest dropped first).
 const KEEP_LOG: usize = 1024;
-
-/// What a finished transfer reports (sender side).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// The session.
-    pub session: SessionId,
-    /// Blocks to recompute (source ids); empty when every block was delivered and acknowledged.
-    pub recompute: Vec<BlockId>,
-    /// The peer's reason, if it refused the session.
-    pub refused: Option<String>,
-    /// Time from submit until the sender learned the session was over.
-    pub elapsed: Duration,
-}
 
 /// A peer reached by [`TcpNode::connect`].
 #[derive(Debug, Clone)]
@@ -74,15 +60,9 @@ pub struct NodeStats {
     pub lanes_closed_for_bad_frames: u64,
     /// Frames dropped because no lane to their peer existed or could be dialed.
     pub unroutable_frames: u64,
-}
-
-pub(crate) struct Core {
-    pub(crate) engine: Engine,
-    events: VecDeque<Event>,
-    outcomes: BTreeMap<SessionId, Outcome>,
-    started: BTreeMap<SessionId, Instant>,
-    recompute: BTreeMap<SessionId, Vec<BlockId>>,
-    refused: BTreeMap<SessionId, String>,
+    /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
+    /// ran all the same).
+    pub incoming_dropped: u64,
 }
 
 #[derive(Default)]
@@ -97,8 +77,7 @@ pub(crate) struct Counters {
 /// State shared by the node handle, the driver and every lane.
 pub(crate) struct Shared {
     pub(crate) cfg: TcpConfig,
-    pub(crate) core: Mutex<Core>,
-    pub(crate) memory: SharedMemory,
+    pub(crate) station: Station,
     /// Wakes the driver: new input, freed queue space, a lane came or went.
     pub(crate) wake: Notify,
     pub(crate) links: Mutex<BTreeMap<PeerId, Arc<Link>>>,
@@ -106,10 +85,11 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) next_lane: AtomicU64,
     pub(crate) listen: Option<SocketAddr>,
-    log: Mutex<VecDeque<String>>,
+    /// The newest log lines, each with its number (counting from 1).
+    log: Mutex<VecDeque<(u64, String)>>,
+    logged: AtomicU64,
     segments: Mutex<Vec<Segment>>,
     served: Mutex<Vec<Segment>>,
-    done: watch::Sender<u64>,
     pub(crate) shutdown: watch::Sender<bool>,
 }
 
@@ -118,16 +98,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
-        lock(&self.core)
-    }
-
     pub(crate) fn log(&self, line: String) {
         let mut log = lock(&self.log);
         if log.len() >= KEEP_LOG {
             log.pop_front();
         }
-        log.push_back(line);
+        let n = self.logged.fetch_add(1, Ordering::Relaxed) + 1;
+        log.push_back((n, line));
     }
 
     pub(crate) fn hello(&self) -> Result<Hello, TcpError> {
@@ -152,13 +129,13 @@ impl Shared {
     /// One pass of the driver: timers, transmits routed to links, events. Returns the next timer.
     fn step(&self) -> Option<Instant> {
         let now = Instant::now();
-        let mut core = self.core();
-        if core.engine.poll_timeout().is_some_and(|t| t <= now) {
-            core.engine.handle_timeout(now);
+        let mut engine = self.station.engine();
+        if engine.poll_timeout().is_some_and(|t| t <= now) {
+            engine.handle_timeout(now);
         }
         let mut touched: Vec<Arc<Link>> = Vec::new();
         while self.total_queued.load(Ordering::Relaxed) < self.cfg.queue_bytes {
-            let Some(t) = core.engine.poll_transmit(now) else {
+            let Some(t) = engine.poll_transmit(now) else {
                 break;
             };
             let link = match touched.iter().find(|l| l.peer == t.peer) {
@@ -177,52 +154,11 @@ impl Shared {
             link.push(t);
             self.total_queued.fetch_add(len, Ordering::Relaxed);
         }
-        let mut finished = false;
-        while let Some(event) = core.engine.poll_event() {
-            match &event {
-                Event::Recompute {
-                    session,
-                    role: Role::Sender,
-                    blocks,
-                } => {
-                    core.recompute.insert(*session, blocks.clone());
-                }
-                Event::Refused { session, reason } => {
-                    core.refused.insert(*session, reason.clone());
-                }
-                Event::Completed {
-                    session,
-                    role: Role::Sender,
-                    ..
-                } => {
-                    let session = *session;
-                    let elapsed = core
-                        .started
-                        .remove(&session)
-                        .map_or(Duration::ZERO, |t| t.elapsed());
-                    let outcome = Outcome {
-                        session,
-                        recompute: core.recompute.remove(&session).unwrap_or_default(),
-                        refused: core.refused.remove(&session),
-                        elapsed,
-                    };
-                    core.outcomes.insert(session, outcome);
-                    finished = true;
-                }
-                _ => {}
-            }
-            if core.events.len() >= KEEP_EVENTS {
-                core.events.pop_front();
-            }
-            core.events.push_back(event);
-        }
-        let next = core.engine.poll_timeout();
-        drop(core);
+        self.station.drain_events(&mut engine);
+        let next = engine.poll_timeout();
+        drop(engine);
         for link in &touched {
             link.ready.notify_one();
-        }
-        if finished {
-            self.done.send_modify(|n| *n += 1);
         }
         next
     }
@@ -269,12 +205,11 @@ impl Shared {
             return Ok(s.clone());
         }
         let mut total: u64 = served.iter().map(|s| s.handle.len).sum();
-        let mut core = self.core();
+        let mut engine = self.station.engine();
         let mut i = 0;
         while total + bytes > self.cfg.serve_bytes && i < served.len() {
             let id = served[i].handle.id;
-            if core.engine.unregister_region(id).is_ok() {
-                self.memory.free(id);
+            if engine.unregister_region(id).is_ok() {
                 total -= served[i].handle.len;
                 served.remove(i);
             } else {
@@ -286,11 +221,10 @@ impl Shared {
                 "every served region is busy: try again when running transfers finish".into(),
             );
         }
-        let handle = core
-            .engine
-            .register_kv_region(layout)
+        let memory = MemoryRegion::zeroed(bytes as usize);
+        let handle = engine
+            .register_kv_region(layout, memory)
             .map_err(|e| e.to_string())?;
-        self.memory.alloc(&handle).map_err(|e| e.to_string())?;
         let seg = Segment {
             name: "served".into(),
             handle,
@@ -343,16 +277,8 @@ impl TcpNode {
         };
         let listen = listener.as_ref().map(TcpListener::local_addr).transpose()?;
         let shared = Arc::new(Shared {
-            core: Mutex::new(Core {
-                engine: Engine::new(cfg.engine.clone()),
-                events: VecDeque::new(),
-                outcomes: BTreeMap::new(),
-                started: BTreeMap::new(),
-                recompute: BTreeMap::new(),
-                refused: BTreeMap::new(),
-            }),
+            station: Station::new(cfg.engine.clone()),
             cfg,
-            memory: SharedMemory::default(),
             wake: Notify::new(),
             links: Mutex::new(BTreeMap::new()),
             total_queued: AtomicU64::new(0),
@@ -360,9 +286,9 @@ impl TcpNode {
             next_lane: AtomicU64::new(1),
             listen,
             log: Mutex::new(VecDeque::new()),
+            logged: AtomicU64::new(0),
             segments: Mutex::new(Vec::new()),
             served: Mutex::new(Vec::new()),
-            done: watch::Sender::new(0),
             shutdown: watch::Sender::new(false),
         });
         tokio::spawn(drive(shared.clone()));
@@ -386,15 +312,9 @@ impl TcpNode {
         self.shared.cfg.engine.engine_id
     }
 
-    /// The node's regions' bytes.
-    #[must_use]
-    pub fn memory(&self) -> &SharedMemory {
-        &self.shared.memory
-    }
-
-    /// A region's bytes.
-    pub fn region(&self, id: RegionId) -> Result<Arc<SharedRegion>, TcpError> {
-        Ok(self.shared.memory.get(id)?)
+    /// The memory behind a registered region.
+    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, TcpError> {
+        Ok(self.shared.station.engine().memory(id)?.clone())
     }
 
     /// Counters of the engine and the lanes.
@@ -402,12 +322,13 @@ impl TcpNode {
     pub fn stats(&self) -> NodeStats {
         let c = &self.shared.counters;
         NodeStats {
-            engine: self.shared.core().engine.stats(),
+            engine: self.shared.station.engine().stats(),
             lanes_opened: c.lanes_opened.load(Ordering::Relaxed),
             lanes_closed: c.lanes_closed.load(Ordering::Relaxed),
             handshakes_refused: c.handshakes_refused.load(Ordering::Relaxed),
             lanes_closed_for_bad_frames: c.bad_frames.load(Ordering::Relaxed),
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
+            incoming_dropped: self.shared.station.board.incoming_dropped(),
         }
     }
 
@@ -422,28 +343,60 @@ impl TcpNode {
     /// Connection-level refusals and errors, oldest first (the newest 1024).
     #[must_use]
     pub fn log(&self) -> Vec<String> {
-        lock(&self.shared.log).iter().cloned().collect()
+        lock(&self.shared.log)
+            .iter()
+            .map(|(_, l)| l.clone())
+            .collect()
     }
 
-    /// Takes the engine events recorded so far (the newest 65536).
+    /// The log lines numbered after `seen` (still kept), and the newest line's number: call again with
+    /// it to print each line once.
     #[must_use]
-    pub fn take_events(&self) -> Vec<Event> {
-        self.shared.core().events.drain(..).collect()
+    pub fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
+        let log = lock(&self.shared.log);
+        let lines = log
+            .iter()
+            .filter(|(n, _)| *n > seen)
+            .map(|(_, l)| l.clone())
+            .collect();
+        (lines, log.back().map_or(seen, |(n, _)| *n))
+    }
+
+    /// Every engine event from now on (a subscriber more than [`crate::board::KEEP_EVENTS`] behind is
+    /// told how many it missed).
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.shared.station.board.subscribe()
     }
 
     /// Live sessions (both roles).
     #[must_use]
     pub fn live_sessions(&self) -> usize {
-        self.shared.core().engine.live_sessions()
+        self.shared.station.engine().live_sessions()
     }
 
     // ---- commands ----
 
-    /// Registers a KV region and allocates its bytes.
-    pub fn register_kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
-        let handle = self.shared.core().engine.register_kv_region(layout)?;
-        self.shared.memory.alloc(&handle)?;
-        Ok(handle)
+    /// Registers the caller's `memory` as a KV region of `layout`: lanes send from it and receive into it
+    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run).
+    pub fn register_kv_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, TcpError> {
+        Ok(self.shared.station.register_kv_region(layout, memory)?)
+    }
+
+    /// Registers a KV region of `layout` over zeroed host memory the node allocates.
+    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
+        let len = usize::try_from(layout.total_bytes())
+            .map_err(|_| TcpError::Config("the layout does not fit in memory".into()))?;
+        self.register_kv_region(layout, MemoryRegion::zeroed(len))
+    }
+
+    /// Unregisters a region no live session uses and hands back its memory.
+    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TcpError> {
+        Ok(self.shared.station.engine().unregister_region(id)?)
     }
 
     /// Offers a region to peers under `name`: it is listed in the handshake's welcome.
@@ -481,34 +434,46 @@ impl TcpNode {
 
     /// Starts a transfer; see [`TcpNode::wait`].
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TcpError> {
-        let now = Instant::now();
-        let mut core = self.shared.core();
-        let id = core.engine.submit(now, req)?;
-        core.started.insert(id, now);
-        drop(core);
+        let id = self.shared.station.submit(req)?;
         self.shared.wake.notify_one();
         Ok(id)
     }
 
-    /// Waits until `session` is over (delivered and acknowledged, or reported for recompute).
+    /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
+    /// recompute).
     pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, TcpError> {
-        let mut rx = self.shared.done.subscribe();
-        let run = async {
-            loop {
-                if let Some(o) = self.shared.core().outcomes.remove(&session) {
-                    return Ok(o);
-                }
-                if rx.changed().await.is_err() {
-                    return Err(TcpError::Closed);
-                }
-            }
-        };
-        tokio::time::timeout(limit, run)
+        let run = self.shared.station.board.wait_sent(session);
+        Ok(tokio::time::timeout(limit, run)
             .await
             .map_err(|_| TcpError::Timeout {
                 what: format!("session {session}"),
                 waited: limit,
-            })?
+            })??)
+    }
+
+    /// The next incoming session nobody has accepted yet, waiting for one: who sends it and where it lands.
+    pub async fn accept(&self) -> Result<IncomingSession, TcpError> {
+        Ok(self.shared.station.board.accept().await?)
+    }
+
+    /// Waits until `layer` of receiving session `session` has arrived whole and verified (an error names
+    /// the layer's blocks to recompute if the session ended without it).
+    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), TcpError> {
+        Ok(self.shared.station.board.wait_layer(session, layer).await?)
+    }
+
+    /// Waits until receiving session `session` is over.
+    pub async fn wait_received(&self, session: SessionId) -> Result<Received, TcpError> {
+        Ok(self.shared.station.board.wait_received(session).await?)
+    }
+
+    /// The consumer is about to compute `layer` of receiving session `session` (layers in order): the
+    /// sender may then keep up to its prefetch depth of layers beyond it in flight, and a layer not yet
+    /// whole becomes urgent. Returns whether the layer is complete.
+    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, TcpError> {
+        let complete = self.shared.station.consume_layer(session, layer)?;
+        self.shared.wake.notify_one();
+        Ok(complete)
     }
 
     /// Submits and waits.
@@ -524,6 +489,7 @@ impl TcpNode {
     /// Stops the node: its driver, listener and lanes.
     pub fn shutdown(&self) {
         self.shared.shutdown.send_replace(true);
+        self.shared.station.board.close();
         let links: Vec<Arc<Link>> = lock(&self.shared.links).values().cloned().collect();
         for link in links {
             link.abort_all(&self.shared);

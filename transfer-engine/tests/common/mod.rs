@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
 use transfer_engine::{
-    Body, Dtype, Engine, EngineConfig, Error, Event, HostMemory, KvLayout, PeerId, RegionHandle,
-    Transmit,
+    Body, Dtype, Engine, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
+    RegionId, Transmit,
 };
 
 pub const A: PeerId = PeerId(1);
@@ -28,8 +28,6 @@ pub type Filter = Box<dyn FnMut(&Header, PeerId) -> Action>;
 pub struct Pair {
     pub a: Engine,
     pub b: Engine,
-    pub mem_a: HostMemory,
-    pub mem_b: HostMemory,
     pub now: Instant,
     pub start: Instant,
     pub filter: Filter,
@@ -65,6 +63,17 @@ pub fn fill(bytes: &mut [u8], seed: u64) {
     }
 }
 
+/// Registers a KV region over zeroed host memory.
+pub trait KvZeroed {
+    fn kv_zeroed(&mut self, layout: KvLayout) -> Result<RegionHandle, Error>;
+}
+
+impl KvZeroed for Engine {
+    fn kv_zeroed(&mut self, layout: KvLayout) -> Result<RegionHandle, Error> {
+        self.register_kv_region(layout, MemoryRegion::zeroed(layout.total_bytes() as usize))
+    }
+}
+
 impl Pair {
     pub fn new() -> Self {
         Self::with_configs(config(1), config(2))
@@ -79,8 +88,6 @@ impl Pair {
         Self {
             a: Engine::new(a),
             b: Engine::new(b),
-            mem_a: HostMemory::default(),
-            mem_b: HostMemory::default(),
             now: start,
             start,
             filter: Box::new(|_, _| Action::Pass),
@@ -95,10 +102,13 @@ impl Pair {
 
     /// A source region on A (filled with `seed`'s pattern) and a destination region on B.
     pub fn regions(&mut self, layout: KvLayout, seed: u64) -> (RegionHandle, RegionHandle) {
-        let src = self.a.register_kv_region(layout).unwrap();
-        fill(self.mem_a.alloc(&src).unwrap(), seed);
-        let dst = self.b.register_kv_region(layout).unwrap();
-        self.mem_b.alloc(&dst).unwrap();
+        let mut bytes = vec![0; layout.total_bytes() as usize];
+        fill(&mut bytes, seed);
+        let src = self
+            .a
+            .register_kv_region(layout, MemoryRegion::from_vec(bytes))
+            .unwrap();
+        let dst = self.b.kv_zeroed(layout).unwrap();
         (src, dst)
     }
 
@@ -106,12 +116,23 @@ impl Pair {
         self.now - self.start
     }
 
-    fn to_bytes(t: &mut Transmit, mem: &HostMemory) -> Vec<u8> {
+    /// A copy of the bytes of A's region `id`.
+    pub fn bytes_a(&self, id: RegionId) -> Vec<u8> {
+        self.a.memory(id).unwrap().to_vec().unwrap()
+    }
+
+    /// A copy of the bytes of B's region `id`.
+    pub fn bytes_b(&self, id: RegionId) -> Vec<u8> {
+        self.b.memory(id).unwrap().to_vec().unwrap()
+    }
+
+    fn to_bytes(t: &mut Transmit, engine: &Engine) -> Vec<u8> {
         match t.body.clone() {
             Body::Payload(p) => {
-                let payload = mem.read(p.region, p.range()).unwrap();
-                let mut out = t.seal(payload).to_vec();
-                out.extend_from_slice(payload);
+                let memory = engine.memory(p.region).unwrap();
+                let payload = memory.read(p.range()).unwrap();
+                let mut out = t.seal(&payload).to_vec();
+                out.extend_from_slice(&payload);
                 out
             }
             Body::Control(payload) => transfer_engine::wire::encode_frame(&t.header, &payload),
@@ -128,20 +149,20 @@ impl Pair {
                 self.data_log
                     .push((self.elapsed(), t.header.sequence, t.header.attempt));
             }
-            let bytes = Self::to_bytes(&mut t, &self.mem_a);
+            let bytes = Self::to_bytes(&mut t, &self.a);
             self.frames.push((self.elapsed(), A, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, A), bytes)
-                && let Err(e) = self.b.handle_datagram(self.now, A, &bytes, &mut self.mem_b)
+                && let Err(e) = self.b.handle_datagram(self.now, A, &bytes)
             {
                 self.refused_b.push(e);
             }
         }
         while let Some(mut t) = self.b.poll_transmit(self.now) {
             moved += 1;
-            let bytes = Self::to_bytes(&mut t, &self.mem_b);
+            let bytes = Self::to_bytes(&mut t, &self.b);
             self.frames.push((self.elapsed(), B, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, B), bytes)
-                && let Err(e) = self.a.handle_datagram(self.now, B, &bytes, &mut self.mem_a)
+                && let Err(e) = self.a.handle_datagram(self.now, B, &bytes)
             {
                 self.refused_a.push(e);
             }

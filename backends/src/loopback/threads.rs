@@ -1,0 +1,384 @@
+//! The two threads of a loopback pair: the producer sends frames and takes acknowledgements, the consumer
+//! places and verifies data and answers.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::station::Station;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use transfer_engine::wire::{HEADER_LEN, Header};
+use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Placement, Transmit};
+
+use super::credit::Credit;
+use super::{CONSUMER, LoopbackEnd, PRODUCER};
+
+/// Longest nap of a thread with live sessions (a timer may be due sooner; a frame wakes it at once).
+const BUSY_NAP: Duration = Duration::from_millis(1);
+/// Longest nap of an idle thread (a submit or a consumed layer wakes it at once).
+const IDLE_NAP: Duration = Duration::from_millis(100);
+/// Frames the consumer handles before it answers and looks at its timers again.
+const CONSUMER_BATCH: usize = 64;
+/// Refusals kept per end.
+const KEEP_REFUSED: usize = 1024;
+
+/// A frame on the in-process wire.
+#[derive(Debug)]
+pub(super) enum Frame {
+    /// A data header (its payload CRC not yet filled in) and where the payload lies in the producer's
+    /// memory. The consumer places and checksums the bytes while the producer computes the sender's CRC.
+    Data([u8; HEADER_LEN], MemoryRegion, Range<usize>),
+    /// The same header sealed with the sender's CRC of the payload: the consumer compares the two.
+    Seal([u8; HEADER_LEN]),
+    /// A control frame with its payload.
+    Control([u8; HEADER_LEN], Vec<u8>),
+    /// Nothing to handle: look at the engine again (a command changed it).
+    Wake,
+}
+
+/// The refusals of one end: the newest [`KEEP_REFUSED`] and how many in all.
+#[derive(Debug, Default)]
+pub(super) struct RefusalLog(Mutex<(VecDeque<Error>, u64)>);
+
+impl RefusalLog {
+    fn push(&self, e: Error) {
+        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if log.0.len() >= KEEP_REFUSED {
+            log.0.pop_front();
+        }
+        log.0.push_back(e);
+        log.1 += 1;
+    }
+
+    pub(super) fn snapshot(&self) -> (Vec<Error>, u64) {
+        let log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        (log.0.iter().cloned().collect(), log.1)
+    }
+}
+
+/// A data transmit and the memory its payload lies in.
+struct Outgoing {
+    transmit: Transmit,
+    memory: Option<MemoryRegion>,
+}
+
+/// How long to nap: until the next timer, at most [`BUSY_NAP`] while sessions live, else [`IDLE_NAP`].
+fn nap(engine: &Engine, now: Instant) -> Duration {
+    let cap = if engine.live_sessions() > 0 {
+        BUSY_NAP
+    } else {
+        IDLE_NAP
+    };
+    engine
+        .poll_timeout()
+        .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
+}
+
+fn fire_timers(engine: &mut Engine, now: Instant) {
+    if engine.poll_timeout().is_some_and(|t| t <= now) {
+        engine.handle_timeout(now);
+    }
+}
+
+pub(super) fn spawn_producer(
+    end: Arc<LoopbackEnd>,
+    data_tx: SyncSender<Frame>,
+    ack_rx: Receiver<Frame>,
+    credit: Arc<Credit>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("loopback-producer".into())
+        .spawn(move || run_producer(&end, &data_tx, &ack_rx, &credit, &stop))
+        .expect("spawning the loopback producer thread")
+}
+
+pub(super) fn spawn_consumer(
+    end: Arc<LoopbackEnd>,
+    data_rx: Receiver<Frame>,
+    ack_tx: mpsc::Sender<Frame>,
+    credit: Arc<Credit>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("loopback-consumer".into())
+        .spawn(move || run_consumer(&end, &data_rx, &ack_tx, &credit, &stop))
+        .expect("spawning the loopback consumer thread")
+}
+
+/// Producer loop: takes acknowledgements, fires timers, sends what the engine asks for, until stopped.
+fn run_producer(
+    end: &LoopbackEnd,
+    data_tx: &SyncSender<Frame>,
+    ack_rx: &Receiver<Frame>,
+    credit: &Credit,
+    stop: &AtomicBool,
+) {
+    let mut inbox = Vec::new();
+    let mut out: Vec<Outgoing> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        loop {
+            match ack_rx.try_recv() {
+                Ok(frame) => inbox.push(frame),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => return,
+            }
+        }
+        let now = Instant::now();
+        let wait = {
+            let mut engine = end.station.engine();
+            for frame in inbox.drain(..) {
+                receive_control(&mut engine, frame, now, CONSUMER, &end.refused);
+            }
+            fire_timers(&mut engine, now);
+            let mut bytes = 0;
+            while bytes < super::IN_FLIGHT_BYTES {
+                let Some(t) = engine.poll_transmit(now) else {
+                    break;
+                };
+                let memory = match &t.body {
+                    Body::Payload(p) => {
+                        bytes += u64::from(p.len);
+                        engine.memory(p.region).ok().cloned()
+                    }
+                    _ => None,
+                };
+                out.push(Outgoing {
+                    transmit: t,
+                    memory,
+                });
+            }
+            end.station.drain_events(&mut engine);
+            nap(&engine, now)
+        };
+        let sent = out.len();
+        for o in out.drain(..) {
+            if !send(o, data_tx, credit, stop, &end.refused) {
+                return;
+            }
+        }
+        if sent == 0 {
+            match ack_rx.recv_timeout(wait) {
+                Ok(frame) => inbox.push(frame),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+    }
+}
+
+/// Sends one transmit to the consumer; false when the consumer is gone or the pair stops.
+fn send(
+    o: Outgoing,
+    data_tx: &SyncSender<Frame>,
+    credit: &Credit,
+    stop: &AtomicBool,
+    refused: &RefusalLog,
+) -> bool {
+    let Outgoing {
+        transmit: mut t,
+        memory,
+    } = o;
+    let frame = match (&t.body, memory) {
+        (Body::Payload(p), Some(memory)) => {
+            let range = p.range();
+            while !credit.take(u64::from(p.len), BUSY_NAP) {
+                if stop.load(Ordering::Relaxed) {
+                    return false;
+                }
+            }
+            // The header goes first so the consumer copies while we checksum.
+            let header = t.header.encode();
+            if data_tx
+                .send(Frame::Data(header, memory.clone(), range.clone()))
+                .is_err()
+            {
+                return false;
+            }
+            match memory.read(range) {
+                Ok(payload) => Frame::Seal(t.seal(&payload)),
+                Err(e) => {
+                    refused.push(e);
+                    Frame::Seal(header)
+                }
+            }
+        }
+        (Body::Payload(p), None) => {
+            refused.push(Error::UnknownRegion(p.region));
+            return true;
+        }
+        (Body::Control(payload), _) => Frame::Control(t.header.encode(), payload.clone()),
+        (Body::Empty, _) => Frame::Control(t.header.encode(), Vec::new()),
+    };
+    data_tx.send(frame).is_ok()
+}
+
+/// Consumer loop: places and verifies data, sends acknowledgements, until stopped.
+fn run_consumer(
+    end: &LoopbackEnd,
+    data_rx: &Receiver<Frame>,
+    ack_tx: &mpsc::Sender<Frame>,
+    credit: &Credit,
+    stop: &AtomicBool,
+) {
+    let mut pending = None;
+    let mut wait = IDLE_NAP;
+    while !stop.load(Ordering::Relaxed) {
+        match data_rx.recv_timeout(wait) {
+            Ok(frame) => {
+                receive_into(end, frame, &mut pending, credit);
+                // Drain what is already queued before answering, so acknowledgements coalesce.
+                for _ in 0..CONSUMER_BATCH {
+                    let Ok(frame) = data_rx.try_recv() else {
+                        break;
+                    };
+                    receive_into(end, frame, &mut pending, credit);
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        let mut out = Vec::new();
+        {
+            let mut engine = end.station.engine();
+            fire_timers(&mut engine, now);
+            while let Some(t) = engine.poll_transmit(now) {
+                out.push(t);
+            }
+            end.station.drain_events(&mut engine);
+            wait = nap(&engine, now);
+        }
+        for t in out {
+            let payload = match t.body {
+                Body::Control(p) => p,
+                _ => Vec::new(),
+            };
+            if ack_tx
+                .send(Frame::Control(t.header.encode(), payload))
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// A data payload placed and checksummed at the consumer, waiting for the sender's sealed header.
+struct Placed {
+    header: Header,
+    /// CRC-32C of the placed bytes; `None` when the engine said to discard them.
+    crc: Option<u32>,
+}
+
+fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, credit: &Credit) {
+    let result = match frame {
+        Frame::Data(header, memory, range) => {
+            let placed = place(&end.station, &header, &memory, range.clone());
+            credit.give(range.len() as u64);
+            placed.map(|p| *pending = Some(p))
+        }
+        Frame::Seal(sealed) => match (pending.take(), Header::decode(&sealed)) {
+            (Some(placed), Ok(sealed)) => {
+                let mut unsealed = sealed;
+                unsealed.crc = placed.header.crc;
+                if unsealed == placed.header {
+                    let crc = placed.crc.unwrap_or(sealed.crc);
+                    end.station
+                        .engine()
+                        .handle_data(Instant::now(), PRODUCER, &sealed, crc)
+                } else {
+                    Err(Error::InvalidRequest(
+                        "sealed header does not match the data it seals".into(),
+                    ))
+                }
+            }
+            // The data frame was refused (and recorded) already.
+            (None, Ok(_)) => Ok(()),
+            (_, Err(e)) => Err(e.into()),
+        },
+        control => {
+            receive_control(
+                &mut end.station.engine(),
+                control,
+                Instant::now(),
+                PRODUCER,
+                &end.refused,
+            );
+            Ok(())
+        }
+    };
+    if let Err(e) = result {
+        end.refused.push(e);
+    }
+}
+
+/// Hands one control frame to `engine`.
+fn receive_control(
+    engine: &mut Engine,
+    frame: Frame,
+    now: Instant,
+    from: PeerId,
+    refused: &RefusalLog,
+) {
+    let result = match frame {
+        Frame::Control(header, payload) => Header::decode(&header)
+            .map_err(Error::from)
+            .and_then(|h| engine.handle_frame(now, from, &h, &payload)),
+        Frame::Wake => Ok(()),
+        Frame::Data(..) | Frame::Seal(_) => Err(Error::InvalidRequest(
+            "data frame sent towards the producer".into(),
+        )),
+    };
+    if let Err(e) = result {
+        refused.push(e);
+    }
+}
+
+/// Places a data payload where the consumer's engine says, checksumming the placed bytes. The engine is
+/// locked only to decide; the copy runs outside it.
+fn place(
+    station: &Station,
+    header: &[u8; HEADER_LEN],
+    src_memory: &MemoryRegion,
+    src_range: Range<usize>,
+) -> Result<Placed, Error> {
+    let header = Header::decode(header)?;
+    let target = {
+        let mut engine = station.engine();
+        match engine.placement(PRODUCER, &header)? {
+            Placement::Write {
+                region,
+                offset,
+                len,
+            } => {
+                let memory = engine.memory(region)?.clone();
+                Some((memory, offset as usize..offset as usize + len as usize))
+            }
+            Placement::Discard => None,
+        }
+    };
+    let crc = match target {
+        Some((dst_memory, dst_range)) => {
+            if dst_memory.same_memory(src_memory) {
+                return Err(Error::InvalidRequest(
+                    "source and destination are the same memory".into(),
+                ));
+            }
+            let payload = src_memory.read(src_range)?;
+            let mut dst = dst_memory.write(dst_range)?;
+            if dst.len() != payload.len() {
+                return Err(Error::InvalidRequest(
+                    "payload length differs from its placement".into(),
+                ));
+            }
+            Some(transfer_engine::copy_and_crc32c(&mut dst, &payload))
+        }
+        None => None,
+    };
+    Ok(Placed { header, crc })
+}

@@ -1,0 +1,63 @@
+//! The part every backend's node shares: one engine behind a mutex that is held only for short,
+//! non-blocking calls, and the [`Board`] its events go to.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use transfer_engine::{
+    Engine, EngineConfig, Error, KvLayout, MemoryRegion, RegionHandle, SessionId, TransferRequest,
+};
+
+use crate::board::Board;
+
+/// An engine and its board.
+#[derive(Debug)]
+pub(crate) struct Station {
+    engine: Mutex<Engine>,
+    pub(crate) board: Board,
+}
+
+impl Station {
+    pub(crate) fn new(cfg: EngineConfig) -> Self {
+        Self {
+            engine: Mutex::new(Engine::new(cfg)),
+            board: Board::default(),
+        }
+    }
+
+    /// The engine, locked: keep the guard for non-blocking calls only.
+    pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers `memory` as a KV region of `layout`.
+    pub(crate) fn register_kv_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, Error> {
+        self.engine().register_kv_region(layout, memory)
+    }
+
+    /// Submits a transfer and records its start on the board.
+    pub(crate) fn submit(&self, req: TransferRequest) -> Result<SessionId, Error> {
+        let now = Instant::now();
+        let mut engine = self.engine();
+        let id = engine.submit(now, req)?;
+        self.board.submitted(id, now);
+        Ok(id)
+    }
+
+    /// The consumer is about to compute `layer` of receiving session `session`; see
+    /// [`Engine::consume_layer`].
+    pub(crate) fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, Error> {
+        self.engine().consume_layer(Instant::now(), session, layer)
+    }
+
+    /// Hands every pending event of `engine` (this station's, locked by the caller) to the board.
+    pub(crate) fn drain_events(&self, engine: &mut Engine) {
+        while let Some(event) = engine.poll_event() {
+            self.board.observe(&event);
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The bytes behind registered regions: memory the caller hands over, memory it keeps owning, and (from
+//! the backends) pinned or GPU memory, all behind one type, [`MemoryRegion`].
+//!
+//! # Who may touch which bytes
+//! A region is cut into shards of [`SHARD_BYTES`], each with a reader-writer lock. Every access through the
+//! region ([`MemoryRegion::read`], [`MemoryRegion::write`] and the drivers' placements and sends) takes the
+//! locks of the shards it covers, in ascending order, for as long as its view lives. So the engine, its
+//! drivers and the caller never race on a byte, whoever owns the memory. Drivers hold a view only for one
+//! non-blocking copy or syscall, never across a wait.
+//!
+//! What the locks cannot say, the caller keeps to:
+//! - the source blocks of a live sending session are not changed until it completes (a change is sent as
+//!   the new bytes, or fails the receiver's checksum and is resent);
+//! - the destination blocks of a live receiving session are read only after they are reported delivered
+//!   ([`crate::Event::BlockDelivered`], [`crate::Event::LayerComplete`]) and written by nobody else;
+//! - memory registered with [`MemoryRegion::from_raw_parts`] is touched by the caller's own pointers only
+//!   outside ranges that live sessions use, and stays valid until the last clone of its region drops.
+//!
+//! Views hold shard locks: hold one view at a time per thread (two views of one shard on one thread can
+//! deadlock, as any pair of locks can).
+
+#[allow(unsafe_code)]
+mod raw;
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, RwLock};
+
+pub use raw::{Bytes, BytesMut, RawMemory};
+
+use crate::Error;
+
+/// Bytes per shard lock: small enough that lanes placing different slices of one region rarely meet, large
+/// enough that a region of 64 GiB needs only 65,536 locks.
+pub const SHARD_BYTES: usize = 1 << 20;
+
+/// Where a region's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Ordinary host memory.
+    Host,
+    /// Page-locked host memory (for example `cuMemHostAlloc`), usable as a DMA staging area.
+    PinnedHost,
+    /// GPU memory: the host never dereferences it; drivers copy through the device's API.
+    Device {
+        /// The device's ordinal.
+        ordinal: u32,
+    },
+}
+
+impl MemoryKind {
+    /// Whether the CPU can read and write the bytes directly.
+    #[must_use]
+    pub fn is_host(self) -> bool {
+        matches!(self, MemoryKind::Host | MemoryKind::PinnedHost)
+    }
+}
+
+impl fmt::Display for MemoryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemoryKind::Host => f.write_str("host memory"),
+            MemoryKind::PinnedHost => f.write_str("pinned host memory"),
+            MemoryKind::Device { ordinal } => write!(f, "memory of GPU {ordinal}"),
+        }
+    }
+}
+
+/// The memory behind one registered region. Cloning is cheap and shares the bytes: the last clone to drop
+/// releases them (or tells their owner, for caller-owned memory).
+#[derive(Clone)]
+pub struct MemoryRegion {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    memory: Box<dyn RawMemory>,
+    shards: Box<[RwLock<()>]>,
+}
+
+impl fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("kind", &self.kind())
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryRegion {
+    /// `len` zeroed bytes of host memory, owned by the region.
+    #[must_use]
+    pub fn zeroed(len: usize) -> Self {
+        Self::from_boxed(vec![0; len].into_boxed_slice())
+    }
+
+    /// Takes over the caller's bytes, without copying them.
+    #[must_use]
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        Self::from_boxed(bytes.into_boxed_slice())
+    }
+
+    /// Takes over the caller's bytes, without copying them.
+    #[must_use]
+    pub fn from_boxed(bytes: Box<[u8]>) -> Self {
+        Self::from_raw_memory(raw::HostBuffer::new(bytes))
+    }
+
+    /// Memory of any kind that implements [`RawMemory`] (pinned host and GPU memory in the backends).
+    #[must_use]
+    pub fn from_raw_memory(memory: impl RawMemory) -> Self {
+        let shards = (0..memory.len().div_ceil(SHARD_BYTES))
+            .map(|_| RwLock::new(()))
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                memory: Box::new(memory),
+                shards,
+            }),
+        }
+    }
+
+    /// Length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.inner.memory.len()
+    }
+
+    /// Whether the region holds no bytes.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes live.
+    #[must_use]
+    pub fn kind(&self) -> MemoryKind {
+        self.inner.memory.kind()
+    }
+
+    /// The first byte's address (a device address for GPU memory), for registering the memory with a NIC
+    /// or a device API. Never dereference it: use [`MemoryRegion::read`] and [`MemoryRegion::write`].
+    #[must_use]
+    pub fn address(&self) -> usize {
+        self.inner.memory.as_ptr() as usize
+    }
+
+    /// Whether `self` and `other` share the same bytes.
+    #[must_use]
+    pub fn same_memory(&self, other: &MemoryRegion) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// How many clones of this region are alive (engines, drivers and the caller's). When the caller's is
+    /// the only one left after unregistering, no driver can touch the bytes any more.
+    #[must_use]
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// Copies `bytes` into the region at `offset`.
+    pub fn copy_from(&self, offset: usize, bytes: &[u8]) -> Result<(), Error> {
+        let end = offset.checked_add(bytes.len()).ok_or(Error::MemoryRange {
+            offset: offset as u64,
+            length: bytes.len() as u64,
+            len: self.len() as u64,
+        })?;
+        self.write(offset..end)?.copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// The whole region as one vector (a copy).
+    pub fn to_vec(&self) -> Result<Vec<u8>, Error> {
+        Ok(self.read(0..self.len())?.to_vec())
+    }
+
+    /// CRC-32C of `range`.
+    pub fn crc32c(&self, range: Range<usize>) -> Result<u32, Error> {
+        Ok(crate::crc32c(&self.read(range)?))
+    }
+
+    /// Fills the region shard by shard: `f(offset, bytes)` for consecutive pieces covering it.
+    pub fn fill_with(&self, mut f: impl FnMut(usize, &mut [u8])) -> Result<(), Error> {
+        let mut start = 0;
+        while start < self.len() {
+            let end = (start + SHARD_BYTES).min(self.len());
+            f(start, &mut self.write(start..end)?);
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Checks that `range` lies inside host-addressable bytes; returns the shards it touches.
+    fn check(&self, range: &Range<usize>) -> Result<Range<usize>, Error> {
+        let kind = self.kind();
+        if !kind.is_host() {
+            return Err(Error::NotHostMemory(kind));
+        }
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::MemoryRange {
+                offset: range.start as u64,
+                length: range.end.saturating_sub(range.start) as u64,
+                len: self.len() as u64,
+            });
+        }
+        if range.is_empty() {
+            return Ok(0..0);
+        }
+        Ok(range.start / SHARD_BYTES..(range.end - 1) / SHARD_BYTES + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_cover_ranges_across_shards_and_agree_with_a_flat_buffer() {
+        let len = 2 * SHARD_BYTES + 100;
+        let flat: Vec<u8> = (0..len).map(|i| (i * 7 + i / 1000) as u8).collect();
+        let region = MemoryRegion::from_vec(flat.clone());
+        let range = SHARD_BYTES - 10..2 * SHARD_BYTES + 50;
+        assert_eq!(
+            &region.read(range.clone()).unwrap()[..],
+            &flat[range.clone()]
+        );
+        assert_eq!(
+            region.crc32c(range.clone()).unwrap(),
+            crate::crc32c(&flat[range])
+        );
+        region.copy_from(5, &[9, 9, 9]).unwrap();
+        assert_eq!(
+            &region.read(4..9).unwrap()[..],
+            &[flat[4], 9, 9, 9, flat[8]]
+        );
+        assert!(region.read(0..len + 1).is_err());
+        assert!(region.write(len..len + 1).is_err());
+        assert!(region.copy_from(usize::MAX, &[1]).is_err());
+        assert_eq!(region.read(len..len).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_writer_waits_for_readers_of_its_shard() {
+        let region = MemoryRegion::zeroed(SHARD_BYTES * 2);
+        let view = region.read(0..10).unwrap();
+        let other = region.clone();
+        let writer = std::thread::spawn(move || {
+            other.copy_from(SHARD_BYTES, &[1]).unwrap(); // another shard: no wait
+            other.copy_from(0, &[2]).unwrap(); // waits for `view`
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(view[0], 0, "the reader's view is stable while it lives");
+        drop(view);
+        writer.join().unwrap();
+        assert_eq!(region.read(0..1).unwrap()[0], 2);
+    }
+}
