@@ -210,6 +210,13 @@ impl Engine {
         self.senders.len() + self.receivers.len()
     }
 
+    /// Whether any live session (either role) is with `peer`.
+    #[must_use]
+    pub fn has_sessions_with(&self, peer: PeerId) -> bool {
+        self.senders.values().any(|s| s.peer() == peer)
+            || self.receivers.keys().any(|(p, _)| *p == peer)
+    }
+
     // ---- commands ----
 
     /// Registers `memory` as a region and returns its id and a fresh access key. The bytes stay where they

@@ -38,12 +38,23 @@ pub(crate) struct Link {
     addr: Mutex<Option<SocketAddr>>,
     lanes: Mutex<BTreeMap<u64, LaneHandle>>,
     dial: Mutex<DialState>,
+    pub(crate) reach: Mutex<Reach>,
 }
 
 struct DialState {
     dialing: bool,
     failures: u32,
     next_at: Instant,
+    last_error: Option<String>,
+}
+
+/// Whether a peer can be reached, as the driver judges it from its lanes and dials.
+#[derive(Debug, Default)]
+pub(crate) struct Reach {
+    /// Since when the peer has had no lane while sessions with it were live.
+    pub(crate) lost_since: Option<Instant>,
+    /// Set once the peer was declared unreachable (its sessions were ended); cleared when a lane opens.
+    pub(crate) unreachable: Option<String>,
 }
 
 struct LaneHandle {
@@ -64,8 +75,31 @@ impl Link {
                 dialing: false,
                 failures: 0,
                 next_at: Instant::now(),
+                last_error: None,
             }),
+            reach: Mutex::new(Reach::default()),
         }
+    }
+
+    /// The address lanes to this peer are dialed at, if known.
+    pub(crate) fn addr(&self) -> Option<SocketAddr> {
+        *lock(&self.addr)
+    }
+
+    /// Failed dials since the last success, and the last one's error.
+    pub(crate) fn dial_failures(&self) -> (u32, Option<String>) {
+        let d = lock(&self.dial);
+        (d.failures, d.last_error.clone())
+    }
+
+    /// Drops every queued frame (the peer is gone; the engine has given their sessions up).
+    pub(crate) fn clear_queue(&self, shared: &Shared) {
+        let dropped: u64 = lock(&self.queue)
+            .drain(..)
+            .map(|t| t.wire_len() as u64)
+            .sum();
+        self.queued_bytes.fetch_sub(dropped, Ordering::Relaxed);
+        shared.total_queued.fetch_sub(dropped, Ordering::Relaxed);
     }
 
     pub(crate) fn set_addr(&self, addr: SocketAddr) {
@@ -98,20 +132,25 @@ impl Link {
         Some(addr)
     }
 
-    fn dial_done(&self, ok: bool, shared: &Shared) {
+    fn dial_done(&self, result: Result<(), String>, shared: &Shared) {
         let mut d = lock(&self.dial);
         d.dialing = false;
-        if ok {
-            d.failures = 0;
-        } else {
-            let factor = 1u32 << d.failures.min(16);
-            let delay = shared
-                .cfg
-                .redial_base
-                .saturating_mul(factor)
-                .min(shared.cfg.redial_max);
-            d.failures += 1;
-            d.next_at = Instant::now() + delay;
+        match result {
+            Ok(()) => {
+                d.failures = 0;
+                d.last_error = None;
+            }
+            Err(e) => {
+                let factor = 1u32 << d.failures.min(16);
+                let delay = shared
+                    .cfg
+                    .redial_base
+                    .saturating_mul(factor)
+                    .min(shared.cfg.redial_max);
+                d.failures += 1;
+                d.next_at = Instant::now() + delay;
+                d.last_error = Some(e);
+            }
         }
     }
 
@@ -224,8 +263,11 @@ pub(crate) async fn dial(
 
 /// A dial the driver asked for; failures back off.
 pub(crate) async fn redial(shared: Arc<Shared>, link: Arc<Link>, addr: SocketAddr) {
-    let ok = dial(&shared, addr, Some(link.peer), None).await.is_ok();
-    link.dial_done(ok, &shared);
+    let result = dial(&shared, addr, Some(link.peer), None)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    link.dial_done(result, &shared);
     shared.wake.notify_one();
 }
 

@@ -22,6 +22,7 @@ pub mod handshake;
 mod lane;
 mod limit;
 mod node;
+mod reach;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -55,6 +56,9 @@ pub struct TcpConfig {
     pub redial_base: Duration,
     /// Largest redial delay.
     pub redial_max: Duration,
+    /// How long a peer with live sessions may have no lane, with redialing refused (or impossible), before
+    /// its sessions end with recompute and new transfers to it are refused.
+    pub unreachable_after: Duration,
     /// Time allowed for connecting and the handshake.
     pub handshake_timeout: Duration,
     /// Most bytes a lane hands the kernel in one vectored write.
@@ -77,6 +81,7 @@ impl Default for TcpConfig {
             idle_timeout: Duration::from_secs(30),
             redial_base: Duration::from_millis(10),
             redial_max: Duration::from_secs(2),
+            unreachable_after: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
             batch_bytes: 4 << 20,
             queue_bytes: 16 << 20,
@@ -139,6 +144,10 @@ pub enum TcpError {
     /// The configuration is not usable.
     #[error("invalid TCP configuration: {0}")]
     Config(String),
+    /// The peer was declared unreachable (its connections lost and redialing refused); the reason says
+    /// for how long and why. Transfers to it are refused until a lane to it opens again.
+    #[error("{0}")]
+    Unreachable(String),
     /// No lane to the peer and no address to dial it.
     #[error("no route to peer {0:?}: connect to it first or add its address")]
     NoRoute(PeerId),

@@ -18,6 +18,7 @@ use transfer_engine::{
 
 use super::handshake::{self, Hello, Message, Segment};
 use super::lane::{self, Link};
+use super::reach;
 use super::{TcpConfig, TcpError};
 use crate::board::{IncomingSession, Outcome, Received};
 use crate::station::Station;
@@ -163,18 +164,17 @@ impl Shared {
         next
     }
 
-    /// Dials more lanes where frames wait: a first lane to any peer with queued frames, more (up to the
-    /// pool's bound) while more than a batch waits.
+    /// Dials more lanes where they are needed: a first lane to any peer with queued frames or live
+    /// sessions, more (up to the pool's bound) while more than a batch waits; ends the sessions of peers
+    /// found unreachable (see [`super::reach`]).
     fn ensure_lanes(self: &Arc<Self>) {
         let links: Vec<Arc<Link>> = lock(&self.links).values().cloned().collect();
         let now = Instant::now();
         for link in links {
+            let redial = reach::judge(self, &link, now) == reach::Verdict::Redial;
             let queued = link.queued_bytes.load(Ordering::Relaxed);
-            if queued == 0 {
-                continue;
-            }
             let lanes = link.lane_count();
-            let want = lanes == 0
+            let want = (lanes == 0 && (queued > 0 || redial))
                 || (queued > self.cfg.batch_bytes as u64 && lanes < self.cfg.max_lanes_per_peer);
             if want && let Some(addr) = link.dial_due(now) {
                 tokio::spawn(lane::redial(self.clone(), link, addr));
@@ -433,7 +433,17 @@ impl TcpNode {
     }
 
     /// Starts a transfer; see [`TcpNode::wait`].
+    ///
+    /// Fails at once when the peer cannot be reached: no lane and no address to dial, or declared
+    /// unreachable after its connections were lost (until a lane to it opens again).
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TcpError> {
+        let link = self.shared.link(req.peer);
+        if let Some(reason) = lock(&link.reach).unreachable.clone() {
+            return Err(TcpError::Unreachable(reason));
+        }
+        if !link.routable() {
+            return Err(TcpError::NoRoute(req.peer));
+        }
         let id = self.shared.station.submit(req)?;
         self.shared.wake.notify_one();
         Ok(id)

@@ -1,0 +1,76 @@
+//! Fast failure on a dead peer: when every lane to a peer with live sessions is gone and redialing it is
+//! refused (or it cannot be redialed at all) for [`super::TcpConfig::unreachable_after`], its sessions end
+//! at once with recompute and a reason, and new transfers to it fail at once until a lane opens again.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use transfer_engine::PeerId;
+
+use super::lane::Link;
+use super::node::{Shared, lock};
+
+/// What the driver should do about a link after [`judge`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Nothing: it has lanes, or nothing needs it.
+    Fine,
+    /// It has no lane but needs one: dial it (when its backoff allows).
+    Redial,
+}
+
+/// Judges one link: clears its marks when a lane is open, starts the clock when it loses its last lane
+/// under live sessions, and declares it unreachable (ending its sessions) once the clock runs out with
+/// redialing refused.
+pub(crate) fn judge(shared: &Shared, link: &Arc<Link>, now: Instant) -> Verdict {
+    let mut reach = lock(&link.reach);
+    if link.lane_count() > 0 {
+        if reach.unreachable.take().is_some() {
+            shared.log(format!("peer {} is reachable again", link.peer.0));
+        }
+        reach.lost_since = None;
+        return Verdict::Fine;
+    }
+    if reach.unreachable.is_some() {
+        // Keep trying in the background (with backoff) so the peer is found again when it is back.
+        return Verdict::Redial;
+    }
+    let mut engine = shared.station.engine();
+    if !engine.has_sessions_with(link.peer) {
+        reach.lost_since = None;
+        return Verdict::Fine;
+    }
+    let since = *reach.lost_since.get_or_insert(now);
+    let (failures, last_error) = link.dial_failures();
+    let addr = link.addr();
+    let refused = addr.is_none() || failures > 0;
+    if now.duration_since(since) < shared.cfg.unreachable_after || !refused {
+        return Verdict::Redial;
+    }
+    let reason = unreachable_reason(link.peer, addr, last_error, now.duration_since(since));
+    let ended = engine.abort_peer(link.peer, &reason);
+    shared.station.drain_events(&mut engine);
+    drop(engine);
+    link.clear_queue(shared);
+    shared.log(format!("{reason}; ended {ended} session(s)"));
+    reach.unreachable = Some(reason);
+    Verdict::Redial
+}
+
+fn unreachable_reason(
+    peer: PeerId,
+    addr: Option<std::net::SocketAddr>,
+    last_error: Option<String>,
+    lost_for: std::time::Duration,
+) -> String {
+    let how = match (addr, last_error) {
+        (Some(a), Some(e)) => format!("redialing {a} failed: {e}"),
+        (Some(a), None) => format!("redialing {a} failed"),
+        (None, _) => "its address is unknown, so it cannot be redialed".into(),
+    };
+    format!(
+        "peer {} is unreachable: no connection for {} ms and {how}",
+        peer.0,
+        lost_for.as_millis()
+    )
+}

@@ -1,0 +1,158 @@
+//! The receiving side over real sockets: caller memory on both ends, incoming sessions accepted, layers
+//! awaited and consumed one by one with the producer's prefetch window following, and a dead peer that
+//! ends its sessions promptly instead of at their deadline.
+
+use std::time::Duration;
+
+use backends::tcp::{TcpConfig, TcpError, TcpNode};
+use backends::{IncomingSession, WaitError};
+use tokio::time::timeout;
+use transfer_engine::{
+    BlockId, Dtype, Event, KvLayout, MemoryRegion, TransferMode, TransferRequest,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn layout(layers: u32, blocks: u32, block_bytes: u64) -> KvLayout {
+    KvLayout::new(layers, blocks, block_bytes, 16, Dtype::Bf16).unwrap()
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Two nodes, each over memory the caller handed it, connected.
+async fn nodes(
+    l: KvLayout,
+    seed: u64,
+) -> (
+    TcpNode,
+    TcpNode,
+    MemoryRegion,
+    MemoryRegion,
+    TransferRequest,
+) {
+    let tx = TcpNode::start(TcpConfig {
+        listen: None,
+        ..TcpConfig::with_engine_id(1)
+    })
+    .await
+    .unwrap();
+    let rx = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
+    let len = l.total_bytes() as usize;
+    let (src_mem, dst_mem) = (
+        MemoryRegion::from_vec(pattern(len, seed)),
+        MemoryRegion::zeroed(len),
+    );
+    let src = tx.register_kv_region(l, src_mem.clone()).unwrap();
+    let dst = rx.register_kv_region(l, dst_mem.clone()).unwrap();
+    let peer = tx
+        .connect(rx.local_addr().unwrap(), None)
+        .await
+        .unwrap()
+        .peer;
+    let req = TransferRequest::whole(peer, &src, &dst).unwrap();
+    (tx, rx, src_mem, dst_mem, req)
+}
+
+fn layer_bytes(memory: &MemoryRegion, l: KvLayout, layer: u32) -> Vec<u8> {
+    let start = l.block_offset(BlockId::new(layer, 0)) as usize;
+    let len = (l.block_bytes * u64::from(l.blocks_per_layer)) as usize;
+    memory.read(start..start + len).unwrap().to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_stream_into_caller_memory_as_the_consumer_computes_them() {
+    let l = layout(8, 16, 64 << 10);
+    let (tx, rx, src_mem, dst_mem, req) = nodes(l, 3).await;
+    let mut events = rx.subscribe();
+    let session = tx
+        .submit(
+            req.with_prefetch_depth(1)
+                .with_mode(TransferMode::packetized()),
+        )
+        .unwrap();
+    let incoming: IncomingSession = timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    assert_eq!((incoming.session, incoming.peer.0), (session, 1));
+    assert_eq!(incoming.layers, 0..8);
+    // Nobody consumes yet: the producer may run only its prefetch depth ahead of layer 0.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut complete = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let Event::LayerComplete { layer, .. } = e {
+            complete.push(layer);
+        }
+    }
+    assert!(complete.contains(&0), "layer 0 is inside the window: {complete:?}");
+    assert!(
+        complete.iter().all(|l| *l <= 1),
+        "layers beyond the window arrived before they were consumed: {complete:?}"
+    );
+    for layer in 0..8 {
+        rx.consume_layer(session, layer).unwrap();
+        timeout(LIMIT, rx.wait_layer(session, layer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            layer_bytes(&dst_mem, l, layer) == layer_bytes(&src_mem, l, layer),
+            "layer {layer} differs"
+        );
+    }
+    let out = tx.wait(session, LIMIT).await.unwrap();
+    assert!(out.recompute.is_empty() && out.reason.is_none(), "{out:?}");
+    let received = timeout(LIMIT, rx.wait_received(session))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(received.recompute.is_empty());
+    assert_eq!(received.stats.blocks_delivered, 8 * 16);
+    assert!(
+        matches!(
+            rx.wait_layer(session, 9).await,
+            Err(TcpError::Wait(WaitError::NoSuchLayer { .. }))
+        ),
+        "a layer outside the session is a clear error"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_ends_its_sessions_promptly_and_new_transfers_fail_at_once() {
+    // A long deadline: the report must come from noticing the peer is gone, not from the deadline.
+    let l = layout(16, 64, 256 << 10);
+    let (tx, rx, _src, _dst, req) = nodes(l, 4).await;
+    let req = req.with_deadline(Duration::from_secs(60));
+    let peer = req.peer;
+    let session = tx.submit(req.clone()).unwrap();
+    let mut first = rx.subscribe();
+    // Let some KV arrive, then the receiving process "dies": its listener and lanes vanish.
+    loop {
+        if let Ok(Event::BlockDelivered { .. }) = timeout(LIMIT, first.recv()).await.unwrap() {
+            break;
+        }
+    }
+    rx.shutdown();
+    drop(rx);
+    let out = timeout(Duration::from_secs(20), tx.wait(session, LIMIT))
+        .await
+        .expect("reported long before the 60 s deadline")
+        .unwrap();
+    let reason = out.reason.clone().unwrap_or_default();
+    assert!(reason.contains("unreachable"), "{out:?}");
+    assert!(
+        !out.recompute.is_empty() && out.recompute.len() < 16 * 64,
+        "{out:?}"
+    );
+    match tx.submit(req) {
+        Err(TcpError::Unreachable(why)) => assert!(why.contains(&format!("peer {}", peer.0))),
+        other => panic!("a new transfer to a dead peer must fail at once, got {other:?}"),
+    }
+}
