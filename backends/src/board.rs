@@ -286,6 +286,15 @@ impl Board {
         self.state().incoming_dropped
     }
 
+    /// Whether `layer` of receiving session `session` has arrived whole; `None` when the session or the
+    /// layer is not known.
+    pub(crate) fn layer_done(&self, session: SessionId, layer: u32) -> Option<bool> {
+        let s = self.state();
+        let r = s.receiving.get(&session)?;
+        let index = layer.checked_sub(r.info.layers.start)?;
+        r.layer_done.get(index as usize).copied()
+    }
+
     /// The next incoming session nobody has accepted yet, waiting for one if needed.
     pub(crate) async fn accept(&self) -> Result<IncomingSession, WaitError> {
         self.wait_for(|s| Some(Ok(s.incoming.pop_front()?))).await

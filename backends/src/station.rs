@@ -49,9 +49,21 @@ impl Station {
     }
 
     /// The consumer is about to compute `layer` of receiving session `session`; see
-    /// [`Engine::consume_layer`].
+    /// [`Engine::consume_layer`]. A session that already finished (its last layers arrived before the
+    /// consumer reached them) answers from the board.
     pub(crate) fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, Error> {
-        self.engine().consume_layer(Instant::now(), session, layer)
+        let result = self.engine().consume_layer(Instant::now(), session, layer);
+        match result {
+            Err(Error::UnknownSession(_)) => {
+                self.board
+                    .layer_done(session, layer)
+                    .ok_or(Error::InvalidRequest(format!(
+                        "session {session} is not a session this node receives, or has no layer \
+                         {layer}"
+                    )))
+            }
+            other => other,
+        }
     }
 
     /// Hands every pending event of `engine` (this station's, locked by the caller) to the board.

@@ -91,7 +91,10 @@ async fn layers_stream_into_caller_memory_as_the_consumer_computes_them() {
             complete.push(layer);
         }
     }
-    assert!(complete.contains(&0), "layer 0 is inside the window: {complete:?}");
+    assert!(
+        complete.contains(&0),
+        "layer 0 is inside the window: {complete:?}"
+    );
     assert!(
         complete.iter().all(|l| *l <= 1),
         "layers beyond the window arrived before they were consumed: {complete:?}"

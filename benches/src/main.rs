@@ -12,6 +12,7 @@ mod replay;
 mod report;
 mod run;
 mod sim;
+mod stream;
 mod sweep;
 mod tcp;
 

@@ -1,6 +1,8 @@
-//! `te-bench overlap`: a consumer computes layer after layer while their KV streams in over the simulated
-//! fabric (virtual time): serial (transfer all, then compute), pipelined at each prefetch depth, and the
-//! bound `max(total transfer, total compute) + one layer of the smaller`.
+//! `te-bench overlap`: a consumer computes layer after layer while their KV streams in: over the simulated
+//! fabric in virtual time (`--backend sim`, the default), or in real time over real sockets or the
+//! in-process loopback (`--backend tcp|loopback`, see [`crate::stream`]). Reported: serial (transfer all,
+//! then compute), pipelined at each prefetch depth, and the bound
+//! `max(total transfer, total compute) + one layer of the smaller`.
 
 use std::time::{Duration, Instant};
 
@@ -23,9 +25,14 @@ pub(crate) struct OverlapArgs {
     /// Layers computed (each one's KV transferred).
     #[arg(long, default_value_t = 32)]
     layers: u32,
-    /// Consumer compute per layer, in microseconds.
-    #[arg(long, default_value_t = 700)]
-    layer_compute_us: u64,
+    /// Where the KV moves: the simulated fabric (virtual time), real TCP sockets on this machine, or the
+    /// in-process loopback (both real time).
+    #[arg(long, value_enum, default_value = "sim")]
+    backend: BackendArg,
+    /// Consumer compute per layer, in microseconds [sim: 700; tcp and loopback: the measured transfer
+    /// time of one layer, the balanced case].
+    #[arg(long)]
+    layer_compute_us: Option<u64>,
     /// KV bytes per layer, with a unit (a whole number of blocks).
     #[arg(long, value_parser = parse_size, default_value = "16MiB")]
     layer_bytes: u64,
@@ -44,8 +51,20 @@ pub(crate) struct OverlapArgs {
     json: bool,
 }
 
+/// Where `te-bench overlap` moves the KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BackendArg {
+    /// The simulated fabric, in virtual time.
+    Sim,
+    /// Two TCP nodes over loopback sockets, in real time.
+    Tcp,
+    /// The in-process loopback pair, in real time.
+    Loopback,
+}
+
 /// Columns of the human table.
 const COLUMNS: &[&str] = &[
+    "backend",
     "layers",
     "prefetch_depth",
     "transfer_ms",
@@ -75,6 +94,31 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
             args.block_bytes
         );
     }
+    let real = match args.backend {
+        BackendArg::Sim => None,
+        BackendArg::Tcp => Some("tcp"),
+        BackendArg::Loopback => Some("loopback"),
+    };
+    if let Some(backend) = real {
+        let rows = crate::stream::rows(
+            backend,
+            args.layers,
+            args.layer_bytes,
+            args.block_bytes,
+            args.layer_compute_us.map(Duration::from_micros),
+            &args.prefetch_depth,
+        )?;
+        if !args.json {
+            println!(
+                "{backend}: {} layers x {} KiB in real time; each layer computed for {:.0} us",
+                args.layers,
+                args.layer_bytes >> 10,
+                rows.first().map_or(0.0, |r| r.layer_compute_us())
+            );
+        }
+        return print_rows(&rows, args.json, COLUMNS);
+    }
+    let layer_compute_us = args.layer_compute_us.unwrap_or(700);
     if !args.link_gbit.is_finite() || args.link_gbit <= 0.0 {
         bail!("--link-gbit must be a positive number of Gbit/s, such as 200");
     }
@@ -83,7 +127,7 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
         layers: args.layers,
         layer_bytes: args.layer_bytes,
         block_bytes: args.block_bytes,
-        layer_compute: Duration::from_micros(args.layer_compute_us),
+        layer_compute: Duration::from_micros(layer_compute_us),
         link: LinkConfig {
             bandwidth: (args.link_gbit * 1e9 / 8.0) as u64,
             ..LinkConfig::default()
@@ -99,17 +143,19 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
             prefetch_depth: depth,
             ..base.clone()
         };
-        rows.push(
-            cfg.report(transfer, intact, Instant::now())
-                .with_context(|| format!("overlap at depth {depth} with seed {seed}"))?,
-        );
+        let report = cfg
+            .report(transfer, intact, Instant::now())
+            .with_context(|| format!("overlap at depth {depth} with seed {seed}"))?;
+        let mut row = serde_json::to_value(report)?;
+        row["backend"] = "sim".into();
+        rows.push(row);
     }
     if !args.json {
         println!(
             "{} layers x {} KiB, {} us of compute a layer, {} Gbit/s link (seed {seed})",
             args.layers,
             args.layer_bytes >> 10,
-            args.layer_compute_us,
+            layer_compute_us,
             args.link_gbit
         );
     }

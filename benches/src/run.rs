@@ -290,7 +290,7 @@ pub(crate) fn kv_len(layout: KvLayout) -> anyhow::Result<usize> {
     usize::try_from(layout.total_bytes()).context("the layout does not fit in memory")
 }
 
-fn fill(bytes: &mut [u8]) {
+pub(crate) fn fill(bytes: &mut [u8]) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for chunk in bytes.chunks_mut(8) {
         x ^= x << 13;
