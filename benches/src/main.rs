@@ -5,6 +5,7 @@
 mod args;
 mod bucket;
 mod contention;
+mod death;
 mod net;
 mod overlap;
 mod progress;
@@ -54,6 +55,8 @@ enum Command {
     Serve(net::ServeArgs),
     /// Transfers KV to a `te-bench serve` process over TCP and reports throughput like `run`.
     Connect(net::ConnectArgs),
+    /// Kills a `te-bench serve` process mid-transfer and times the sender's recompute report.
+    PeerDeath(death::PeerDeathArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
     Sweep(sweep::SweepArgs),
 }
@@ -76,6 +79,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Bucket { json } => bucket::main(json),
         Command::Serve(args) => net::serve_main(&args),
         Command::Connect(args) => net::connect_main(&args),
+        Command::PeerDeath(args) => death::main(&args),
     }
 }
 
