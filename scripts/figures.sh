@@ -8,16 +8,24 @@ mkdir -p "$out"
 cargo build --release -p benches --bin te-bench
 tb=./target/release/te-bench
 
-# Loopback and TCP throughput: 256 KiB, 4 MiB and 64 MiB blocks (loopback), 64 KiB, 1 MiB, 4 MiB (TCP).
+# Loopback and TCP throughput, caller memory to caller memory: 256 KiB, 4 MiB and 64 MiB blocks (both),
+# 64 KiB and 1 MiB (TCP).
 : > "$out/run.jsonl"
 for size in 256KiB 4MiB 64MiB; do
   $tb run --backend loopback --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
 done
-if $tb run --help | grep -q tcp; then
-  for size in 64KiB 1MiB 4MiB; do
-    $tb run --backend tcp --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
-  done
-fi
+for size in 64KiB 256KiB 1MiB 4MiB 64MiB; do
+  $tb run --backend tcp --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
+done
+
+# Layer streaming in real time, depths 0-4, over TCP and the loopback pair.
+: > "$out/overlap.jsonl"
+for backend in tcp loopback; do
+  $tb overlap --backend $backend --prefetch-depth 0,1,2,3,4 --json >> "$out/overlap.jsonl"
+done
+
+# A peer process killed mid-transfer: time to the sender's recompute report, 5 runs and their median.
+$tb peer-death --runs 5 --json > "$out/peer_death.jsonl"
 
 # Faulty fabric: 0%, 1%, 5% random loss and 30% burst loss, each mode, seeds 1-3.
 : > "$out/sim.jsonl"

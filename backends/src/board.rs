@@ -266,8 +266,13 @@ impl Board {
             Event::BlockDelivered { .. } => {}
         }
         drop(s);
-        let _ = self.events.send(event.clone());
-        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        if self.events.receiver_count() > 0 {
+            let _ = self.events.send(event.clone());
+        }
+        // A delivered block changes nothing a waiter waits for (layers and sessions do).
+        if !matches!(event, Event::BlockDelivered { .. }) {
+            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
     }
 
     /// Wakes every waiter with [`WaitError::Closed`] from now on.

@@ -7,6 +7,55 @@
 //!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
 //! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
 //!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
+//!
+//! Both backends register regions over the caller's own memory ([`transfer_engine::MemoryRegion`]) and
+//! offer the same receiving side ([`board`]): accept incoming sessions, await them layer by layer while
+//! consuming layers (so the producer's prefetch window follows), await them whole, subscribe to events.
+//!
+//! A prefill instance pushes one request's blocks into a decode instance's KV pool over TCP; the decode
+//! side computes each layer as soon as it has arrived:
+//!
+//! ```
+//! use std::time::Duration;
+//! use backends::tcp::{TcpConfig, TcpNode};
+//! use transfer_engine::{BlockId, Dtype, KvLayout, MemoryRegion, TransferRequest};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Each instance's KV pool: 4 layers x 64 blocks of 64 KiB.
+//! let layout = KvLayout::new(4, 64, 64 << 10, 16, Dtype::Bf16)?;
+//! let bytes = layout.total_bytes() as usize;
+//!
+//! // Decode: listens, and registers its own pool in place (no copy in or out of the engine).
+//! let decode = TcpNode::start(TcpConfig::with_engine_id(2)).await?;
+//! let decode_pool = MemoryRegion::zeroed(bytes);
+//! let dst = decode.register_kv_region(layout, decode_pool.clone())?;
+//! decode.publish_segment("kv", dst);
+//!
+//! // Prefill: hands over the buffer its KV was computed into, and connects.
+//! let prefill = TcpNode::start(TcpConfig { listen: None, ..TcpConfig::with_engine_id(1) }).await?;
+//! let src = prefill.register_kv_region(layout, MemoryRegion::from_vec(vec![7; bytes]))?;
+//! let peer = prefill.connect(decode.local_addr().unwrap(), None).await?;
+//! let dst = *peer.segment("kv").unwrap();
+//!
+//! // One request's blocks as the block tables hand them out: 3, 17, 42 there, 5, 6, 7 here.
+//! let req = TransferRequest::blocks(peer.peer, &src, vec![3, 17, 42], &dst, vec![5, 6, 7], 0..4)?
+//!     .with_prefetch_depth(2);
+//! let session = prefill.submit(req)?;
+//!
+//! // Decode: accept the session, then compute layer by layer as each arrives whole.
+//! let incoming = decode.accept().await?;
+//! for layer in incoming.layers.clone() {
+//!     decode.consume_layer(incoming.session, layer)?; // about to compute it: the window moves on
+//!     decode.wait_layer(incoming.session, layer).await?;
+//!     let at = layout.block_offset(BlockId::new(layer, 6)) as usize;
+//!     assert!(decode_pool.read(at..at + (64 << 10))?.iter().all(|&b| b == 7)); // attention runs here
+//! }
+//! let sent = prefill.wait(session, Duration::from_secs(10)).await?;
+//! assert!(sent.recompute.is_empty());
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod board;
