@@ -13,7 +13,9 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
-use transfer_engine::{Body, Error, KvLayout, Lane, MemoryRegion, PeerId, Placement, Transmit};
+use transfer_engine::{
+    Body, Error, KvLayout, Lane, MemoryRegion, PeerId, Placement, RegionId, Transmit,
+};
 
 use super::TcpError;
 use super::handshake;
@@ -350,6 +352,8 @@ async fn send_batch(
     batch: &mut [Transmit],
     wr: &OwnedWriteHalf,
 ) -> io::Result<()> {
+    // The memory of each region the batch reads from, looked up once per batch (not once per frame).
+    let mut ids: Vec<RegionId> = Vec::new();
     let mut regions: Vec<MemoryRegion> = Vec::new();
     let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(batch.len());
     let mut payloads: Vec<Option<(usize, std::ops::Range<usize>)>> =
@@ -358,13 +362,16 @@ async fn send_batch(
         let payload = match &t.body {
             Body::Payload(p) => {
                 let range = p.range();
-                let found = shared
-                    .station
-                    .engine()
-                    .memory(p.region)
-                    .cloned()
-                    .and_then(|m| m.crc32c(range.clone()).map(|crc| (m, crc)));
-                let Ok((memory, crc)) = found else {
+                let idx = match ids.iter().position(|id| *id == p.region) {
+                    Some(i) => Some(i),
+                    None => shared.station.engine().memory(p.region).ok().map(|m| {
+                        ids.push(p.region);
+                        regions.push(m.clone());
+                        regions.len() - 1
+                    }),
+                };
+                let crc = idx.and_then(|i| regions[i].crc32c(range.clone()).ok());
+                let (Some(idx), Some(crc)) = (idx, crc) else {
                     // The region was unregistered under a live session: drop the frame; the engine
                     // resends or gives up with recompute.
                     headers.push([0; HEADER_LEN]);
@@ -372,13 +379,6 @@ async fn send_batch(
                     continue;
                 };
                 t.header.crc = crc;
-                let idx = match regions.iter().position(|r| r.same_memory(&memory)) {
-                    Some(i) => i,
-                    None => {
-                        regions.push(memory);
-                        regions.len() - 1
-                    }
-                };
                 Some((idx, range))
             }
             Body::Control(_) | Body::Empty => None,
@@ -429,16 +429,18 @@ async fn write_all(
                     span.end = span.end.max(r.end);
                 }
             }
-            let views = spans
-                .iter()
-                .zip(regions)
-                .map(|(span, region)| {
-                    span.clone()
-                        .map(|s| region.read(s.clone()).map(|v| (s.start, v)))
-                        .transpose()
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(io::Error::other)?;
+            // Views are taken in order of address, the one order every holder of several views keeps,
+            // so two lanes can never wait on each other's shards in a circle.
+            let mut order: Vec<usize> = (0..regions.len()).collect();
+            order.sort_by_key(|i| regions[*i].address());
+            let mut views: Vec<Option<(usize, transfer_engine::Bytes<'_>)>> =
+                (0..regions.len()).map(|_| None).collect();
+            for i in order {
+                if let Some(span) = spans[i].clone() {
+                    let view = regions[i].read(span.clone()).map_err(io::Error::other)?;
+                    views[i] = Some((span.start, view));
+                }
+            }
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(end - first);
             for (i, f) in frames[first..end].iter().enumerate() {
                 let bytes: &[u8] = match f {

@@ -16,8 +16,10 @@
 //! - memory registered with [`MemoryRegion::from_raw_parts`] is touched by the caller's own pointers only
 //!   outside ranges that live sessions use, and stays valid until the last clone of its region drops.
 //!
-//! Views hold shard locks: hold one view at a time per thread (two views of one shard on one thread can
-//! deadlock, as any pair of locks can).
+//! Views hold shard locks, so they follow the rules of locks: a thread holds one view at a time, or takes
+//! several in ascending order of [`MemoryRegion::address`] and never two of the same region (the TCP
+//! writer's views of a batch do this). Views cannot be sent to another thread, so a view held across an
+//! `.await` in a spawned task does not compile.
 
 #[allow(unsafe_code)]
 mod raw;
