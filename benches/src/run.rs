@@ -229,11 +229,10 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
     // Caller-owned memory on both ends, registered as it is.
     let mut kv = vec![0u8; usize::try_from(layout.total_bytes())?];
     fill(&mut kv);
+    let dst_memory = MemoryRegion::zeroed(kv_len(layout)?);
+    dst_memory.fill_with(|_, b| b.fill(0))?; // touched now, as the memcpy limit's buffers are
     let limit = memcpy_limit(&kv, layout, iterations);
-    let (src_memory, dst_memory) = (
-        MemoryRegion::from_vec(kv),
-        MemoryRegion::zeroed(kv_len(layout)?),
-    );
+    let src_memory = MemoryRegion::from_vec(kv);
     let src = pair
         .producer()
         .register_kv_region(layout, src_memory.clone())?;

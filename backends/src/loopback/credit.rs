@@ -7,7 +7,7 @@ use std::time::Duration;
 /// Data frames always allowed in flight, whatever their size: one being placed, one being checksummed by
 /// the producer and one queued between them keep both cores busy (measured: two lost 10-17% at 4 MiB and
 /// 64 MiB units against the channel-depth pacing this replaced).
-const MIN_FRAMES: u32 = 3;
+const MIN_FRAMES: u32 = 4;
 
 /// Payload bytes (and frames) in flight.
 #[derive(Debug)]
