@@ -1,0 +1,67 @@
+//! The loopback pair's receiving side: the same calls as a TCP node, over caller memory.
+
+use std::time::Duration;
+
+use backends::WaitError;
+use backends::loopback::{CONSUMER, LoopbackError, LoopbackPair};
+use transfer_engine::{BlockId, Dtype, Event, KvLayout, MemoryRegion, TransferRequest};
+
+#[test]
+fn layers_are_awaited_and_consumed_and_the_prefetch_window_holds() {
+    let pair = LoopbackPair::with_defaults();
+    let l = KvLayout::new(6, 8, 64 << 10, 16, Dtype::F16).unwrap();
+    let len = l.total_bytes() as usize;
+    let src_bytes: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4096) as u8).collect();
+    let dst_memory = MemoryRegion::zeroed(len);
+    let src = pair
+        .producer()
+        .register_kv_region(l, MemoryRegion::from_vec(src_bytes.clone()))
+        .unwrap();
+    let dst = pair
+        .consumer()
+        .register_kv_region(l, dst_memory.clone())
+        .unwrap();
+    let mut events = pair.consumer().subscribe();
+    let req = TransferRequest::blocks(CONSUMER, &src, vec![7, 0, 3], &dst, vec![1, 2, 5], 0..6)
+        .unwrap()
+        .with_prefetch_depth(1);
+    let session = pair.submit(req).unwrap();
+    let incoming = pair.block_on(pair.consumer().accept()).unwrap();
+    assert_eq!(
+        (incoming.session, incoming.blocks.clone()),
+        (session, vec![1, 2, 5])
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let early: Vec<u32> = std::iter::from_fn(|| events.try_recv().ok())
+        .filter_map(|e| match e {
+            Event::LayerComplete { layer, .. } => Some(layer),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        early.contains(&0) && early.iter().all(|l| *l <= 1),
+        "{early:?}"
+    );
+    for layer in 0..6 {
+        pair.consumer().consume_layer(session, layer).unwrap();
+        pair.block_on(pair.consumer().wait_layer(session, layer))
+            .unwrap();
+        for (s, d) in [(7, 1), (0, 2), (3, 5)] {
+            let (from, to) = (
+                l.block_offset(BlockId::new(layer, s)) as usize,
+                l.block_offset(BlockId::new(layer, d)) as usize,
+            );
+            assert!(
+                *dst_memory.read(to..to + (64 << 10)).unwrap()
+                    == src_bytes[from..from + (64 << 10)],
+                "layer {layer}: block {s} did not land in block {d}"
+            );
+        }
+    }
+    let out = pair.block_on(pair.producer().wait(session)).unwrap();
+    assert!(out.recompute.is_empty());
+    assert!(matches!(
+        pair.block_on(pair.consumer().wait_layer(session, 6)),
+        Err(LoopbackError::Wait(WaitError::NoSuchLayer { .. }))
+    ));
+}
