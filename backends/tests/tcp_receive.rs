@@ -149,11 +149,10 @@ async fn a_dead_peer_ends_its_sessions_promptly_and_new_transfers_fail_at_once()
         .expect("reported long before the 60 s deadline")
         .unwrap();
     let reason = out.reason.clone().unwrap_or_default();
-    assert!(reason.contains("unreachable"), "{out:?}");
-    assert!(
-        !out.recompute.is_empty() && out.recompute.len() < 16 * 64,
-        "{out:?}"
-    );
+    assert!(reason.contains("unreachable"), "{reason}");
+    // Whatever was not acknowledged before the peer died (at most every block) comes back.
+    let n = out.recompute.len();
+    assert!((1..=16 * 64).contains(&n), "{n} blocks to recompute");
     match tx.submit(req) {
         Err(TcpError::Unreachable(why)) => assert!(why.contains(&format!("peer {}", peer.0))),
         other => panic!("a new transfer to a dead peer must fail at once, got {other:?}"),

@@ -241,6 +241,12 @@ impl Engine {
             .register(memory, layout.total_bytes(), key, Some(layout))
     }
 
+    /// Reserves region `id` for writes from `owner` only (`None` lifts it): an open from any other peer
+    /// naming it is refused. A node that allocates a region for one peer reserves it so.
+    pub fn set_region_owner(&mut self, id: RegionId, owner: Option<PeerId>) -> Result<(), Error> {
+        self.regions.set_owner(id, owner)
+    }
+
     /// The memory behind a registered region.
     pub fn memory(&self, id: RegionId) -> Result<&MemoryRegion, Error> {
         self.regions.memory(id)
@@ -785,6 +791,7 @@ impl Engine {
         let open = OpenRequest::decode(payload)?;
         open.dst_layout.validate()?;
         let region = *self.regions.get(open.dst_region)?;
+        self.regions.check_writer(open.dst_region, key.0)?;
         self.regions.check_remote(
             open.dst_region,
             open.dst_key,

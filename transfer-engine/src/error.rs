@@ -1,6 +1,6 @@
 //! The core's error type: one enum, every variant says what went wrong and what to do.
 
-use crate::{MemoryKind, RegionId, SessionId, WireError};
+use crate::{MemoryKind, PeerId, RegionId, SessionId, WireError};
 
 /// Everything the core can refuse. None of these leave the engine in a bad state: the offending input is
 /// dropped and every other session carries on.
@@ -55,6 +55,14 @@ pub enum Error {
     /// The memory cannot be read or written by the CPU: the driver must copy through the device's API.
     #[error("{0} cannot be accessed from the host: stage it through host memory")]
     NotHostMemory(MemoryKind),
+    /// The region is reserved for another peer's writes.
+    #[error("region {region} belongs to another peer: peer {peer} may not write into it", peer = peer.0)]
+    NotOwner {
+        /// The region.
+        region: RegionId,
+        /// The peer that tried.
+        peer: PeerId,
+    },
     /// The region is in use by a live session and cannot be unregistered.
     #[error("region {region} is in use by session {session}: cancel or finish it first")]
     RegionBusy {

@@ -38,6 +38,8 @@ pub(crate) struct ReceiverSession {
     layer_slots_left: Vec<u32>,
     pending_acks: Vec<u32>,
     pending_nacks: VecDeque<(u32, u16)>,
+    /// Which slices have a nack in `pending_nacks` (at most one each, however often a peer corrupts one).
+    nack_queued: Vec<bool>,
     open_ack_due: bool,
     close_ack_due: bool,
     finished: bool,
@@ -60,6 +62,7 @@ impl ReceiverSession {
             layer_slots_left: vec![plan.blocks_per_layer; plan.layers() as usize],
             pending_acks: Vec::new(),
             pending_nacks: VecDeque::new(),
+            nack_queued: vec![false; plan.units.len()],
             open_ack_due: true,
             close_ack_due: false,
             finished: false,
@@ -212,7 +215,9 @@ impl ReceiverSession {
         }
         if payload_crc != header.crc {
             self.stats.checksum_failures += 1;
-            self.pending_nacks.push_back((seq, header.attempt));
+            if !std::mem::replace(&mut self.nack_queued[seq as usize], true) {
+                self.pending_nacks.push_back((seq, header.attempt));
+            }
             return Ok(());
         }
         self.verified[seq as usize] = true;
@@ -307,6 +312,7 @@ impl ReceiverSession {
         let mut header = if std::mem::take(&mut self.open_ack_due) {
             Header::new(FrameKind::OpenAck, id)
         } else if let Some((seq, attempt)) = self.pending_nacks.pop_front() {
+            self.nack_queued[seq as usize] = false;
             let mut h = Header::new(FrameKind::Nack, id);
             h.sequence = seq;
             h.attempt = attempt;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
 
-use crate::{Error, KvLayout, MemoryRegion};
+use crate::{Error, KvLayout, MemoryRegion, PeerId};
 
 /// Identifies a registered region within one engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -44,6 +44,8 @@ pub struct RegionHandle {
 struct Region {
     handle: RegionHandle,
     memory: MemoryRegion,
+    /// The only peer allowed to write into the region, if it is reserved for one.
+    owner: Option<PeerId>,
 }
 
 /// The table of registered regions.
@@ -75,7 +77,14 @@ impl RegionTable {
             len,
             layout,
         };
-        self.regions.insert(handle.id, Region { handle, memory });
+        self.regions.insert(
+            handle.id,
+            Region {
+                handle,
+                memory,
+                owner: None,
+            },
+        );
         Ok(handle)
     }
 
@@ -93,6 +102,22 @@ impl RegionTable {
             .get(&id)
             .map(|r| &r.handle)
             .ok_or(Error::UnknownRegion(id))
+    }
+
+    /// Reserves a region for writes from `owner` only (or lifts the reservation).
+    pub(crate) fn set_owner(&mut self, id: RegionId, owner: Option<PeerId>) -> Result<(), Error> {
+        let region = self.regions.get_mut(&id).ok_or(Error::UnknownRegion(id))?;
+        region.owner = owner;
+        Ok(())
+    }
+
+    /// Checks that `peer` may write into region `id` (it is not reserved for another peer).
+    pub(crate) fn check_writer(&self, id: RegionId, peer: PeerId) -> Result<(), Error> {
+        let region = self.regions.get(&id).ok_or(Error::UnknownRegion(id))?;
+        match region.owner {
+            Some(owner) if owner != peer => Err(Error::NotOwner { region: id, peer }),
+            _ => Ok(()),
+        }
     }
 
     /// The memory behind a region.

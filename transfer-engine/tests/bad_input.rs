@@ -367,3 +367,38 @@ fn a_restarted_peer_that_reuses_a_session_id_is_refused_at_once() {
         pair.events_a
     );
 }
+
+#[test]
+fn a_region_reserved_for_another_peer_refuses_the_open() {
+    let mut pair = Pair::new();
+    let l = layout(2, 4, 4096);
+    let src = pair.a.kv_zeroed(l).unwrap();
+    let dst = pair.b.kv_zeroed(l).unwrap();
+    pair.b
+        .set_region_owner(dst.id, Some(transfer_engine::PeerId(99)))
+        .unwrap();
+    let session = pair
+        .a
+        .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())
+        .unwrap();
+    pair.run(std::time::Duration::from_secs(30));
+    assert!(
+        pair.refused_b
+            .iter()
+            .any(|e| matches!(e, Error::NotOwner { region, .. } if *region == dst.id)),
+        "{:?}",
+        pair.refused_b
+    );
+    let refused = pair.events_a.iter().any(|(_, e)| {
+        matches!(e, Event::Refused { session: s, reason } if *s == session && reason.contains("belongs to another peer"))
+    });
+    assert!(refused, "the sender learns why");
+    // The owner itself may write.
+    pair.b.set_region_owner(dst.id, Some(A)).unwrap();
+    pair.a
+        .submit(pair.now, TransferRequest::whole(B, &src, &dst).unwrap())
+        .unwrap();
+    let before = pair.refused_b.len();
+    pair.run(std::time::Duration::from_secs(60));
+    assert_eq!(pair.refused_b.len(), before);
+}

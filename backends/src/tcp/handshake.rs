@@ -23,7 +23,11 @@ use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
 use super::TcpError;
 
 /// Version of the handshake and lane protocol this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
+/// Bytes of a connection group's token.
+pub const TOKEN_LEN: usize = 16;
+/// The token a peer's first lane presents (it has no group yet).
+pub const NO_TOKEN: [u8; TOKEN_LEN] = [0; TOKEN_LEN];
 const MAGIC: &[u8; 8] = b"KVTE-LN\0";
 const MAX_MESSAGE: usize = 64 << 10;
 const MAC_LEN: usize = 32;
@@ -93,6 +97,9 @@ pub struct Hello {
     pub want: Option<KvLayout>,
     /// Fresh random challenge.
     pub nonce: [u8; 16],
+    /// The connection group this lane belongs to: [`NO_TOKEN`] on a peer's first lane, then the token the
+    /// acceptor of that first lane issued in its [`Message::Welcome`].
+    pub token: [u8; TOKEN_LEN],
 }
 
 impl Hello {
@@ -110,6 +117,7 @@ impl Hello {
             authenticated: false,
             want: None,
             nonce,
+            token: NO_TOKEN,
         })
     }
 
@@ -167,6 +175,7 @@ impl Hello {
             None => out.push(0),
         }
         out.extend_from_slice(&self.nonce);
+        out.extend_from_slice(&self.token);
     }
 
     fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
@@ -186,6 +195,7 @@ impl Hello {
                 authenticated: false,
                 want: None,
                 nonce: [0; 16],
+                token: NO_TOKEN,
             });
         }
         let engine_id = r.u32()?;
@@ -201,6 +211,7 @@ impl Hello {
             _ => Some(get_layout(r)?),
         };
         let nonce = r.take(16)?.try_into().map_err(|_| "short nonce")?;
+        let token = r.take(TOKEN_LEN)?.try_into().map_err(|_| "short token")?;
         Ok(Self {
             protocol,
             wire,
@@ -210,6 +221,7 @@ impl Hello {
             authenticated,
             want,
             nonce,
+            token,
         })
     }
 }
@@ -221,8 +233,8 @@ pub enum Message {
     Hello(Box<Hello>, [u8; MAC_LEN]),
     /// The dialer's MAC over the acceptor's challenge.
     Auth([u8; MAC_LEN]),
-    /// Accepted; the segments the acceptor offers.
-    Welcome(Vec<Segment>),
+    /// Accepted: the token of the connection group the lane joined, and the segments the acceptor offers.
+    Welcome([u8; TOKEN_LEN], Vec<Segment>),
     /// Refused, with the reason.
     Reject(String),
 }
@@ -242,8 +254,9 @@ impl Message {
                 out.push(TAG_AUTH);
                 out.extend_from_slice(mac);
             }
-            Message::Welcome(segments) => {
+            Message::Welcome(token, segments) => {
                 out.push(TAG_WELCOME);
+                out.extend_from_slice(token);
                 out.extend_from_slice(&(segments.len() as u16).to_le_bytes());
                 for s in segments {
                     put_str(&mut out, &s.name);
@@ -283,6 +296,7 @@ impl Message {
             }
             TAG_AUTH => Message::Auth(r.take(MAC_LEN)?.try_into().map_err(|_| "short mac")?),
             TAG_WELCOME => {
+                let token = r.take(TOKEN_LEN)?.try_into().map_err(|_| "short token")?;
                 let n = r.u16()?;
                 let mut segments = Vec::with_capacity(usize::from(n).min(256));
                 for _ in 0..n {
@@ -304,7 +318,7 @@ impl Message {
                         },
                     });
                 }
-                Message::Welcome(segments)
+                Message::Welcome(token, segments)
             }
             TAG_REJECT => Message::Reject(r.str()?),
             tag => return Err(format!("unknown handshake message {tag}")),
@@ -379,6 +393,8 @@ pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
 pub struct Accepted {
     /// The acceptor's hello.
     pub peer: Hello,
+    /// The token of the connection group the lane joined.
+    pub token: [u8; TOKEN_LEN],
     /// The segments it offers.
     pub segments: Vec<Segment>,
 }
@@ -421,8 +437,9 @@ pub async fn dial(
         let mac = auth_mac(secret, "dialer", &peer.nonce, &hello.nonce);
         send(stream, &Message::Auth(mac)).await?;
         match recv(stream).await? {
-            Message::Welcome(segments) => Ok(Accepted {
+            Message::Welcome(token, segments) => Ok(Accepted {
                 peer: *peer,
+                token,
                 segments,
             }),
             Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
@@ -477,7 +494,7 @@ fn unexpected(msg: &Message) -> TcpError {
     let name = match msg {
         Message::Hello(..) => "Hello",
         Message::Auth(_) => "Auth",
-        Message::Welcome(_) => "Welcome",
+        Message::Welcome(..) => "Welcome",
         Message::Reject(_) => "Reject",
     };
     TcpError::Handshake(format!("unexpected {name} message during the handshake"))
@@ -547,18 +564,22 @@ mod tests {
         let mut hello = Hello::new(7, Namespace::default()).unwrap();
         hello.listen = Some("127.0.0.1:4000".into());
         hello.want = Some(KvLayout::new(2, 3, 4096, 16, Dtype::Bf16).unwrap());
+        hello.token = [5; TOKEN_LEN];
         let msgs = [
             Message::Hello(Box::new(hello), [9; MAC_LEN]),
             Message::Auth([1; MAC_LEN]),
-            Message::Welcome(vec![Segment {
-                name: "kv".into(),
-                handle: RegionHandle {
-                    id: RegionId(4),
-                    key: AccessKey(99),
-                    len: 10,
-                    layout: None,
-                },
-            }]),
+            Message::Welcome(
+                [3; TOKEN_LEN],
+                vec![Segment {
+                    name: "kv".into(),
+                    handle: RegionHandle {
+                        id: RegionId(4),
+                        key: AccessKey(99),
+                        len: 10,
+                        layout: None,
+                    },
+                }],
+            ),
             Message::Reject("no".into()),
         ];
         for m in msgs {

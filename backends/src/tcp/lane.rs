@@ -6,7 +6,7 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -18,7 +18,7 @@ use transfer_engine::{
 };
 
 use super::TcpError;
-use super::handshake;
+use super::handshake::{self, TOKEN_LEN};
 use super::node::{PeerInfo, Shared, lock};
 
 /// Most frames in one vectored write.
@@ -41,6 +41,8 @@ pub(crate) struct Link {
     lanes: Mutex<BTreeMap<u64, LaneHandle>>,
     dial: Mutex<DialState>,
     pub(crate) reach: Mutex<Reach>,
+    /// The token of the peer's connection group, once a handshake with it completed.
+    token: Mutex<Option<[u8; TOKEN_LEN]>>,
 }
 
 struct DialState {
@@ -80,7 +82,18 @@ impl Link {
                 last_error: None,
             }),
             reach: Mutex::new(Reach::default()),
+            token: Mutex::new(None),
         }
+    }
+
+    /// The connection group's token, if a handshake with the peer completed.
+    pub(crate) fn token(&self) -> Option<[u8; TOKEN_LEN]> {
+        *lock(&self.token)
+    }
+
+    /// Records the connection group's token.
+    pub(crate) fn set_token(&self, token: [u8; TOKEN_LEN]) {
+        *lock(&self.token) = Some(token);
     }
 
     /// The address lanes to this peer are dialed at, if known.
@@ -198,12 +211,22 @@ impl Link {
             }
             shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
         }
+        if self.addr().is_none() {
+            self.clear_queue(shared);
+        }
         shared.wake.notify_one();
     }
 
     fn remove(&self, id: u64, shared: &Shared) {
-        if lock(&self.lanes).remove(&id).is_some() {
+        let mut lanes = lock(&self.lanes);
+        if lanes.remove(&id).is_some() {
             shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+        }
+        // With no lane left and no address to redial, nothing queued for the peer can ever leave: release
+        // it now (the engines resend or give up what mattered).
+        if lanes.is_empty() && self.addr().is_none() {
+            drop(lanes);
+            self.clear_queue(shared);
         }
         shared.wake.notify_one();
     }
@@ -249,6 +272,14 @@ pub(crate) async fn dial(
     stream.set_nodelay(true)?;
     let mut hello = shared.hello()?;
     hello.want = want;
+    // A later lane to a peer proves it belongs to the peer's connection group with the group's token.
+    let known = match expect {
+        Some(peer) => Some(shared.link(peer)),
+        None => shared.link_at(addr),
+    };
+    if let Some(token) = known.and_then(|l| l.token()) {
+        hello.token = token;
+    }
     let expect = expect.map(|p| p.0 as u32);
     let accepted = handshake::dial(&mut stream, &hello, shared.secret(), expect, limit)
         .await
@@ -256,6 +287,7 @@ pub(crate) async fn dial(
     let peer = PeerId(u64::from(accepted.peer.engine_id));
     let link = shared.link(peer);
     link.set_addr(addr);
+    link.set_token(accepted.token);
     start(shared, &link, stream, true);
     Ok(PeerInfo {
         peer,
@@ -314,7 +346,7 @@ async fn write_loop(shared: &Shared, link: &Link, lane: &LaneState, wr: &OwnedWr
         let goodbye = lock(&lane.goodbye).take();
         if let Some(bytes) = goodbye {
             let frames = [Frame::Bytes(&bytes)];
-            let _ = write_all(wr, &frames, &[]).await;
+            let _ = write_all(wr, &frames, &[], shared.cfg.stall_timeout).await;
             return "closed after refusing a frame".into();
         }
         if closed.borrow().is_some() {
@@ -398,7 +430,7 @@ async fn send_batch(
             _ => {}
         }
     }
-    write_all(wr, &frames, &regions).await
+    write_all(wr, &frames, &regions, shared.cfg.stall_timeout).await
 }
 
 /// Writes every piece, in order, with vectored non-blocking writes. Each region's bytes are read through
@@ -407,6 +439,7 @@ async fn write_all(
     wr: &OwnedWriteHalf,
     frames: &[Frame<'_>],
     regions: &[MemoryRegion],
+    stall: Duration,
 ) -> io::Result<()> {
     let lens: Vec<usize> = frames
         .iter()
@@ -417,7 +450,7 @@ async fn write_all(
         .collect();
     let (mut first, mut skip) = (0usize, 0usize);
     while first < frames.len() {
-        wr.writable().await?;
+        ready(wr.writable(), stall, "did not read what this node wrote").await?;
         let result = {
             let end = (first + MAX_IOV).min(frames.len());
             // One view per region: the span of its pieces in this syscall.
@@ -501,6 +534,7 @@ fn fatal(e: &Error) -> bool {
         Error::Wire(_)
             | Error::OutOfBounds { .. }
             | Error::WrongKey(_)
+            | Error::NotOwner { .. }
             | Error::UnknownRegion(_)
             | Error::FrameMismatch { .. }
     )
@@ -514,12 +548,13 @@ async fn read_loop(
     rd: &OwnedReadHalf,
 ) -> Option<String> {
     let peer = link.peer;
+    let stall = shared.cfg.stall_timeout;
     let mut hdr = [0u8; HEADER_LEN];
     let mut have = 0usize;
     let mut scratch = vec![0u8; SCRATCH];
     let mut quiet = 0u32;
     loop {
-        if let Err(e) = fill(rd, &mut hdr, &mut have).await {
+        if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
             return Some(e.to_string());
         }
         have = 0;
@@ -548,7 +583,8 @@ async fn read_loop(
             match placement {
                 Ok(Some((memory, range))) => {
                     if let Err(e) =
-                        recv_into_region(rd, &memory, range.clone(), &mut hdr, &mut have).await
+                        recv_into_region(rd, &memory, range.clone(), &mut hdr, &mut have, stall)
+                            .await
                     {
                         return Some(e.to_string());
                     }
@@ -565,6 +601,7 @@ async fn read_loop(
                         &mut scratch,
                         &mut hdr,
                         &mut have,
+                        stall,
                     )
                     .await
                     {
@@ -585,6 +622,7 @@ async fn read_loop(
                         &mut scratch,
                         &mut hdr,
                         &mut have,
+                        stall,
                     )
                     .await
                     {
@@ -595,8 +633,15 @@ async fn read_loop(
             }
         } else {
             let mut payload = vec![0u8; header.length as usize];
-            if let Err(e) = recv_exact(rd, &mut payload, &mut hdr, &mut have).await {
+            if let Err(e) = recv_exact(rd, &mut payload, &mut hdr, &mut have, stall).await {
                 return Some(e.to_string());
+            }
+            if header.kind == FrameKind::Reject && header.session == 0 {
+                shared.log(format!(
+                    "peer {} refused a frame of ours and closed the lane: {}",
+                    peer.0,
+                    String::from_utf8_lossy(&payload)
+                ));
             }
             shared
                 .station
@@ -630,26 +675,34 @@ fn refuse(
     shared.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
     let reason = format!("lane closed: peer {} sent a refused frame: {e}", peer.0);
     shared.log(reason.clone());
-    if let Some(h) = header {
-        let text = reason.clone().into_bytes();
-        let mut reject = Header::new(FrameKind::Reject, h.session);
-        reject.length = text.len() as u32;
-        reject.crc = transfer_engine::crc32c(&text);
-        let mut bytes = reject.encode().to_vec();
-        bytes.extend_from_slice(&text);
-        *lock(&lane.goodbye) = Some(bytes);
-    } else {
-        lane.close(&reason);
-    }
+    // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
+    // header itself could not be read.
+    let text = reason.clone().into_bytes();
+    let mut reject = Header::new(FrameKind::Reject, header.map_or(0, |h| h.session));
+    reject.length = text.len() as u32;
+    reject.crc = transfer_engine::crc32c(&text);
+    let mut bytes = reject.encode().to_vec();
+    bytes.extend_from_slice(&text);
+    *lock(&lane.goodbye) = Some(bytes);
     // Wake the writer so it sends the goodbye and closes.
     lane.closed.send_modify(|_| {});
     reason
 }
 
 /// Reads until `hdr` holds a whole header (`have` bytes may already be there).
-async fn fill(rd: &OwnedReadHalf, hdr: &mut [u8; HEADER_LEN], have: &mut usize) -> io::Result<()> {
+async fn fill(
+    rd: &OwnedReadHalf,
+    hdr: &mut [u8; HEADER_LEN],
+    have: &mut usize,
+    stall: Duration,
+) -> io::Result<()> {
     while *have < HEADER_LEN {
-        rd.readable().await?;
+        // Waiting for a frame to start is idling; a frame that started must keep coming.
+        if *have == 0 {
+            rd.readable().await?;
+        } else {
+            ready(rd.readable(), stall, "stopped sending mid-header").await?;
+        }
         match rd.try_read(&mut hdr[*have..]) {
             Ok(0) => {
                 return Err(io::Error::new(
@@ -671,10 +724,11 @@ async fn recv_exact(
     dst: &mut [u8],
     hdr: &mut [u8; HEADER_LEN],
     have: &mut usize,
+    stall: Duration,
 ) -> io::Result<()> {
     let mut pos = 0;
     while pos < dst.len() {
-        rd.readable().await?;
+        ready(rd.readable(), stall, "stopped sending mid-frame").await?;
         let mut bufs = [
             IoSliceMut::new(&mut dst[pos..]),
             IoSliceMut::new(&mut hdr[..]),
@@ -704,10 +758,11 @@ async fn discard(
     scratch: &mut [u8],
     hdr: &mut [u8; HEADER_LEN],
     have: &mut usize,
+    stall: Duration,
 ) -> io::Result<()> {
     while len > 0 {
         let n = len.min(scratch.len());
-        recv_exact(rd, &mut scratch[..n], hdr, have).await?;
+        recv_exact(rd, &mut scratch[..n], hdr, have, stall).await?;
         len -= n;
     }
     Ok(())
@@ -721,10 +776,11 @@ async fn recv_into_region(
     range: std::ops::Range<usize>,
     hdr: &mut [u8; HEADER_LEN],
     have: &mut usize,
+    stall: Duration,
 ) -> io::Result<()> {
     let mut pos = range.start;
     while pos < range.end {
-        rd.readable().await?;
+        ready(rd.readable(), stall, "stopped sending mid-frame").await?;
         let result = {
             let mut view = memory.write(pos..range.end).map_err(io::Error::other)?;
             let mut bufs = [IoSliceMut::new(&mut view), IoSliceMut::new(&mut hdr[..])];
@@ -749,6 +805,22 @@ async fn recv_into_region(
     Ok(())
 }
 
+/// Waits for a socket to be ready, at most `stall`: a peer that makes no progress for that long is
+/// reported as having `what` (and loses its lane).
+async fn ready(
+    wait: impl std::future::Future<Output = io::Result<()>>,
+    stall: Duration,
+    what: &str,
+) -> io::Result<()> {
+    match tokio::time::timeout(stall, wait).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the peer {what} for {} s", stall.as_secs_f64()),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -764,3 +836,4 @@ mod tests {
         ))));
     }
 }
+

@@ -17,6 +17,7 @@
 //!   engine; a frame that fails to decode or addresses anything else is refused, counted, answered with a
 //!   `Reject` naming the reason, and its lane is closed.
 
+mod accept;
 mod blocking;
 pub mod handshake;
 mod lane;
@@ -67,6 +68,15 @@ pub struct TcpConfig {
     pub queue_bytes: u64,
     /// Bytes of regions this node will allocate for peers that ask for one in the handshake (0: none).
     pub serve_bytes: u64,
+    /// A peer that starts a frame and then sends nothing for this long, or does not read what this node
+    /// writes for this long, loses its lane.
+    pub stall_timeout: Duration,
+    /// Frame bytes queued for one peer beyond which control frames to it (acks, nacks, progress) are
+    /// dropped: a peer that floods and does not read cannot fill the node's queue for everyone.
+    pub peer_queue_bytes: u64,
+    /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
+    /// address its connection came from).
+    pub dial_back: bool,
 }
 
 impl Default for TcpConfig {
@@ -86,6 +96,9 @@ impl Default for TcpConfig {
             batch_bytes: 4 << 20,
             queue_bytes: 16 << 20,
             serve_bytes: 0,
+            stall_timeout: Duration::from_secs(10),
+            peer_queue_bytes: 8 << 20,
+            dial_back: true,
         }
     }
 }

@@ -10,13 +10,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, broadcast, watch};
 use transfer_engine::{
-    Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
+    Body, Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
 };
 
-use super::handshake::{self, Hello, Message, Segment};
+use super::accept;
+use super::handshake::{Hello, Segment};
 use super::lane::{self, Link};
 use super::reach;
 use super::{TcpConfig, TcpError};
@@ -61,6 +62,8 @@ pub struct NodeStats {
     pub lanes_closed_for_bad_frames: u64,
     /// Frames dropped because no lane to their peer existed or could be dialed.
     pub unroutable_frames: u64,
+    /// Control frames dropped because their peer's queue was over its share (a peer not reading).
+    pub control_frames_dropped: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
@@ -73,6 +76,7 @@ pub(crate) struct Counters {
     pub(crate) handshakes_refused: AtomicU64,
     pub(crate) bad_frames: AtomicU64,
     pub(crate) unroutable: AtomicU64,
+    pub(crate) control_dropped: AtomicU64,
 }
 
 /// State shared by the node handle, the driver and every lane.
@@ -89,8 +93,9 @@ pub(crate) struct Shared {
     /// The newest log lines, each with its number (counting from 1).
     log: Mutex<VecDeque<(u64, String)>>,
     logged: AtomicU64,
-    segments: Mutex<Vec<Segment>>,
-    served: Mutex<Vec<Segment>>,
+    pub(crate) segments: Mutex<Vec<Segment>>,
+    /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
+    pub(crate) served: Mutex<Vec<(PeerId, Segment)>>,
     pub(crate) shutdown: watch::Sender<bool>,
 }
 
@@ -117,6 +122,14 @@ impl Shared {
 
     pub(crate) fn secret(&self) -> Option<&[u8]> {
         self.cfg.secret.as_deref()
+    }
+
+    /// The link whose dial address is `addr`, if any.
+    pub(crate) fn link_at(&self, addr: SocketAddr) -> Option<Arc<Link>> {
+        lock(&self.links)
+            .values()
+            .find(|l| l.addr() == Some(addr))
+            .cloned()
     }
 
     /// The link to `peer`, created if needed.
@@ -151,6 +164,15 @@ impl Shared {
                 self.counters.unroutable.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            // A peer that does not read its acks and nacks (or floods to make them) cannot fill the queue
+            // everyone shares: beyond its own share, control frames to it are dropped (the engines' timers
+            // recover what matters). Data frames are bounded by the sessions' windows.
+            if !matches!(t.body, Body::Payload(_))
+                && link.queued_bytes.load(Ordering::Relaxed) >= self.cfg.peer_queue_bytes
+            {
+                self.counters.control_dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             let len = t.wire_len() as u64;
             link.push(t);
             self.total_queued.fetch_add(len, Ordering::Relaxed);
@@ -180,57 +202,6 @@ impl Shared {
                 tokio::spawn(lane::redial(self.clone(), link, addr));
             }
         }
-    }
-
-    /// Segments offered to a dialer (allocating one of `want`'s layout if asked and allowed).
-    pub(crate) fn offer(&self, want: Option<KvLayout>) -> Result<Vec<Segment>, String> {
-        let mut segments = lock(&self.segments).clone();
-        if let Some(layout) = want {
-            segments.push(self.serve(layout)?);
-        }
-        Ok(segments)
-    }
-
-    fn serve(&self, layout: KvLayout) -> Result<Segment, String> {
-        let bytes = layout.total_bytes();
-        if bytes > self.cfg.serve_bytes {
-            return Err(format!(
-                "a region of {bytes} bytes was asked for but this node serves at most {} bytes: \
-                 start it with a larger serve size",
-                self.cfg.serve_bytes
-            ));
-        }
-        let mut served = lock(&self.served);
-        if let Some(s) = served.iter().find(|s| s.handle.layout == Some(layout)) {
-            return Ok(s.clone());
-        }
-        let mut total: u64 = served.iter().map(|s| s.handle.len).sum();
-        let mut engine = self.station.engine();
-        let mut i = 0;
-        while total + bytes > self.cfg.serve_bytes && i < served.len() {
-            let id = served[i].handle.id;
-            if engine.unregister_region(id).is_ok() {
-                total -= served[i].handle.len;
-                served.remove(i);
-            } else {
-                i += 1;
-            }
-        }
-        if total + bytes > self.cfg.serve_bytes {
-            return Err(
-                "every served region is busy: try again when running transfers finish".into(),
-            );
-        }
-        let memory = MemoryRegion::zeroed(bytes as usize);
-        let handle = engine
-            .register_kv_region(layout, memory)
-            .map_err(|e| e.to_string())?;
-        let seg = Segment {
-            name: "served".into(),
-            handle,
-        };
-        served.push(seg.clone());
-        Ok(seg)
     }
 }
 
@@ -293,7 +264,7 @@ impl TcpNode {
         });
         tokio::spawn(drive(shared.clone()));
         if let Some(listener) = listener {
-            tokio::spawn(accept_loop(shared.clone(), listener));
+            tokio::spawn(accept::accept_loop(shared.clone(), listener));
         }
         Ok(Self { shared })
     }
@@ -329,6 +300,7 @@ impl TcpNode {
             lanes_closed_for_bad_frames: c.bad_frames.load(Ordering::Relaxed),
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
             incoming_dropped: self.shared.station.board.incoming_dropped(),
+            control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
         }
     }
 
@@ -526,61 +498,6 @@ async fn drive(shared: Arc<Shared>) {
             () = shared.wake.notified() => {}
             () = tokio::time::sleep(nap) => {}
             _ = stop.changed() => return,
-        }
-    }
-}
-
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let mut stop = shared.shutdown.subscribe();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, from)) => {
-                    tokio::spawn(inbound(shared.clone(), stream, from));
-                }
-                Err(e) => {
-                    shared.log(format!("accept failed: {e}"));
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
-    let _ = stream.set_nodelay(true);
-    let limit = shared.cfg.handshake_timeout;
-    let result = async {
-        let hello = shared.hello()?;
-        let run = handshake::accept_hello(&mut stream, &hello, shared.secret());
-        let peer = tokio::time::timeout(limit, run)
-            .await
-            .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
-        match shared.offer(peer.want) {
-            Ok(segments) => handshake::send(&mut stream, &Message::Welcome(segments)).await?,
-            Err(reason) => {
-                let _ = handshake::send(&mut stream, &Message::Reject(reason.clone())).await;
-                return Err(TcpError::Handshake(reason));
-            }
-        }
-        Ok(peer)
-    }
-    .await;
-    match result {
-        Ok(peer) => {
-            let link = shared.link(PeerId(u64::from(peer.engine_id)));
-            if let Some(addr) = peer.listen.as_deref().and_then(|a| a.parse().ok()) {
-                link.set_addr(addr);
-            }
-            lane::start(&shared, &link, stream, false);
-        }
-        Err(e) => {
-            shared
-                .counters
-                .handshakes_refused
-                .fetch_add(1, Ordering::Relaxed);
-            shared.log(format!("refused connection from {from}: {e}"));
         }
     }
 }

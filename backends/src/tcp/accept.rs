@@ -1,0 +1,181 @@
+//! The accepting side of lanes: the handshake, admission of a lane into its peer's connection group, the
+//! regions served to peers that ask for one, and where a peer may be dialed back.
+//!
+//! - Identity: without a secret, a peer's engine id is bound to the connection group that completed its
+//!   first handshake: that lane's Welcome carries a fresh random token, and every later lane of the peer
+//!   (in either direction) must present it while the group has live lanes. With a secret, the HMAC
+//!   handshake authenticates every lane besides.
+//! - At most `max_lanes_per_peer` lanes per peer are admitted.
+//! - A served region belongs to the peer that asked for it: the engine refuses any other peer's open.
+//! - Dial-back goes only to the IP address the peer's connection came from (at the port its Hello names),
+//!   never to a host the Hello names, and not at all with `dial_back` off.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use transfer_engine::{KvLayout, MemoryRegion, PeerId};
+
+use super::TcpError;
+use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
+use super::lane::{self, Link};
+use super::node::{Shared, lock};
+
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, from)) => {
+                    tokio::spawn(inbound(shared.clone(), stream, from));
+                }
+                Err(e) => {
+                    shared.log(format!("accept failed: {e}"));
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let limit = shared.cfg.handshake_timeout;
+    let result = async {
+        let hello = shared.hello()?;
+        let run = handshake::accept_hello(&mut stream, &hello, shared.secret());
+        let peer = tokio::time::timeout(limit, run)
+            .await
+            .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
+        let id = PeerId(u64::from(peer.engine_id));
+        let link = shared.link(id);
+        let admitted = admit(&shared, &link, &peer)
+            .and_then(|token| Ok((token, offer(&shared, id, peer.want)?)));
+        match admitted {
+            Ok((token, segments)) => {
+                let welcome = Message::Welcome(token, segments);
+                tokio::time::timeout(limit, handshake::send(&mut stream, &welcome))
+                    .await
+                    .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
+                link.set_token(token);
+            }
+            Err(reason) => {
+                let _ = handshake::send(&mut stream, &Message::Reject(reason.clone())).await;
+                return Err(TcpError::Handshake(reason));
+            }
+        }
+        Ok((peer, link))
+    }
+    .await;
+    match result {
+        Ok((peer, link)) => {
+            if let Some(addr) = dial_back(&shared, &peer, from) {
+                link.set_addr(addr);
+            }
+            lane::start(&shared, &link, stream, false);
+        }
+        Err(e) => {
+            shared
+                .counters
+                .handshakes_refused
+                .fetch_add(1, Ordering::Relaxed);
+            shared.log(format!("refused connection from {from}: {e}"));
+        }
+    }
+}
+
+/// Decides whether a lane joins `link`'s peer: within the lane bound, and in its connection group.
+/// Returns the group's token (a fresh one for a new group).
+fn admit(shared: &Shared, link: &Link, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
+    let lanes = link.lane_count();
+    if lanes >= shared.cfg.max_lanes_per_peer {
+        return Err(format!(
+            "engine {} already has {lanes} lanes here, the most this node allows per peer",
+            peer.engine_id
+        ));
+    }
+    match link.token() {
+        Some(token) if lanes > 0 && peer.token != token => Err(format!(
+            "engine {} is already connected here from another connection group: a later lane must \
+             present the token its group was given (no two processes may share an engine id)",
+            peer.engine_id
+        )),
+        Some(token) if peer.token == token && peer.token != NO_TOKEN => Ok(token),
+        _ => {
+            let mut token = [0u8; TOKEN_LEN];
+            getrandom::fill(&mut token).map_err(|e| format!("no randomness for a token: {e}"))?;
+            Ok(token)
+        }
+    }
+}
+
+/// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.
+fn dial_back(shared: &Shared, peer: &Hello, from: SocketAddr) -> Option<SocketAddr> {
+    if !shared.cfg.dial_back {
+        return None;
+    }
+    let named: SocketAddr = peer.listen.as_deref()?.parse().ok()?;
+    Some(SocketAddr::new(from.ip(), named.port()))
+}
+
+/// Segments offered to a dialer: the published ones, and a region of `want`'s layout for `peer` if it
+/// asked and the node serves regions.
+fn offer(shared: &Shared, peer: PeerId, want: Option<KvLayout>) -> Result<Vec<Segment>, String> {
+    let mut segments = lock(&shared.segments).clone();
+    if let Some(layout) = want {
+        segments.push(serve(shared, peer, layout)?);
+    }
+    Ok(segments)
+}
+
+/// A region of `layout` that belongs to `peer`: its own earlier one if it has one of this layout, else a
+/// new one, freeing idle served regions (of any peer) to stay within `serve_bytes`.
+fn serve(shared: &Shared, peer: PeerId, layout: KvLayout) -> Result<Segment, String> {
+    let bytes = layout.total_bytes();
+    let limit = shared.cfg.serve_bytes;
+    if bytes > limit {
+        return Err(format!(
+            "a region of {bytes} bytes was asked for but this node serves at most {limit} bytes: start it \
+             with a larger serve size"
+        ));
+    }
+    let mut served = lock(&shared.served);
+    if let Some((_, s)) = served
+        .iter()
+        .find(|(owner, s)| *owner == peer && s.handle.layout == Some(layout))
+    {
+        return Ok(s.clone());
+    }
+    let mut total: u64 = served.iter().map(|(_, s)| s.handle.len).sum();
+    let mut engine = shared.station.engine();
+    let mut i = 0;
+    while total + bytes > limit && i < served.len() {
+        let id = served[i].1.handle.id;
+        if engine.unregister_region(id).is_ok() {
+            total -= served[i].1.handle.len;
+            served.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    if total + bytes > limit {
+        return Err("every served region is busy: try again when running transfers finish".into());
+    }
+    let len =
+        usize::try_from(bytes).map_err(|_| "the layout does not fit in memory".to_string())?;
+    let handle = engine
+        .register_kv_region(layout, MemoryRegion::zeroed(len))
+        .map_err(|e| e.to_string())?;
+    engine
+        .set_region_owner(handle.id, Some(peer))
+        .map_err(|e| e.to_string())?;
+    let segment = Segment {
+        name: "served".into(),
+        handle,
+    };
+    served.push((peer, segment.clone()));
+    Ok(segment)
+}
