@@ -20,7 +20,8 @@ use transfer_engine::{KvLayout, MemoryRegion, PeerId};
 
 use super::TcpError;
 use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
-use super::lane::{self, Link};
+use super::lane;
+use super::link::Link;
 use super::node::{Shared, lock};
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {

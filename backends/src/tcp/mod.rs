@@ -22,13 +22,17 @@ mod blocking;
 pub mod handshake;
 mod lane;
 mod limit;
+mod link;
 mod node;
 mod reach;
+mod reader;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use transfer_engine::{EngineConfig, PeerId};
+
+mod writer;
 
 pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;

@@ -18,7 +18,8 @@ use transfer_engine::{
 
 use super::accept;
 use super::handshake::{Hello, Segment};
-use super::lane::{self, Link};
+use super::lane;
+use super::link::Link;
 use super::reach;
 use super::{TcpConfig, TcpError};
 use crate::board::{IncomingSession, Outcome, Received};
@@ -62,6 +63,8 @@ pub struct NodeStats {
     pub lanes_closed_for_bad_frames: u64,
     /// Frames dropped because no lane to their peer existed or could be dialed.
     pub unroutable_frames: u64,
+    /// Frame bytes queued for lanes right now (bounded by `queue_bytes` plus one frame).
+    pub queued_bytes: u64,
     /// Control frames dropped because their peer's queue was over its share (a peer not reading).
     pub control_frames_dropped: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
@@ -170,7 +173,9 @@ impl Shared {
             if !matches!(t.body, Body::Payload(_))
                 && link.queued_bytes.load(Ordering::Relaxed) >= self.cfg.peer_queue_bytes
             {
-                self.counters.control_dropped.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .control_dropped
+                    .fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let len = t.wire_len() as u64;
@@ -301,7 +306,15 @@ impl TcpNode {
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
             incoming_dropped: self.shared.station.board.incoming_dropped(),
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
+            queued_bytes: self.shared.total_queued.load(Ordering::Relaxed),
         }
+    }
+
+    /// The address lanes to `peer` are dialed at, if known (for a peer that connected here: the address
+    /// its connection came from, with the port its handshake named).
+    #[must_use]
+    pub fn peer_addr(&self, peer: PeerId) -> Option<SocketAddr> {
+        lock(&self.shared.links).get(&peer).and_then(|l| l.addr())
     }
 
     /// Open lanes to `peer`.

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use transfer_engine::PeerId;
 
-use super::lane::Link;
+use super::link::Link;
 use super::node::{Shared, lock};
 
 /// What the driver should do about a link after [`judge`].

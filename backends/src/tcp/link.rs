@@ -1,0 +1,220 @@
+//! A peer's link: its queue of frames, its lanes, its address, dial state, reachability and group token.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use transfer_engine::{Lane, PeerId, Transmit};
+
+use super::handshake::TOKEN_LEN;
+use super::lane::LaneState;
+use super::node::{Shared, lock};
+
+/// Most frames in one vectored write.
+const MAX_BATCH_FRAMES: usize = 128;
+
+/// Everything about one peer: its queue of frames, its lanes, its address and dial state.
+pub(crate) struct Link {
+    pub(crate) peer: PeerId,
+    queue: Mutex<VecDeque<Transmit>>,
+    pub(crate) queued_bytes: AtomicU64,
+    /// Wakes a writer of this peer: frames were queued.
+    pub(crate) ready: Notify,
+    addr: Mutex<Option<SocketAddr>>,
+    pub(crate) lanes: Mutex<BTreeMap<u64, LaneHandle>>,
+    dial: Mutex<DialState>,
+    pub(crate) reach: Mutex<Reach>,
+    /// The token of the peer's connection group, once a handshake with it completed.
+    token: Mutex<Option<[u8; TOKEN_LEN]>>,
+}
+
+struct DialState {
+    dialing: bool,
+    failures: u32,
+    next_at: Instant,
+    last_error: Option<String>,
+}
+
+/// Whether a peer can be reached, as the driver judges it from its lanes and dials.
+#[derive(Debug, Default)]
+pub(crate) struct Reach {
+    /// Since when the peer has had no lane while sessions with it were live.
+    pub(crate) lost_since: Option<Instant>,
+    /// Set once the peer was declared unreachable (its sessions were ended); cleared when a lane opens.
+    pub(crate) unreachable: Option<String>,
+}
+
+pub(crate) struct LaneHandle {
+    pub(crate) state: Arc<LaneState>,
+    pub(crate) tasks: Vec<AbortHandle>,
+}
+
+impl Link {
+    pub(crate) fn new(peer: PeerId) -> Self {
+        Self {
+            peer,
+            queue: Mutex::new(VecDeque::new()),
+            queued_bytes: AtomicU64::new(0),
+            ready: Notify::new(),
+            addr: Mutex::new(None),
+            lanes: Mutex::new(BTreeMap::new()),
+            dial: Mutex::new(DialState {
+                dialing: false,
+                failures: 0,
+                next_at: Instant::now(),
+                last_error: None,
+            }),
+            reach: Mutex::new(Reach::default()),
+            token: Mutex::new(None),
+        }
+    }
+
+    /// The connection group's token, if a handshake with the peer completed.
+    pub(crate) fn token(&self) -> Option<[u8; TOKEN_LEN]> {
+        *lock(&self.token)
+    }
+
+    /// Records the connection group's token.
+    pub(crate) fn set_token(&self, token: [u8; TOKEN_LEN]) {
+        *lock(&self.token) = Some(token);
+    }
+
+    /// The address lanes to this peer are dialed at, if known.
+    pub(crate) fn addr(&self) -> Option<SocketAddr> {
+        *lock(&self.addr)
+    }
+
+    /// Failed dials since the last success, and the last one's error.
+    pub(crate) fn dial_failures(&self) -> (u32, Option<String>) {
+        let d = lock(&self.dial);
+        (d.failures, d.last_error.clone())
+    }
+
+    /// Drops every queued frame (the peer is gone; the engine has given their sessions up).
+    pub(crate) fn clear_queue(&self, shared: &Shared) {
+        let dropped: u64 = lock(&self.queue)
+            .drain(..)
+            .map(|t| t.wire_len() as u64)
+            .sum();
+        self.queued_bytes.fetch_sub(dropped, Ordering::Relaxed);
+        shared.total_queued.fetch_sub(dropped, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_addr(&self, addr: SocketAddr) {
+        *lock(&self.addr) = Some(addr);
+    }
+
+    pub(crate) fn lane_count(&self) -> usize {
+        lock(&self.lanes).len()
+    }
+
+    /// Whether frames for this peer can go anywhere: a lane is open or an address is known.
+    pub(crate) fn routable(&self) -> bool {
+        self.lane_count() > 0 || lock(&self.addr).is_some()
+    }
+
+    pub(crate) fn push(&self, t: Transmit) {
+        self.queued_bytes
+            .fetch_add(t.wire_len() as u64, Ordering::Relaxed);
+        lock(&self.queue).push_back(t);
+    }
+
+    /// The address to dial now, if a dial is due (not already dialing, backoff elapsed); marks dialing.
+    pub(crate) fn dial_due(&self, now: Instant) -> Option<SocketAddr> {
+        let addr = (*lock(&self.addr))?;
+        let mut d = lock(&self.dial);
+        if d.dialing || now < d.next_at {
+            return None;
+        }
+        d.dialing = true;
+        Some(addr)
+    }
+
+    pub(crate) fn dial_done(&self, result: Result<(), String>, shared: &Shared) {
+        let mut d = lock(&self.dial);
+        d.dialing = false;
+        match result {
+            Ok(()) => {
+                d.failures = 0;
+                d.last_error = None;
+            }
+            Err(e) => {
+                let factor = 1u32 << d.failures.min(16);
+                let delay = shared
+                    .cfg
+                    .redial_base
+                    .saturating_mul(factor)
+                    .min(shared.cfg.redial_max);
+                d.failures += 1;
+                d.next_at = Instant::now() + delay;
+                d.last_error = Some(e);
+            }
+        }
+    }
+
+    /// Takes frames for one vectored write: up to `max_bytes`, or one exclusive unit alone.
+    pub(crate) fn take_batch(&self, shared: &Shared, out: &mut Vec<Transmit>) {
+        let mut q = lock(&self.queue);
+        let mut bytes = 0usize;
+        while let Some(t) = q.front() {
+            let exclusive = t.lane == Lane::Exclusive;
+            if !out.is_empty()
+                && (exclusive
+                    || bytes + t.wire_len() > shared.cfg.batch_bytes
+                    || out.len() >= MAX_BATCH_FRAMES)
+            {
+                break;
+            }
+            bytes += t.wire_len();
+            out.extend(q.pop_front());
+            if exclusive {
+                break;
+            }
+        }
+        let more = !q.is_empty();
+        drop(q);
+        self.queued_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
+        shared
+            .total_queued
+            .fetch_sub(bytes as u64, Ordering::Relaxed);
+        if more {
+            self.ready.notify_one();
+        }
+    }
+
+    /// Closes every lane now (their sockets are dropped).
+    pub(crate) fn abort_all(&self, shared: &Shared) {
+        let lanes: Vec<LaneHandle> = std::mem::take(&mut *lock(&self.lanes))
+            .into_values()
+            .collect();
+        for lane in lanes {
+            lane.state.close("closed locally");
+            for t in &lane.tasks {
+                t.abort();
+            }
+            shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.addr().is_none() {
+            self.clear_queue(shared);
+        }
+        shared.wake.notify_one();
+    }
+
+    pub(crate) fn remove(&self, id: u64, shared: &Shared) {
+        let mut lanes = lock(&self.lanes);
+        if lanes.remove(&id).is_some() {
+            shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+        }
+        // With no lane left and no address to redial, nothing queued for the peer can ever leave: release
+        // it now (the engines resend or give up what mattered).
+        if lanes.is_empty() && self.addr().is_none() {
+            drop(lanes);
+            self.clear_queue(shared);
+        }
+        shared.wake.notify_one();
+    }
+}

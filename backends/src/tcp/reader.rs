@@ -1,0 +1,339 @@
+//! A lane's reader: decodes headers, asks the engine where each payload goes, receives it straight into
+//! the caller's memory, and refuses (with a Reject naming the reason) what a peer may not send.
+
+use std::io::{self, IoSliceMut};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::net::tcp::OwnedReadHalf;
+use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
+use transfer_engine::{Error, MemoryRegion, PeerId, Placement};
+
+use super::lane::{LaneState, ready};
+use super::link::Link;
+use super::node::{Shared, lock};
+
+/// Data frames received back to back before the driver is woken to acknowledge them.
+const WAKE_EVERY: u32 = 16;
+/// Scratch for payloads that are read only to be dropped.
+const SCRATCH: usize = 64 << 10;
+
+pub(crate) async fn reader(
+    shared: Arc<Shared>,
+    link: Arc<Link>,
+    lane: Arc<LaneState>,
+    rd: OwnedReadHalf,
+) {
+    let mut closed = lane.closed.subscribe();
+    let reason = tokio::select! {
+        reason = read_loop(&shared, &link, &lane, &rd) => reason,
+        _ = closed.wait_for(Option::is_some) => None,
+    };
+    if let Some(reason) = reason {
+        // Refusals were logged where they happened; every other end of a lane is logged here.
+        if !reason.starts_with("lane closed:") {
+            shared.log(format!(
+                "lane {} from peer {} closed: {reason}",
+                lane.id, link.peer.0
+            ));
+        }
+        lane.close(&reason);
+    }
+    link.remove(lane.id, &shared);
+}
+
+/// Whether a refusal means the peer addressed something it may not (or is not speaking the protocol):
+/// such a peer loses its lane.
+fn fatal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Wire(_)
+            | Error::OutOfBounds { .. }
+            | Error::WrongKey(_)
+            | Error::NotOwner { .. }
+            | Error::UnknownRegion(_)
+            | Error::FrameMismatch { .. }
+    )
+}
+
+/// Reads frames until the lane ends; returns why.
+async fn read_loop(
+    shared: &Shared,
+    link: &Link,
+    lane: &LaneState,
+    rd: &OwnedReadHalf,
+) -> Option<String> {
+    let peer = link.peer;
+    let stall = shared.cfg.stall_timeout;
+    let mut hdr = [0u8; HEADER_LEN];
+    let mut have = 0usize;
+    let mut scratch = vec![0u8; SCRATCH];
+    let mut quiet = 0u32;
+    loop {
+        if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
+            return Some(e.to_string());
+        }
+        have = 0;
+        *lock(&lane.last_rx) = Instant::now();
+        let header = match Header::decode(&hdr) {
+            Ok(h) => h,
+            Err(e) => return Some(refuse(shared, lane, peer, None, &Error::Wire(e))),
+        };
+        let result = if header.kind == FrameKind::Data {
+            let placement = {
+                let mut engine = shared.station.engine();
+                engine.placement(peer, &header).and_then(|p| match p {
+                    Placement::Write {
+                        region,
+                        offset,
+                        len,
+                    } => {
+                        let range = offset as usize..offset as usize + len as usize;
+                        // The engine checked the range against the region, and a region is never
+                        // longer than its memory.
+                        Ok(Some((engine.memory(region)?.clone(), range)))
+                    }
+                    Placement::Discard => Ok(None),
+                })
+            };
+            match placement {
+                Ok(Some((memory, range))) => {
+                    if let Err(e) =
+                        recv_into_region(rd, &memory, range.clone(), &mut hdr, &mut have, stall)
+                            .await
+                    {
+                        return Some(e.to_string());
+                    }
+                    let crc = memory.crc32c(range).unwrap_or(!header.crc);
+                    shared
+                        .station
+                        .engine()
+                        .handle_data(Instant::now(), peer, &header, crc)
+                }
+                Ok(None) => {
+                    if let Err(e) = discard(
+                        rd,
+                        header.length as usize,
+                        &mut scratch,
+                        &mut hdr,
+                        &mut have,
+                        stall,
+                    )
+                    .await
+                    {
+                        return Some(e.to_string());
+                    }
+                    shared
+                        .station
+                        .engine()
+                        .handle_data(Instant::now(), peer, &header, header.crc)
+                }
+                Err(e) => {
+                    if fatal(&e) {
+                        return Some(refuse(shared, lane, peer, Some(&header), &e));
+                    }
+                    if let Err(e) = discard(
+                        rd,
+                        header.length as usize,
+                        &mut scratch,
+                        &mut hdr,
+                        &mut have,
+                        stall,
+                    )
+                    .await
+                    {
+                        return Some(e.to_string());
+                    }
+                    Err(e)
+                }
+            }
+        } else {
+            let mut payload = vec![0u8; header.length as usize];
+            if let Err(e) = recv_exact(rd, &mut payload, &mut hdr, &mut have, stall).await {
+                return Some(e.to_string());
+            }
+            if header.kind == FrameKind::Reject && header.session == 0 {
+                shared.log(format!(
+                    "peer {} refused a frame of ours and closed the lane: {}",
+                    peer.0,
+                    String::from_utf8_lossy(&payload)
+                ));
+            }
+            shared
+                .station
+                .engine()
+                .handle_frame(Instant::now(), peer, &header, &payload)
+        };
+        if let Err(e) = &result
+            && fatal(e)
+        {
+            shared.wake.notify_one();
+            return Some(refuse(shared, lane, peer, Some(&header), e));
+        }
+        // Wake the driver (to acknowledge, or to send more) once the stream pauses, or every few frames
+        // while it streams: acknowledgements then cover many slices each.
+        quiet += 1;
+        if have == 0 || quiet >= WAKE_EVERY || header.kind != FrameKind::Data {
+            quiet = 0;
+            shared.wake.notify_one();
+        }
+    }
+}
+
+/// Refuses a frame: counts it, logs it, sends the peer a `Reject` naming the reason, closes the lane.
+fn refuse(
+    shared: &Shared,
+    lane: &LaneState,
+    peer: PeerId,
+    header: Option<&Header>,
+    e: &Error,
+) -> String {
+    shared.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+    let reason = format!("lane closed: peer {} sent a refused frame: {e}", peer.0);
+    shared.log(reason.clone());
+    // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
+    // header itself could not be read.
+    let text = reason.clone().into_bytes();
+    let mut reject = Header::new(FrameKind::Reject, header.map_or(0, |h| h.session));
+    reject.length = text.len() as u32;
+    reject.crc = transfer_engine::crc32c(&text);
+    let mut bytes = reject.encode().to_vec();
+    bytes.extend_from_slice(&text);
+    *lock(&lane.goodbye) = Some(bytes);
+    // Wake the writer so it sends the goodbye and closes.
+    lane.closed.send_modify(|_| {});
+    reason
+}
+
+/// Reads until `hdr` holds a whole header (`have` bytes may already be there).
+async fn fill(
+    rd: &OwnedReadHalf,
+    hdr: &mut [u8; HEADER_LEN],
+    have: &mut usize,
+    stall: Duration,
+) -> io::Result<()> {
+    while *have < HEADER_LEN {
+        // Waiting for a frame to start is idling; a frame that started must keep coming.
+        if *have == 0 {
+            rd.readable().await?;
+        } else {
+            ready(rd.readable(), stall, "stopped sending mid-header").await?;
+        }
+        match rd.try_read(&mut hdr[*have..]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the lane",
+                ));
+            }
+            Ok(n) => *have += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Receives into `dst`, and the next header's first bytes in the same syscall once `dst` is nearly full.
+async fn recv_exact(
+    rd: &OwnedReadHalf,
+    dst: &mut [u8],
+    hdr: &mut [u8; HEADER_LEN],
+    have: &mut usize,
+    stall: Duration,
+) -> io::Result<()> {
+    let mut pos = 0;
+    while pos < dst.len() {
+        ready(rd.readable(), stall, "stopped sending mid-frame").await?;
+        let mut bufs = [
+            IoSliceMut::new(&mut dst[pos..]),
+            IoSliceMut::new(&mut hdr[..]),
+        ];
+        match rd.try_read_vectored(&mut bufs) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the lane mid-frame",
+                ));
+            }
+            Ok(n) => {
+                let take = n.min(dst.len() - pos);
+                pos += take;
+                *have += n - take;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn discard(
+    rd: &OwnedReadHalf,
+    mut len: usize,
+    scratch: &mut [u8],
+    hdr: &mut [u8; HEADER_LEN],
+    have: &mut usize,
+    stall: Duration,
+) -> io::Result<()> {
+    while len > 0 {
+        let n = len.min(scratch.len());
+        recv_exact(rd, &mut scratch[..n], hdr, have, stall).await?;
+        len -= n;
+    }
+    Ok(())
+}
+
+/// Receives a payload straight into `range` of `memory`, each piece viewed (its shards locked) only for
+/// the non-blocking `recv` itself; the last piece's syscall also takes the next header's first bytes.
+async fn recv_into_region(
+    rd: &OwnedReadHalf,
+    memory: &MemoryRegion,
+    range: std::ops::Range<usize>,
+    hdr: &mut [u8; HEADER_LEN],
+    have: &mut usize,
+    stall: Duration,
+) -> io::Result<()> {
+    let mut pos = range.start;
+    while pos < range.end {
+        ready(rd.readable(), stall, "stopped sending mid-frame").await?;
+        let result = {
+            let mut view = memory.write(pos..range.end).map_err(io::Error::other)?;
+            let mut bufs = [IoSliceMut::new(&mut view), IoSliceMut::new(&mut hdr[..])];
+            rd.try_read_vectored(&mut bufs)
+        };
+        match result {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the lane mid-frame",
+                ));
+            }
+            Ok(n) => {
+                let take = n.min(range.end - pos);
+                pos += take;
+                *have += n - take;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_that_cost_a_lane() {
+        assert!(fatal(&Error::WrongKey(transfer_engine::RegionId(1))));
+        assert!(fatal(&Error::Wire(
+            transfer_engine::WireError::HeaderChecksum
+        )));
+        assert!(!fatal(&Error::UnknownSession(transfer_engine::SessionId(
+            1
+        ))));
+    }
+}

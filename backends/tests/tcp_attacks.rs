@@ -1,0 +1,303 @@
+//! Strangers against a real server: a flood that never reads, an impostor of another client's engine id,
+//! too many lanes, a client writing into another's region, a half-sent header, a reflected dial-back, and
+//! garbage that must be answered with a reason. After each, a well-behaved client beside the attacker
+//! still completes a byte-identical transfer, and the server's queue is back within bounds.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use backends::tcp::handshake::{self, Hello, Message, Namespace, TOKEN_LEN};
+use backends::tcp::{TcpConfig, TcpNode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
+use transfer_engine::{
+    Body, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, RegionHandle, TransferMode,
+    TransferRequest,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn layout() -> KvLayout {
+    KvLayout::new(2, 8, 64 << 10, 16, Dtype::Bf16).unwrap()
+}
+
+async fn server() -> TcpNode {
+    TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        stall_timeout: Duration::from_millis(500),
+        peer_queue_bytes: 1 << 20,
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap()
+}
+
+/// A well-behaved client with its own pattern, connected to `addr` and given a served region.
+async fn good_client(addr: SocketAddr, id: u32) -> (TcpNode, RegionHandle, RegionHandle, PeerId) {
+    let node = TcpNode::start(TcpConfig {
+        listen: None,
+        ..TcpConfig::with_engine_id(id)
+    })
+    .await
+    .unwrap();
+    let l = layout();
+    let bytes: Vec<u8> = (0..l.total_bytes() as usize)
+        .map(|i| (i as u32).wrapping_mul(id * 2 + 1) as u8)
+        .collect();
+    let src = node
+        .register_kv_region(l, MemoryRegion::from_vec(bytes))
+        .unwrap();
+    let info = node.connect(addr, Some(l)).await.unwrap();
+    let dst = *info.segment("served").unwrap();
+    (node, src, dst, info.peer)
+}
+
+/// Moves the good client's KV into its served region and checks the server holds exactly its bytes.
+async fn good_transfer(server: &TcpNode, addr: SocketAddr, id: u32) {
+    let (node, src, dst, peer) = good_client(addr, id).await;
+    let req = TransferRequest::whole(peer, &src, &dst)
+        .unwrap()
+        .with_mode(TransferMode::packetized());
+    let out = node.transfer(req, LIMIT).await.unwrap();
+    assert!(out.recompute.is_empty(), "{:?}", out.reason);
+    let sent = node.memory(src.id).unwrap().to_vec().unwrap();
+    let got = server.memory(dst.id).unwrap().to_vec().unwrap();
+    assert!(sent == got, "client {id}'s bytes differ on the server");
+}
+
+/// Completes the handshake as engine `id` (with `token`), asking for a served region.
+async fn handshake_as(
+    addr: SocketAddr,
+    id: u32,
+    token: [u8; TOKEN_LEN],
+    listen: Option<&str>,
+) -> (TcpStream, Result<(RegionHandle, [u8; TOKEN_LEN]), String>) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = Hello::new(id, Namespace::default()).unwrap();
+    hello.want = Some(layout());
+    hello.token = token;
+    hello.listen = listen.map(str::to_string);
+    let result = handshake::dial(&mut s, &hello, None, None, LIMIT)
+        .await
+        .map(|a| (a.segments[0].handle, a.token))
+        .map_err(|e| e.to_string());
+    (s, result)
+}
+
+/// The frames an engine would send to open a session into `dst` and push its slices (payloads as given
+/// by the engine's own region, which is zeros).
+fn attack_frames(dst: RegionHandle, slice: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut e = Engine::new(EngineConfig {
+        engine_id: 66,
+        ..EngineConfig::default()
+    });
+    let src = e
+        .register_kv_region(
+            layout(),
+            MemoryRegion::zeroed(layout().total_bytes() as usize),
+        )
+        .unwrap();
+    let now = Instant::now();
+    let req = TransferRequest::whole(PeerId(2), &src, &dst)
+        .unwrap()
+        .with_mode(TransferMode::Packetized { slice_bytes: slice });
+    let session = e.submit(now, req).unwrap();
+    let (mut open, mut data) = (Vec::new(), Vec::new());
+    if let Some(t) = e.poll_transmit(now)
+        && let Body::Control(p) = &t.body
+    {
+        open = transfer_engine::wire::encode_frame(&t.header, p);
+    }
+    // As if the server had answered the open: the engine then sends its slices.
+    let mut ack = Header::new(FrameKind::OpenAck, session.0);
+    ack.crc = transfer_engine::crc32c(&[]);
+    e.handle_frame(now, PeerId(2), &ack, &[]).unwrap();
+    while let Some(mut t) = e.poll_transmit(now) {
+        match t.body.clone() {
+            Body::Control(_) => {}
+            Body::Payload(p) => {
+                let payload = e
+                    .memory(p.region)
+                    .unwrap()
+                    .read(p.range())
+                    .unwrap()
+                    .to_vec();
+                let mut frame = t.seal(&payload).to_vec();
+                frame.extend_from_slice(&payload);
+                data.push(frame);
+            }
+            Body::Empty => {}
+        }
+    }
+    assert!(!open.is_empty() && !data.is_empty());
+    (open, data)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_corrupt_slices_from_a_client_that_never_reads_wedge_nobody() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    // Three floods of about 150,000 corrupt 256-byte slices, each answered with a nack the attacker never
+    // reads, with a disconnect between them (the issue saw four such floods wedge the server for good).
+    for round in 0..3 {
+        // A fresh engine id each round: the last round's lane may not be gone yet, and its id stays
+        // bound to its connection group while it lives.
+        let (mut s, admitted) = handshake_as(addr, 66 + round, [0; TOKEN_LEN], None).await;
+        let (dst, _) = admitted.unwrap();
+        let (open, data) = attack_frames(dst, 256);
+        s.write_all(&open).await.unwrap();
+        let mut burst = Vec::new();
+        for frame in data.iter().take(64) {
+            let mut bad = frame.clone();
+            let last = bad.len() - 1;
+            bad[last] ^= 0xFF;
+            burst.extend_from_slice(&bad);
+        }
+        let flood = tokio::spawn(async move {
+            for _ in 0..2400 {
+                if s.write_all(&burst).await.is_err() {
+                    break;
+                }
+            }
+            s
+        });
+        // A good client transfers while the flood runs.
+        good_transfer(&server, addr, 7 + round).await;
+        let s = timeout(LIMIT, flood).await.unwrap().unwrap();
+        let during = server.stats();
+        assert!(
+            during.queued_bytes <= (16 << 20) + (1 << 20),
+            "round {round}: queue {} bytes",
+            during.queued_bytes
+        );
+        drop(s);
+        // Once the attacker is gone, its queue is released and everyone is served again.
+        let start = Instant::now();
+        while server.stats().queued_bytes > 0 && start.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            server.stats().queued_bytes,
+            0,
+            "round {round}: the flooder's queue was not released"
+        );
+    }
+    let stats = server.stats();
+    assert!(stats.engine.checksum_failures > 100_000, "{stats:?}");
+    // One pending nack per slice keeps what the server owes the flooder tiny; the per-peer queue share
+    // (1 MiB here) is the bound behind it.
+    println!(
+        "{} corrupt slices refused; {} control frames dropped over the flooder's share",
+        stats.engine.checksum_failures, stats.control_frames_dropped
+    );
+    good_transfer(&server, addr, 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identities_lanes_and_served_regions_are_isolated() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    let (first, admitted) = handshake_as(addr, 30, [0; TOKEN_LEN], None).await;
+    let (region_30, token) = admitted.unwrap();
+    // An impostor claiming engine 30 without its group's token is refused while 30 is connected.
+    let (_, impostor) = handshake_as(addr, 30, [0; TOKEN_LEN], None).await;
+    let why = impostor.unwrap_err();
+    assert!(why.contains("another connection group"), "{why}");
+    // A second lane of the real group is admitted; a third lane is beyond the bound of 2.
+    let (second, again) = handshake_as(addr, 30, token, None).await;
+    assert_eq!(again.unwrap().1, token);
+    let (_, third) = handshake_as(addr, 30, token, None).await;
+    assert!(third.unwrap_err().contains("lanes"));
+    // Another client asking for the same layout gets a region of its own.
+    let (other, admitted) = handshake_as(addr, 31, [0; TOKEN_LEN], None).await;
+    let (region_31, _) = admitted.unwrap();
+    assert_ne!(region_30.id, region_31.id);
+    // Engine 31, even knowing 30's region id and key, may not open a session into it.
+    let (open, _) = attack_frames(region_30, 4096);
+    let mut other = other;
+    other.write_all(&open).await.unwrap();
+    let reject = read_frame(&mut other).await;
+    assert_eq!(reject.0.kind, FrameKind::Reject);
+    assert!(
+        String::from_utf8_lossy(&reject.1).contains("belongs to another peer"),
+        "{}",
+        String::from_utf8_lossy(&reject.1)
+    );
+    drop((first, second));
+    good_transfer(&server, addr, 9).await;
+}
+
+/// Reads one frame (header and payload) from a raw lane.
+async fn read_frame(s: &mut TcpStream) -> (Header, Vec<u8>) {
+    let mut h = [0u8; HEADER_LEN];
+    timeout(LIMIT, s.read_exact(&mut h)).await.unwrap().unwrap();
+    let header = Header::decode(&h).unwrap();
+    let mut payload = vec![0u8; header.length as usize];
+    timeout(LIMIT, s.read_exact(&mut payload))
+        .await
+        .unwrap()
+        .unwrap();
+    (header, payload)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_is_answered_with_a_reason_and_a_half_header_is_dropped() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    let (mut garbage, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
+    admitted.unwrap();
+    garbage.write_all(&[0xAB; HEADER_LEN]).await.unwrap();
+    let (header, reason) = read_frame(&mut garbage).await;
+    assert_eq!((header.kind, header.session), (FrameKind::Reject, 0));
+    assert!(
+        String::from_utf8_lossy(&reason).contains("refused frame"),
+        "{}",
+        String::from_utf8_lossy(&reason)
+    );
+    // A client that starts a header and stalls loses its lane after the stall timeout (0.5 s here).
+    let (mut stall, admitted) = handshake_as(addr, 41, [0; TOKEN_LEN], None).await;
+    admitted.unwrap();
+    stall.write_all(&[1, 2, 3, 4, 5]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = timeout(Duration::from_secs(5), stall.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0) | Err(_))),
+        "the stalled lane was not closed"
+    );
+    assert!(
+        server.log().iter().any(|l| l.contains("mid-header")),
+        "{:?}",
+        server.log()
+    );
+    good_transfer(&server, addr, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hello_naming_a_third_host_is_never_dialed_there() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    let (_lane, admitted) = handshake_as(addr, 50, [0; TOKEN_LEN], Some("10.255.0.7:7400")).await;
+    admitted.unwrap();
+    // Dial-back goes to the address the connection came from (loopback), at the named port only.
+    let back = server.peer_addr(PeerId(50)).unwrap();
+    assert_eq!(back, "127.0.0.1:7400".parse().unwrap());
+    // And not at all when dial-back is off.
+    let quiet = TcpNode::start(TcpConfig {
+        dial_back: false,
+        serve_bytes: 64 << 20,
+        ..TcpConfig::with_engine_id(3)
+    })
+    .await
+    .unwrap();
+    let (_lane, admitted) = handshake_as(
+        quiet.local_addr().unwrap(),
+        51,
+        [0; TOKEN_LEN],
+        Some("127.0.0.1:7400"),
+    )
+    .await;
+    admitted.unwrap();
+    assert_eq!(quiet.peer_addr(PeerId(51)), None);
+}
