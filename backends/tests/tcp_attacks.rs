@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use backends::tcp::handshake::{self, Hello, Message, Namespace, TOKEN_LEN};
+use backends::tcp::handshake::{self, Hello, Namespace, TOKEN_LEN};
 use backends::tcp::{TcpConfig, TcpNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -333,38 +333,38 @@ impl Message {
     }
 }
 
-/// HMAC-SHA256 over a role label and the two nonces; all zeros without a secret.
+/// What both MACs cover: the dialer's and the acceptor's Hello, byte for byte as sent (nonces, engine
+/// ids, namespace, listening address, the region asked for and the group token), so that nothing a peer
+/// says about itself can be changed on the way without failing authentication.
 #[must_use]
-pub fn auth_mac(secret: Option<&[u8]>, role: &str, a: &[u8; 16], b: &[u8; 16]) -> [u8; MAC_LEN] {
-    let Some(secret) = secret else {
-        return [0; MAC_LEN];
-    };
-    let mut mac =
-        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
-    mac.update(b"kvte-lane-auth:");
-    mac.update(role.as_bytes());
-    mac.update(a);
-    mac.update(b);
-    mac.finalize().into_bytes().into()
+pub fn transcript(dialer: &Hello, acceptor: &Hello) -> Vec<u8> {
+    let mut out = Vec::new();
+    dialer.encode(&mut out);
+    acceptor.encode(&mut out);
+    out
 }
 
-fn verify_mac(
-    secret: Option<&[u8]>,
-    role: &str,
-    a: &[u8; 16],
-    b: &[u8; 16],
-    got: &[u8; MAC_LEN],
-) -> bool {
-    let Some(secret) = secret else {
-        return true;
-    };
+/// HMAC-SHA256 over a role label and the handshake `transcript`; all zeros without a secret.
+#[must_use]
+pub fn auth_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> [u8; MAC_LEN] {
+    match keyed(secret, role, transcript) {
+        Some(mac) => mac.finalize().into_bytes().into(),
+        None => [0; MAC_LEN],
+    }
+}
+
+fn verify_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8], got: &[u8; MAC_LEN]) -> bool {
+    keyed(secret, role, transcript).is_none_or(|mac| mac.verify_slice(got).is_ok())
+}
+
+fn keyed(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> Option<Hmac<Sha256>> {
     let mut mac =
-        <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("HMAC takes keys of any length");
+        <Hmac<Sha256> as Mac>::new_from_slice(secret?).expect("HMAC takes keys of any length");
     mac.update(b"kvte-lane-auth:");
     mac.update(role.as_bytes());
-    mac.update(a);
-    mac.update(b);
-    mac.verify_slice(got).is_ok()
+    mac.update(b":");
+    mac.update(transcript);
+    Some(mac)
 }
 
 /// Writes one message.
@@ -427,14 +427,15 @@ pub async fn dial(
                 peer.engine_id
             ));
         }
-        if problem.is_none() && !verify_mac(secret, "acceptor", &hello.nonce, &peer.nonce, &mac) {
+        let covered = transcript(hello, &peer);
+        if problem.is_none() && !verify_mac(secret, "acceptor", &covered, &mac) {
             problem = Some("the peer failed shared-secret authentication: configure the same secret on both sides".into());
         }
         if let Some(reason) = problem {
             let _ = send(stream, &Message::Reject(reason.clone())).await;
             return Err(TcpError::Handshake(reason));
         }
-        let mac = auth_mac(secret, "dialer", &peer.nonce, &hello.nonce);
+        let mac = auth_mac(secret, "dialer", &covered);
         send(stream, &Message::Auth(mac)).await?;
         match recv(stream).await? {
             Message::Welcome(token, segments) => Ok(Accepted {
@@ -474,12 +475,11 @@ pub(crate) async fn accept_hello(
         let _ = send(stream, &Message::Reject(reason.clone())).await;
         return Err(TcpError::Handshake(reason));
     }
-    let mac = auth_mac(secret, "acceptor", &peer.nonce, &hello.nonce);
+    let covered = transcript(&peer, hello);
+    let mac = auth_mac(secret, "acceptor", &covered);
     send(stream, &Message::Hello(Box::new(hello.clone()), mac)).await?;
     match recv(stream).await? {
-        Message::Auth(mac) if verify_mac(secret, "dialer", &hello.nonce, &peer.nonce, &mac) => {
-            Ok(*peer)
-        }
+        Message::Auth(mac) if verify_mac(secret, "dialer", &covered, &mac) => Ok(*peer),
         Message::Auth(_) => {
             let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
             let _ = send(stream, &Message::Reject(reason.into())).await;
@@ -613,12 +613,29 @@ mod tests {
     }
 
     #[test]
-    fn macs_bind_secret_role_and_nonces() {
-        let (x, y) = ([1u8; 16], [2u8; 16]);
-        let m = auth_mac(Some(b"s3cret"), "dialer", &x, &y);
-        assert!(verify_mac(Some(b"s3cret"), "dialer", &x, &y, &m));
-        assert!(!verify_mac(Some(b"other"), "dialer", &x, &y, &m));
-        assert!(!verify_mac(Some(b"s3cret"), "acceptor", &x, &y, &m));
-        assert!(!verify_mac(Some(b"s3cret"), "dialer", &y, &x, &m));
+    fn macs_bind_secret_role_and_everything_each_side_said() {
+        let d = Hello::new(1, Namespace::default()).unwrap();
+        let a = Hello::new(2, Namespace::default()).unwrap();
+        let covered = transcript(&d, &a);
+        let m = auth_mac(Some(b"s3cret"), "dialer", &covered);
+        assert!(verify_mac(Some(b"s3cret"), "dialer", &covered, &m));
+        assert!(!verify_mac(Some(b"other"), "dialer", &covered, &m));
+        assert!(!verify_mac(Some(b"s3cret"), "acceptor", &covered, &m));
+        assert!(!verify_mac(
+            Some(b"s3cret"),
+            "dialer",
+            &transcript(&a, &d),
+            &m
+        ));
+        // An engine id changed on the way no longer verifies.
+        let mut forged = d.clone();
+        forged.engine_id = 9;
+        assert!(!verify_mac(
+            Some(b"s3cret"),
+            "dialer",
+            &transcript(&forged, &a),
+            &m
+        ));
+        assert!(verify_mac(None, "dialer", &covered, &[0; MAC_LEN]));
     }
 }
