@@ -331,11 +331,7 @@ async fn a_wrong_protocol_version_is_refused_with_a_clear_error() {
     };
     let named = format!("protocol version {}", PROTOCOL_VERSION + 98);
     assert!(reason.contains(&named), "{reason}");
-    assert!(
-        rx.log()[0].contains(&named),
-        "{:?}",
-        rx.log()
-    );
+    assert!(rx.log()[0].contains(&named), "{:?}", rx.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@ mod args;
 mod bucket;
 mod contention;
 mod death;
+mod load;
 mod net;
 mod overlap;
 mod progress;
@@ -55,6 +56,8 @@ enum Command {
     Serve(net::ServeArgs),
     /// Transfers KV to a `te-bench serve` process over TCP and reports throughput like `run`.
     Connect(net::ConnectArgs),
+    /// Many `te-bench connect` processes against one `te-bench serve --verify`: throughput and peak memory.
+    Load(load::LoadArgs),
     /// Kills a `te-bench serve` process mid-transfer and times the sender's recompute report.
     PeerDeath(death::PeerDeathArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
@@ -80,6 +83,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => net::serve_main(&args),
         Command::Connect(args) => net::connect_main(&args),
         Command::PeerDeath(args) => death::main(&args),
+        Command::Load(args) => load::main(&args),
     }
 }
 

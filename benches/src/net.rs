@@ -38,6 +38,10 @@ pub(crate) struct ServeArgs {
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
     seconds: u64,
+    /// Check every finished session's region against the pattern its client fills (`te-bench connect`
+    /// seeds it with its engine id) and print `verified` or `MISMATCH` for it.
+    #[arg(long)]
+    verify: bool,
 }
 
 /// Arguments of `te-bench connect`.
@@ -73,6 +77,9 @@ pub(crate) struct ConnectArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Skip measuring the local socket-copy limit (its ratio columns read 0); for many clients at once.
+    #[arg(long)]
+    no_limit: bool,
 }
 
 /// Serves until killed (or `--seconds`): accepts clients, gives each the region it asks for, and prints a
@@ -111,12 +118,17 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
                     );
                 }
                 event = events.recv() => match event {
-                    Ok(Event::Completed { session, role: Role::Receiver, stats }) => println!(
-                        "session {session}: {} received, {} blocks delivered, {} to recompute",
-                        fmt_size(stats.bytes_received),
-                        stats.blocks_delivered,
-                        stats.recompute_blocks
-                    ),
+                    Ok(Event::Completed { session, role: Role::Receiver, stats }) => {
+                        println!(
+                            "session {session}: {} received, {} blocks delivered, {} to recompute",
+                            fmt_size(stats.bytes_received),
+                            stats.blocks_delivered,
+                            stats.recompute_blocks
+                        );
+                        if args.verify {
+                            println!("session {session}: {}", verify(server, session).await);
+                        }
+                    }
                     Ok(Event::Aborted { session, reason, .. }) => {
                         println!("session {session} ended early: {reason}");
                     }
@@ -137,6 +149,30 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     })
 }
 
+/// Checks a finished session's region against its client's pattern (seeded by the client's engine id).
+async fn verify(server: &backends::tcp::TcpNode, session: transfer_engine::SessionId) -> String {
+    let received = match server.wait_received(session).await {
+        Ok(r) => r,
+        Err(e) => return format!("not checked: {e}"),
+    };
+    if !received.recompute.is_empty() {
+        return format!(
+            "not checked: {} blocks to recompute",
+            received.recompute.len()
+        );
+    }
+    let seed = received.incoming.peer.0;
+    match server
+        .memory(received.incoming.region)
+        .map_err(anyhow::Error::from)
+        .and_then(|m| crate::tcp::holds_pattern(&m, seed))
+    {
+        Ok(true) => format!("verified (engine {seed}'s pattern)"),
+        Ok(false) => format!("MISMATCH: the region does not hold engine {seed}'s pattern"),
+        Err(e) => format!("not checked: {e}"),
+    }
+}
+
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
 pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
@@ -150,7 +186,8 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     };
     let node = BlockingNode::start(cfg)?;
     let src = node.kv_region(layout)?;
-    crate::tcp::fill(node.node(), &src)?;
+    // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
+    crate::tcp::fill(node.node(), &src, u64::from(args.engine_id))?;
     let info = node
         .connect(args.peer, Some(layout))
         .with_context(|| format!("connecting to {}", args.peer))?;
@@ -158,11 +195,15 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         .segment("served")
         .context("the server offered no region: is it a `te-bench serve`?")?;
     // The raw limit: a plain tokio socket copy of the same bytes over loopback on this machine.
-    let limit_gbps = node.block_on(socket_copy_gbps(
-        layout.total_bytes(),
-        4 << 20,
-        args.lanes.max(1),
-    ))?;
+    let limit_gbps = if args.no_limit {
+        0.0
+    } else {
+        node.block_on(socket_copy_gbps(
+            layout.total_bytes(),
+            4 << 20,
+            args.lanes.max(1),
+        ))?
+    };
     let modes = if args.mode.is_empty() {
         ModeArg::ALL.to_vec()
     } else {

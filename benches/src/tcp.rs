@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, TcpConfig, TcpNode, socket_copy_gbps};
-use transfer_engine::{KvLayout, RegionHandle, TransferMode, TransferRequest};
+use transfer_engine::{
+    KvLayout, MemoryRegion, RegionHandle, SHARD_BYTES, TransferMode, TransferRequest,
+};
 
 /// Bytes per write of the raw socket copy: large, so the limit is the socket's, not the syscall rate's.
 const LIMIT_WRITE_BYTES: usize = 4 << 20;
@@ -39,7 +41,7 @@ pub(crate) fn run_tcp(
     let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
     let src = sender.kv_region(layout)?;
     let dst = receiver.kv_region(layout)?;
-    fill(sender.node(), &src)?;
+    fill(sender.node(), &src, 1)?;
     let addr = receiver
         .node()
         .local_addr()
@@ -72,18 +74,39 @@ pub(crate) fn run_tcp(
     })
 }
 
-/// Fills a region with a pseudo-random pattern (xorshift, seeded by offset).
-pub(crate) fn fill(node: &TcpNode, region: &RegionHandle) -> anyhow::Result<()> {
-    node.memory(region.id)?.fill_with(|offset, bytes| {
-        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ offset as u64;
-        for chunk in bytes.chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
-        }
-    })?;
+/// Fills a region with the pseudo-random pattern of `seed` (xorshift, restarted at every 1 MiB piece so
+/// any piece can be checked on its own).
+pub(crate) fn fill(node: &TcpNode, region: &RegionHandle, seed: u64) -> anyhow::Result<()> {
+    node.memory(region.id)?
+        .fill_with(|offset, bytes| pattern(seed, offset, bytes))?;
     Ok(())
+}
+
+/// Writes the pattern of `seed` for the piece at `offset` into `bytes`.
+pub(crate) fn pattern(seed: u64, offset: usize, bytes: &mut [u8]) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ offset as u64;
+    for chunk in bytes.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// Whether `memory` holds exactly the pattern of `seed` (checked a 1 MiB piece at a time).
+pub(crate) fn holds_pattern(memory: &MemoryRegion, seed: u64) -> anyhow::Result<bool> {
+    let mut want = vec![0u8; SHARD_BYTES];
+    let mut offset = 0;
+    while offset < memory.len() {
+        let end = (offset + SHARD_BYTES).min(memory.len());
+        let want = &mut want[..end - offset];
+        pattern(seed, offset, want);
+        if *memory.read(offset..end)? != *want {
+            return Ok(false);
+        }
+        offset = end;
+    }
+    Ok(true)
 }
 
 fn check_identical(

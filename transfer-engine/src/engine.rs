@@ -45,6 +45,9 @@ pub struct EngineConfig {
     pub default_mode: TransferMode,
     /// Class used when a request names none (through the default class policy).
     pub default_class: TrafficClass,
+    /// Most sessions one peer may have open towards this engine at once; more opens are refused (each
+    /// holds receiver state proportional to its plan).
+    pub max_incoming_per_peer: usize,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +62,7 @@ impl Default for EngineConfig {
             retransmit_budget: RetransmitBudget::default(),
             default_mode: TransferMode::auto(),
             default_class: TrafficClass::BulkKv,
+            max_incoming_per_peer: 256,
         }
     }
 }
@@ -788,6 +792,13 @@ impl Engine {
         key: (PeerId, SessionId),
         payload: &[u8],
     ) -> Result<(), Error> {
+        let live = self.receivers.keys().filter(|(p, _)| *p == key.0).count();
+        if live >= self.cfg.max_incoming_per_peer {
+            return Err(Error::InvalidRequest(format!(
+                "peer {} already has {live} sessions open here, the most allowed: wait for some to finish",
+                key.0.0
+            )));
+        }
         let open = OpenRequest::decode(payload)?;
         open.dst_layout.validate()?;
         let region = *self.regions.get(open.dst_region)?;

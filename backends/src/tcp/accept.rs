@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId};
 
 use super::TcpError;
@@ -26,11 +27,32 @@ use super::node::{Shared, lock};
 
 pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     let mut stop = shared.shutdown.subscribe();
+    let turns = Arc::new(Semaphore::new(shared.cfg.max_handshakes.max(1)));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, from)) => {
-                    tokio::spawn(inbound(shared.clone(), stream, from));
+                    let c = &shared.counters;
+                    let lanes = c.lanes_opened.load(Ordering::Relaxed)
+                        .saturating_sub(c.lanes_closed.load(Ordering::Relaxed));
+                    if lanes >= shared.cfg.max_lanes as u64 {
+                        c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
+                        shared.log(format!(
+                            "refused connection from {from}: this node already has {lanes} lanes, its most"
+                        ));
+                        continue;
+                    }
+                    let (shared, turns) = (shared.clone(), turns.clone());
+                    tokio::spawn(async move {
+                        // Waiting for a turn counts against the handshake's own time limit.
+                        let limit = shared.cfg.handshake_timeout;
+                        let Ok(Ok(_turn)) = tokio::time::timeout(limit, turns.acquire_owned()).await
+                        else {
+                            shared.log(format!("refused connection from {from}: too many handshakes"));
+                            return;
+                        };
+                        inbound(shared, stream, from).await;
+                    });
                 }
                 Err(e) => {
                     shared.log(format!("accept failed: {e}"));

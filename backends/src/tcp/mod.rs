@@ -78,6 +78,11 @@ pub struct TcpConfig {
     /// Frame bytes queued for one peer beyond which control frames to it (acks, nacks, progress) are
     /// dropped: a peer that floods and does not read cannot fill the node's queue for everyone.
     pub peer_queue_bytes: u64,
+    /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
+    pub max_lanes: usize,
+    /// Most handshakes in progress at once; more connections wait for a turn (within the handshake time
+    /// limit).
+    pub max_handshakes: usize,
     /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
     /// address its connection came from).
     pub dial_back: bool,
@@ -103,6 +108,8 @@ impl Default for TcpConfig {
             stall_timeout: Duration::from_secs(10),
             peer_queue_bytes: 8 << 20,
             dial_back: true,
+            max_lanes: 256,
+            max_handshakes: 64,
         }
     }
 }
