@@ -19,8 +19,9 @@ pub(crate) struct ReplayArgs {
     /// Cache capacity in blocks. Omit to run 5%, 10% and 20% of the trace's distinct blocks.
     #[arg(long)]
     capacity_blocks: Vec<usize>,
-    /// Policy: lru (the incumbent), heat (this crate's scorer and tier manager), belady (the offline
-    /// optimum). Repeat or omit to run all three.
+    /// Policy: lru (the incumbent), s3fifo, lirs, arc, wtinylfu (classic baselines), heat (the heat
+    /// scorer and tier manager), continuation (the conversation-continuation index), belady (the offline
+    /// optimum). Repeat or omit to run them all.
     #[arg(long)]
     policy: Vec<PolicyKind>,
     /// Print one JSON object per line instead of a table.

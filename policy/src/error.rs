@@ -27,7 +27,9 @@ pub enum PolicyError {
         message: String,
     },
     /// A policy name was not recognised.
-    #[error("unknown policy {0:?}; use one of: lru, heat, belady")]
+    #[error(
+        "unknown policy {0:?}; use one of: lru, s3fifo, lirs, arc, wtinylfu, heat, continuation, belady"
+    )]
     UnknownPolicy(String),
     /// A configuration value is out of range.
     #[error("invalid policy configuration: {0}")]

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
+use transfer_engine::policy::{BlockKey, NamespaceId, Tier, TierMove, TierPolicy};
+
+use crate::cache::BlockCache;
 
 /// A single-tier LRU cache of block keys.
 #[derive(Debug, Clone, Default)]
@@ -77,9 +79,28 @@ impl Lru {
     }
 }
 
+impl BlockCache for Lru {
+    fn contains(&self, key: BlockKey) -> bool {
+        Lru::contains(self, key)
+    }
+
+    fn touch(&mut self, key: BlockKey) {
+        Lru::touch(self, key);
+    }
+
+    fn evict_to_capacity(&mut self) -> usize {
+        Lru::evict_to_capacity(self).len()
+    }
+
+    fn len(&self) -> usize {
+        Lru::len(self)
+    }
+}
+
 impl TierPolicy for Lru {
     fn on_insert(
         &mut self,
+        _: NamespaceId,
         key: BlockKey,
         _: Option<BlockKey>,
         _: u64,
@@ -121,10 +142,10 @@ mod tests {
     fn trait_keeps_capacity() {
         let mut lru = Lru::new(1);
         assert!(
-            lru.on_insert(BlockKey(1), None, 0, Duration::ZERO)
+            lru.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 0, Duration::ZERO)
                 .is_empty()
         );
-        let moves = lru.on_insert(BlockKey(2), None, 0, Duration::ZERO);
+        let moves = lru.on_insert(NamespaceId::DEFAULT, BlockKey(2), None, 0, Duration::ZERO);
         assert_eq!(
             moves,
             vec![TierMove {

@@ -21,14 +21,10 @@ pub struct Namespace {
     pub dtype: Dtype,
 }
 
-/// A namespace's 64-bit identity (xxh3 of its canonical encoding with [`HASH_SEED`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct NamespaceId(pub u64);
-
-impl NamespaceId {
-    /// The namespace of blocks inserted without one (external keys, trace replay).
-    pub const DEFAULT: NamespaceId = NamespaceId(0);
-}
+/// A namespace's 64-bit identity ([`Namespace::id`]: xxh3 of its canonical encoding with [`HASH_SEED`]).
+/// Defined by the core so that [`TierPolicy::on_insert`](transfer_engine::policy::TierPolicy::on_insert)
+/// can carry it.
+pub use transfer_engine::policy::NamespaceId;
 
 impl Namespace {
     /// The namespace's identity. Stable across processes, machines and releases of this crate.

@@ -11,11 +11,17 @@ use std::time::Duration;
 use serde::Serialize;
 use transfer_engine::policy::{BlockKey, TierPolicy};
 
+use crate::arc::Arc;
 use crate::belady::{Belady, NextUse};
+use crate::cache::replay_cache;
+use crate::continuation::{Continuation, ContinuationConfig};
 use crate::error::PolicyError;
+use crate::lirs::Lirs;
 use crate::lru::Lru;
 use crate::namespace::NamespaceId;
+use crate::s3fifo::S3Fifo;
 use crate::tier::{TierCapacities, TierConfig, TierManager};
+use crate::tinylfu::WTinyLfu;
 use crate::trace::Trace;
 
 /// The policies a trace can be replayed against.
@@ -23,22 +29,46 @@ use crate::trace::Trace;
 pub enum PolicyKind {
     /// Least recently used (the incumbent).
     Lru,
+    /// S3-FIFO ([`crate::s3fifo`]).
+    S3Fifo,
+    /// LIRS ([`crate::lirs`]).
+    Lirs,
+    /// ARC ([`crate::arc`]).
+    Arc,
+    /// W-TinyLFU ([`crate::tinylfu`]).
+    WTinyLfu,
     /// This crate's heat scoring and tier manager (default configuration).
     Heat,
+    /// Conversation-continuation eviction index ([`crate::continuation`], default configuration).
+    Continuation,
     /// Belady's offline optimum (knows the future; the limit).
     Belady,
 }
 
 impl PolicyKind {
-    /// Every policy, baseline first.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Lru, PolicyKind::Heat, PolicyKind::Belady];
+    /// Every policy, baselines first, the offline optimum last.
+    pub const ALL: [PolicyKind; 8] = [
+        PolicyKind::Lru,
+        PolicyKind::S3Fifo,
+        PolicyKind::Lirs,
+        PolicyKind::Arc,
+        PolicyKind::WTinyLfu,
+        PolicyKind::Heat,
+        PolicyKind::Continuation,
+        PolicyKind::Belady,
+    ];
 
     /// The name used on command lines and in reports.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             PolicyKind::Lru => "lru",
+            PolicyKind::S3Fifo => "s3fifo",
+            PolicyKind::Lirs => "lirs",
+            PolicyKind::Arc => "arc",
+            PolicyKind::WTinyLfu => "wtinylfu",
             PolicyKind::Heat => "heat",
+            PolicyKind::Continuation => "continuation",
             PolicyKind::Belady => "belady",
         }
     }
@@ -98,14 +128,35 @@ impl ReplayReport {
 #[must_use]
 pub fn replay(trace: &Trace, capacity_blocks: usize, policy: PolicyKind) -> ReplayReport {
     let hit_blocks = match policy {
-        PolicyKind::Lru => replay_lru(trace, capacity_blocks),
+        PolicyKind::Lru => replay_cache(trace, &mut Lru::new(capacity_blocks)),
+        PolicyKind::S3Fifo => replay_cache(trace, &mut S3Fifo::new(capacity_blocks)),
+        PolicyKind::Lirs => replay_cache(trace, &mut Lirs::new(capacity_blocks)),
+        PolicyKind::Arc => replay_cache(trace, &mut Arc::new(capacity_blocks)),
+        PolicyKind::WTinyLfu => replay_cache(trace, &mut WTinyLfu::new(capacity_blocks)),
         PolicyKind::Belady => replay_belady(trace, capacity_blocks),
         PolicyKind::Heat => {
             let cfg = heat_config(capacity_blocks);
             replay_tiered(trace, &cfg).expect("the default heat configuration is valid")
         }
+        PolicyKind::Continuation => {
+            replay_continuation(trace, capacity_blocks, ContinuationConfig::default())
+        }
     };
     report(trace, capacity_blocks, policy.name(), hit_blocks)
+}
+
+/// Replays `trace` against a [`Continuation`] cache with configuration `cfg` (to evaluate ablations);
+/// returns the prefix hit blocks.
+#[must_use]
+pub fn replay_continuation(trace: &Trace, capacity_blocks: usize, cfg: ContinuationConfig) -> u64 {
+    let mut cache = Continuation::new(capacity_blocks, cfg);
+    let mut hits = 0;
+    for req in trace.requests() {
+        hits += prefix_hits(&req.hash_ids, |id| cache.contains(BlockKey(id)));
+        cache.on_request(req);
+        cache.evict_to_capacity();
+    }
+    hits
 }
 
 /// The tier configuration `replay(.., PolicyKind::Heat)` uses: one GPU tier of `capacity_blocks`.
@@ -151,19 +202,6 @@ fn report(trace: &Trace, capacity_blocks: usize, policy: &str, hit_blocks: u64) 
 
 fn prefix_hits(ids: &[u64], cached: impl Fn(u64) -> bool) -> u64 {
     ids.iter().take_while(|id| cached(**id)).count() as u64
-}
-
-fn replay_lru(trace: &Trace, capacity: usize) -> u64 {
-    let mut lru = Lru::new(capacity);
-    let mut hits = 0;
-    for req in trace.requests() {
-        hits += prefix_hits(&req.hash_ids, |id| lru.contains(BlockKey(id)));
-        for id in &req.hash_ids {
-            lru.touch(BlockKey(*id));
-        }
-        lru.evict_to_capacity();
-    }
-    hits
 }
 
 fn replay_belady(trace: &Trace, capacity: usize) -> u64 {
@@ -222,7 +260,9 @@ mod tests {
         }
         assert_eq!("LRU".parse::<PolicyKind>().unwrap(), PolicyKind::Lru);
         let msg = "fifo".parse::<PolicyKind>().unwrap_err().to_string();
-        assert!(msg.contains("lru, heat, belady"), "{msg}");
+        for k in PolicyKind::ALL {
+            assert!(msg.contains(k.name()), "{msg}");
+        }
     }
 
     #[test]

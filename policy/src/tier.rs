@@ -507,17 +507,16 @@ impl TierManager {
 }
 
 impl TierPolicy for TierManager {
-    /// Inserts in the parent's namespace (or [`NamespaceId::DEFAULT`] for a root).
+    /// Inserts in namespace `ns`; a parent of another namespace is not linked (see
+    /// [`TierManager::insert_unsettled`]).
     fn on_insert(
         &mut self,
+        ns: NamespaceId,
         key: BlockKey,
         parent: Option<BlockKey>,
         request: u64,
         now: Duration,
     ) -> Vec<TierMove> {
-        let ns = parent
-            .and_then(|p| self.blocks.get(&p))
-            .map_or(NamespaceId::DEFAULT, |b| b.ns);
         self.insert(ns, key, parent, request, now)
     }
 
@@ -543,11 +542,14 @@ mod tests {
     #[test]
     fn demotes_through_the_tiers_then_evicts() {
         let mut m = manager(1, 1, 0);
-        assert!(m.on_insert(BlockKey(1), None, 1, T0).is_empty());
-        let moves = m.on_insert(BlockKey(2), None, 2, T0);
+        assert!(
+            m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0)
+                .is_empty()
+        );
+        let moves = m.on_insert(NamespaceId::DEFAULT, BlockKey(2), None, 2, T0);
         assert_eq!(moves.len(), 1);
         assert_eq!((moves[0].from, moves[0].to), (Tier::Gpu, Some(Tier::Host)));
-        let moves = m.on_insert(BlockKey(3), None, 3, T0);
+        let moves = m.on_insert(NamespaceId::DEFAULT, BlockKey(3), None, 3, T0);
         assert_eq!(
             moves.iter().filter(|mv| mv.to.is_none()).count(),
             1,
@@ -562,11 +564,11 @@ mod tests {
     #[test]
     fn access_promotes_the_block_and_its_farther_ancestors() {
         let mut m = manager(2, 4, 0);
-        m.on_insert(BlockKey(1), None, 1, T0);
-        m.on_insert(BlockKey(2), Some(BlockKey(1)), 1, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(2), Some(BlockKey(1)), 1, T0);
         // Two unrelated roots push the chain down to the host tier, tail first.
-        m.on_insert(BlockKey(10), None, 2, T0);
-        m.on_insert(BlockKey(11), None, 3, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(10), None, 2, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(11), None, 3, T0);
         assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Host));
         assert_eq!(m.tier_of(BlockKey(2)), Some(Tier::Host));
         let moves = m.on_access(BlockKey(2), 4, T0);
@@ -588,11 +590,11 @@ mod tests {
         let mut m = manager(3, 0, 0);
         let mut parent = None;
         for k in 1..=3 {
-            m.on_insert(BlockKey(k), parent, 1, T0);
+            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), parent, 1, T0);
             parent = Some(BlockKey(k));
         }
         // A hot unrelated block used by many requests.
-        m.on_insert(BlockKey(9), None, 2, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(9), None, 2, T0);
         for r in 3..10 {
             m.on_access(BlockKey(9), r, T0);
         }
@@ -608,11 +610,18 @@ mod tests {
         m.insert(a, BlockKey(1), None, 1, T0);
         m.insert(a, BlockKey(2), Some(BlockKey(1)), 1, T0);
         m.insert(b, BlockKey(3), None, 2, T0);
-        // A child inherits its parent's namespace through the trait.
-        m.on_insert(BlockKey(4), Some(BlockKey(2)), 1, T0);
+        // The trait carries the namespace: a root of `a` lands in `a`, not in the default one.
+        m.on_insert(a, BlockKey(4), Some(BlockKey(2)), 1, T0);
+        m.on_insert(a, BlockKey(5), None, 1, T0);
         let moves = m.drop_namespace(a);
         let keys: Vec<_> = moves.iter().map(|mv| mv.key).collect();
-        assert_eq!(keys, vec![BlockKey(4), BlockKey(2), BlockKey(1)]);
+        assert_eq!(keys.len(), 4, "{keys:?}");
+        assert!(keys.contains(&BlockKey(5)));
+        let pos = |k| keys.iter().position(|x| *x == BlockKey(k)).unwrap();
+        assert!(
+            pos(4) < pos(2) && pos(2) < pos(1),
+            "children first: {keys:?}"
+        );
         assert!(moves.iter().all(|mv| mv.to.is_none()));
         assert_eq!(m.tier_of(BlockKey(3)), Some(Tier::Gpu));
         assert_eq!(m.len(Tier::Gpu), 1);
@@ -621,15 +630,15 @@ mod tests {
     #[test]
     fn evicted_blocks_remember_their_heat() {
         let mut m = manager(1, 0, 0);
-        m.on_insert(BlockKey(1), None, 1, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
         m.on_access(BlockKey(1), 2, T0);
-        m.on_insert(BlockKey(2), None, 3, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(2), None, 3, T0);
         let back = if m.tier_of(BlockKey(1)).is_some() {
             BlockKey(2)
         } else {
             BlockKey(1)
         };
-        m.on_insert(back, None, 4, T0);
+        m.on_insert(NamespaceId::DEFAULT, back, None, 4, T0);
         if let Some(h) = m.heat(back) {
             assert!(h.sharers() >= 2, "a returning block resumes its history");
         }
@@ -638,10 +647,10 @@ mod tests {
     #[test]
     fn a_block_shared_by_two_requests_survives_a_scan_of_one_off_blocks() {
         let mut m = manager(4, 0, 0);
-        m.on_insert(BlockKey(1), None, 1, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
         m.on_access(BlockKey(1), 2, T0);
         for k in 10..40 {
-            m.on_insert(BlockKey(k), None, k, T0);
+            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), None, k, T0);
         }
         assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Gpu));
     }
@@ -651,11 +660,11 @@ mod tests {
         let mut m = manager(4, 0, 0);
         let before = m.recent_share;
         for k in 0..12 {
-            m.on_insert(BlockKey(k), None, k, T0);
+            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), None, k, T0);
         }
         // Blocks 0..8 were evicted from the recent segment; bring two back.
-        m.on_insert(BlockKey(0), None, 100, T0);
-        m.on_insert(BlockKey(1), None, 101, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(0), None, 100, T0);
+        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 101, T0);
         assert!(m.recent_share > before);
         // They come back shared (two requests used them), so they are frequent now.
         assert_eq!(m.blocks[&BlockKey(1)].seg, 1);

@@ -96,6 +96,16 @@ pub enum Tier {
     Remote,
 }
 
+/// The namespace a block's key lives in (model, weights, layout; see the `policy` crate's `Namespace`).
+/// Keys are only comparable inside one namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct NamespaceId(pub u64);
+
+impl NamespaceId {
+    /// The namespace of blocks inserted without one (external keys, trace replay).
+    pub const DEFAULT: NamespaceId = NamespaceId(0);
+}
+
 /// A block's identity for tiering: a content key (see the `policy` crate's chained hashes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockKey(pub u64);
@@ -113,9 +123,11 @@ pub struct TierMove {
 
 /// Decides where blocks live. `now` is time since an epoch of the caller's choosing.
 pub trait TierPolicy {
-    /// A new block was stored (at the nearest tier); returns the moves that keep capacities.
+    /// A new block of namespace `ns` was stored (at the nearest tier); returns the moves that keep
+    /// capacities.
     fn on_insert(
         &mut self,
+        ns: NamespaceId,
         key: BlockKey,
         parent: Option<BlockKey>,
         request: u64,
@@ -136,6 +148,7 @@ pub struct NoTiering {
 impl TierPolicy for NoTiering {
     fn on_insert(
         &mut self,
+        _: NamespaceId,
         key: BlockKey,
         _: Option<BlockKey>,
         _: u64,
