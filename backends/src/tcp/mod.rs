@@ -15,7 +15,28 @@
 //!   listens on loopback unless told otherwise.
 //! - Safety: a peer reaches memory only through registered regions and their keys, bounds-checked by the
 //!   engine; a frame that fails to decode or addresses anything else is refused, counted, answered with a
-//!   `Reject` naming the reason, and its lane is closed.
+//!   `Reject` naming the reason (on session 0 when the header itself is unreadable), and its lane is
+//!   closed. The wire protocol is written down in `docs/PROTOCOL.md`.
+//! - Strangers: a peer's lanes are bound to the connection group of its first handshake by a
+//!   token; served regions belong to the peer that asked; dial-back goes only to the address a connection
+//!   came from; a peer that stalls mid-frame or stops reading loses its lane after
+//!   [`TcpConfig::stall_timeout`].
+//!
+//! # Memory a node can be made to hold
+//! Whatever peers send, a node's memory stays within:
+//! - the regions the caller registers, plus served regions up to [`TcpConfig::serve_bytes`];
+//! - queued frames up to [`TcpConfig::queue_bytes`] plus one frame (payloads are not copied into the
+//!   queue: it holds headers and references; control frames to one peer stop at
+//!   [`TcpConfig::peer_queue_bytes`], and a peer's queue is released when it can never be sent);
+//! - [`TcpConfig::max_lanes`] lanes, each with a 64 KiB discard buffer and at most one control payload
+//!   being read (4 MiB at most, the wire's limit for control frames);
+//! - [`TcpConfig::max_handshakes`] handshakes in progress, each with messages of 64 KiB at most, and each
+//!   ended after [`TcpConfig::handshake_timeout`];
+//! - per peer at most `EngineConfig::max_incoming_per_peer` receiving sessions, each holding state in
+//!   proportion to its plan (a few bytes per slice; a plan covers at most its region once, since
+//!   destination blocks are distinct);
+//! - the board's bounded retention (65,536 events behind a subscriber, 4,096 finished sessions per role,
+//!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
 
 mod accept;
 mod blocking;
