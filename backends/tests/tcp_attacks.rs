@@ -301,3 +301,69 @@ async fn a_hello_naming_a_third_host_is_never_dialed_there() {
     admitted.unwrap();
     assert_eq!(quiet.peer_addr(PeerId(51)), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_loses_its_lane_and_its_queue() {
+    // A raw peer that completes the handshake as the acceptor, then never reads a byte.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let l = KvLayout::new(4, 64, 1 << 20, 16, Dtype::Bf16).unwrap();
+    let fake = RegionHandle {
+        id: transfer_engine::RegionId(1),
+        key: transfer_engine::AccessKey(1),
+        len: l.total_bytes(),
+        layout: Some(l),
+    };
+    let silent = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let Ok(handshake::Message::Hello(..)) = handshake::recv(&mut s).await else {
+            panic!("expected a hello");
+        };
+        let me = Hello::new(9, Namespace::default()).unwrap();
+        handshake::send(&mut s, &handshake::Message::Hello(Box::new(me), [0; 32]))
+            .await
+            .unwrap();
+        let _auth = handshake::recv(&mut s).await.unwrap();
+        let segment = handshake::Segment {
+            name: "kv".into(),
+            handle: fake,
+        };
+        handshake::send(
+            &mut s,
+            &handshake::Message::Welcome([7; TOKEN_LEN], vec![segment]),
+        )
+        .await
+        .unwrap();
+        // Accept the session (so data starts to flow), then read nothing more.
+        let (open, _) = read_frame(&mut s).await;
+        let mut ack = Header::new(FrameKind::OpenAck, open.session);
+        ack.crc = transfer_engine::crc32c(&[]);
+        s.write_all(&ack.encode()).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        drop(s);
+    });
+    let sender = TcpNode::start(TcpConfig {
+        listen: None,
+        stall_timeout: Duration::from_millis(500),
+        ..TcpConfig::with_engine_id(1)
+    })
+    .await
+    .unwrap();
+    let src = sender.kv_region(l).unwrap();
+    let peer = sender.connect(addr, None).await.unwrap().peer;
+    sender
+        .submit(TransferRequest::whole(peer, &src, &fake).unwrap())
+        .unwrap();
+    // 256 MiB to a peer that reads nothing: the socket fills, the writer stalls, the lane goes.
+    let start = Instant::now();
+    let stalled = |log: &[String]| {
+        log.iter()
+            .any(|l| l.contains("did not read what this node wrote"))
+    };
+    while !stalled(&sender.log()) && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stalled(&sender.log()), "{:?}", sender.log());
+    assert!(sender.stats().queued_bytes <= (16 << 20) + (1 << 20));
+    silent.abort();
+}

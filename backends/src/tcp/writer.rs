@@ -23,6 +23,10 @@ pub(crate) async fn writer(
     wr: OwnedWriteHalf,
 ) {
     let reason = write_loop(&shared, &link, &lane, &wr).await;
+    if reason.starts_with("write failed") {
+        let line = format!("lane {} to peer {} closed: {reason}", lane.id, link.peer.0);
+        shared.log(line);
+    }
     lane.close(&reason);
     link.remove(lane.id, &shared);
 }
