@@ -1,7 +1,7 @@
 //! The wire format: a fixed-size, versioned, self-checking header followed by the payload.
 //!
 //! ```text
-//!  0  magic   u16 = 0x4B56 ("KV")     24  offset    u64  byte offset within the first block
+//!  0  magic   u16 = 0x4B56 (56 4B)    24  offset    u64  byte offset within the first block
 //!  2  version u8  = 1                 32  length    u32  payload bytes that follow
 //!  3  kind    u8                      36  sequence  u32  slice (unit) index within the session
 //!  4  attempt u16 retransmit count    40  crc       u32  CRC-32C of the payload
@@ -129,6 +129,9 @@ pub enum WireError {
     /// Unknown frame kind.
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
+    /// The reserved header bytes (6..8) are not zero.
+    #[error("reserved header bytes hold {0:#06x}, not zero: the peer speaks another protocol revision")]
+    Reserved(u16),
     /// The declared payload is larger than allowed for its kind.
     #[error("payload of {length} bytes exceeds the limit of {limit} for this frame kind")]
     Oversized {
@@ -233,6 +236,9 @@ impl Header {
             return Err(WireError::HeaderChecksum);
         }
         let kind = FrameKind::from_code(h[3]).ok_or(WireError::UnknownKind(h[3]))?;
+        if u16_at(6) != 0 {
+            return Err(WireError::Reserved(u16_at(6)));
+        }
         let header = Header {
             kind,
             attempt: u16_at(4),
@@ -309,6 +315,21 @@ pub fn encode_frame(header: &Header, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_bytes_must_be_zero() {
+        // A CloseAck with reserved = 0xBEEF and a valid header checksum (from issue 13).
+        let hex = "564b01080000efbe2a00000000000000000000000000000000000000000000000000000000000000000000001c4b1c1e";
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        assert_eq!(Header::decode(&bytes), Err(WireError::Reserved(0xBEEF)));
+        // Decode then encode is the identity for every header that decodes.
+        let h = Header::new(FrameKind::CloseAck, 42);
+        let encoded = h.encode();
+        assert_eq!(Header::decode(&encoded).unwrap().encode(), encoded);
+    }
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = FrameKind> {
