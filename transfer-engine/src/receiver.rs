@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::control::{encode_ranges, to_ranges};
-use crate::engine::{EngineConfig, Placement};
+use crate::config::{EngineConfig, Placement};
 use crate::plan::Plan;
 use crate::wire::{FrameKind, Header};
 use crate::{

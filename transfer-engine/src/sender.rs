@@ -5,7 +5,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use crate::engine::Ctx;
+use crate::config::Ctx;
 use crate::plan::Plan;
 use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header};
