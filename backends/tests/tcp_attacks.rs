@@ -115,20 +115,8 @@ fn attack_frames(dst: RegionHandle, slice: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
     ack.crc = transfer_engine::crc32c(&[]);
     e.handle_frame(now, PeerId(2), &ack, &[]).unwrap();
     while let Some(mut t) = e.poll_transmit(now) {
-        match t.body.clone() {
-            Body::Control(_) => {}
-            Body::Payload(p) => {
-                let payload = e
-                    .memory(p.region)
-                    .unwrap()
-                    .read(p.range())
-                    .unwrap()
-                    .to_vec();
-                let mut frame = t.seal(&payload).to_vec();
-                frame.extend_from_slice(&payload);
-                data.push(frame);
-            }
-            Body::Empty => {}
+        if matches!(t.body, Body::Payload(_)) {
+            data.push(e.encode_transmit(&mut t).unwrap());
         }
     }
     assert!(!open.is_empty() && !data.is_empty());

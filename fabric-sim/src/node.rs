@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use transfer_engine::{
     Body, Counters, Engine, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId,
-    RegionHandle, RegionId, TrafficClass, Transmit,
+    RegionHandle, RegionId, TrafficClass,
 };
 
 /// A node of the simulation. Its engine's peer id is `PeerId(u64::from(id.0))`.
@@ -177,7 +177,7 @@ impl Node {
     pub(crate) fn poll_frame(&mut self, now: Instant) -> Option<Frame> {
         let mut t = self.engine.poll_transmit(now)?;
         let data = matches!(t.body, Body::Payload(_));
-        let bytes = match encode(&mut t, &self.engine) {
+        let bytes = match self.engine.encode_transmit(&mut t) {
             Ok(bytes) => bytes,
             Err(_) => {
                 // The engine named bytes outside its own regions: a core bug. Count it and send nothing.
@@ -208,19 +208,4 @@ impl Node {
     pub(crate) fn poll_event(&mut self) -> Option<Event> {
         self.engine.poll_event()
     }
-}
-
-/// Encodes a transmit as its wire bytes.
-fn encode(t: &mut Transmit, engine: &Engine) -> Result<Vec<u8>, Error> {
-    Ok(match t.body.clone() {
-        Body::Payload(p) => {
-            let payload = engine.memory(p.region)?.read(p.range())?;
-            let mut out = Vec::with_capacity(transfer_engine::HEADER_LEN + payload.len());
-            out.extend_from_slice(&t.seal(&payload));
-            out.extend_from_slice(&payload);
-            out
-        }
-        Body::Control(payload) => transfer_engine::wire::encode_frame(&t.header, &payload),
-        Body::Empty => t.header.encode().to_vec(),
-    })
 }

@@ -82,12 +82,4 @@ pub enum Error {
         /// What did not fit.
         reason: String,
     },
-    /// The peer refused the transfer; its reason is carried along.
-    #[error("peer refused session {session}: {reason}")]
-    Refused {
-        /// The refused session.
-        session: SessionId,
-        /// The peer's reason.
-        reason: String,
-    },
 }

@@ -20,7 +20,7 @@
 //! ```
 //! use std::time::Instant;
 //! use transfer_engine::{Body, Dtype, Engine, EngineConfig, Event, KvLayout, MemoryRegion, PeerId, Role,
-//!                       TransferMode, TransferRequest, wire};
+//!                       TransferMode, TransferRequest};
 //!
 //! // Two engines (a prefill producer and a decode consumer), each over memory it was handed.
 //! let (mut prefill, mut decode) = (Engine::new(EngineConfig { engine_id: 1, ..Default::default() }),
@@ -39,14 +39,7 @@
 //! let mut done = false;
 //! while !done {
 //!     while let Some(mut t) = prefill.poll_transmit(now) {
-//!         let bytes = match &t.body {
-//!             Body::Payload(p) => {
-//!                 let payload = prefill.memory(p.region)?.read(p.range())?;
-//!                 [&t.seal(&payload)[..], &payload[..]].concat()
-//!             }
-//!             Body::Control(payload) => wire::encode_frame(&t.header, payload),
-//!             Body::Empty => t.header.encode().to_vec(),
-//!         };
+//!         let bytes = prefill.encode_transmit(&mut t)?; // header sealed with the payload's CRC, payload
 //!         decode.handle_datagram(now, PeerId(1), &bytes)?;
 //!     }
 //!     while let Some(t) = decode.poll_transmit(now) {

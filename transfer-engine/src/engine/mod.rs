@@ -19,9 +19,8 @@ use crate::region::RegionTable;
 use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::{SenderSession, SenderSpec};
 use crate::{
-    AccessKey, Counters, Error, Event, KvLayout, MemoryRegion, PeerId,
-    RegionHandle, RegionId, RetransmitBudget, Role, SessionId,
-    TransferRequest, TransferShape, Transmit,
+    AccessKey, Body, Counters, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
+    RegionId, RetransmitBudget, Role, SessionId, TransferRequest, TransferShape, Transmit,
 };
 
 /// How many finished sessions are remembered, so late frames for them are dropped quietly.
@@ -188,6 +187,24 @@ impl Engine {
     /// The memory behind a registered region.
     pub fn memory(&self, id: RegionId) -> Result<&MemoryRegion, Error> {
         self.regions.memory(id)
+    }
+
+    /// The wire bytes of a transmit this engine produced: its header (sealed with the payload's CRC for
+    /// data) followed by its payload, read from the region it names. For drivers that move whole frames
+    /// as byte strings (the simulator, tests); zero-copy drivers send the header and the region's bytes
+    /// without joining them.
+    pub fn encode_transmit(&self, t: &mut Transmit) -> Result<Vec<u8>, Error> {
+        Ok(match &t.body {
+            Body::Payload(p) => {
+                let payload = self.regions.memory(p.region)?.read(p.range())?;
+                let mut out = Vec::with_capacity(crate::HEADER_LEN + payload.len());
+                out.extend_from_slice(&t.seal(&payload));
+                out.extend_from_slice(&payload);
+                out
+            }
+            Body::Control(payload) => crate::wire::encode_frame(&t.header, payload),
+            Body::Empty => t.header.encode().to_vec(),
+        })
     }
 
     /// Unregisters a region no live session uses and hands back its memory. Drivers may still hold a clone

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
 use transfer_engine::{
-    Body, Dtype, Engine, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
-    RegionId, Transmit,
+    Dtype, Engine, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
+    RegionId,
 };
 
 pub const A: PeerId = PeerId(1);
@@ -126,20 +126,6 @@ impl Pair {
         self.b.memory(id).unwrap().to_vec().unwrap()
     }
 
-    fn to_bytes(t: &mut Transmit, engine: &Engine) -> Vec<u8> {
-        match t.body.clone() {
-            Body::Payload(p) => {
-                let memory = engine.memory(p.region).unwrap();
-                let payload = memory.read(p.range()).unwrap();
-                let mut out = t.seal(&payload).to_vec();
-                out.extend_from_slice(&payload);
-                out
-            }
-            Body::Control(payload) => transfer_engine::wire::encode_frame(&t.header, &payload),
-            Body::Empty => t.header.encode().to_vec(),
-        }
-    }
-
     /// Moves every pending frame once in each direction; returns how many were sent.
     pub fn step(&mut self) -> usize {
         let mut moved = 0;
@@ -149,7 +135,7 @@ impl Pair {
                 self.data_log
                     .push((self.elapsed(), t.header.sequence, t.header.attempt));
             }
-            let bytes = Self::to_bytes(&mut t, &self.a);
+            let bytes = self.a.encode_transmit(&mut t).unwrap();
             self.frames.push((self.elapsed(), A, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, A), bytes)
                 && let Err(e) = self.b.handle_datagram(self.now, A, &bytes)
@@ -159,7 +145,7 @@ impl Pair {
         }
         while let Some(mut t) = self.b.poll_transmit(self.now) {
             moved += 1;
-            let bytes = Self::to_bytes(&mut t, &self.b);
+            let bytes = self.b.encode_transmit(&mut t).unwrap();
             self.frames.push((self.elapsed(), B, t.header));
             if let Some(bytes) = apply((self.filter)(&t.header, B), bytes)
                 && let Err(e) = self.a.handle_datagram(self.now, B, &bytes)
