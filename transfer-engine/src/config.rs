@@ -55,7 +55,7 @@ impl Default for EngineConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// Copy the payload to `offset..offset + len` of local region `region`, then call
-    /// [`Engine::handle_data`] with its CRC.
+    /// [`crate::Engine::handle_data`] with its CRC.
     Write {
         /// Local region.
         region: RegionId,
@@ -65,7 +65,7 @@ pub enum Placement {
         len: u32,
     },
     /// Do not place it (the slice already verified: a late duplicate must never overwrite it); still call
-    /// [`Engine::handle_data`] so the slice is acknowledged again.
+    /// [`crate::Engine::handle_data`] so the slice is acknowledged again.
     Discard,
 }
 

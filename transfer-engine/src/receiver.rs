@@ -4,8 +4,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::control::{encode_ranges, to_ranges};
 use crate::config::{EngineConfig, Placement};
+use crate::control::{encode_ranges, to_ranges};
 use crate::plan::Plan;
 use crate::wire::{FrameKind, Header};
 use crate::{
@@ -29,6 +29,20 @@ pub(crate) struct ReceiverSpec {
     pub(crate) expires: Instant,
 }
 
+/// Where a receiving session is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RxState {
+    /// Slices arrive and are placed.
+    Receiving,
+    /// Every block is resolved and reported (all delivered): later data is acknowledged, not placed, until
+    /// the sender closes.
+    Resolved,
+    /// The sender closed (everything unresolved was reported for recompute); a CloseAck is due.
+    Closing,
+    /// Over: closed and acknowledged, expired, or aborted. The engine forgets the session.
+    Done,
+}
+
 /// The receiving end of one session.
 #[derive(Debug)]
 pub(crate) struct ReceiverSession {
@@ -41,9 +55,7 @@ pub(crate) struct ReceiverSession {
     /// Which slices have a nack in `pending_nacks` (at most one each, however often a peer corrupts one).
     nack_queued: Vec<bool>,
     open_ack_due: bool,
-    close_ack_due: bool,
-    finished: bool,
-    closed: bool,
+    state: RxState,
     /// The layer the consumer wants next, and whether it is blocked on it.
     consumer_layer: u32,
     consumer_blocked: bool,
@@ -64,9 +76,7 @@ impl ReceiverSession {
             pending_nacks: VecDeque::new(),
             nack_queued: vec![false; plan.units.len()],
             open_ack_due: true,
-            close_ack_due: false,
-            finished: false,
-            closed: false,
+            state: RxState::Receiving,
             consumer_layer: spec.plan.layer_start,
             consumer_blocked: false,
             progress_due: false,
@@ -82,13 +92,13 @@ impl ReceiverSession {
 
     /// Whether the session has nothing left to do and can be forgotten.
     pub(crate) fn is_done(&self) -> bool {
-        self.closed && !self.close_ack_due
+        self.state == RxState::Done
     }
 
     /// Whether a frame is waiting to be sent.
     pub(crate) fn has_output(&self) -> bool {
         self.open_ack_due
-            || self.close_ack_due
+            || self.state == RxState::Closing
             || self.progress_due
             || !self.pending_acks.is_empty()
             || !self.pending_nacks.is_empty()
@@ -137,7 +147,7 @@ impl ReceiverSession {
         };
         let complete = self.layer_slots_left[index as usize] == 0;
         self.consumer_layer = self.consumer_layer.max(layer);
-        self.consumer_blocked = !complete && !self.closed;
+        self.consumer_blocked = !complete && !self.is_closed();
         self.schedule_progress(now, cfg.backoff.base);
         Ok(complete)
     }
@@ -182,7 +192,7 @@ impl ReceiverSession {
                 unit.len
             )));
         }
-        if self.verified[seq] || self.closed {
+        if self.verified[seq] || self.is_closed() {
             return Ok(Placement::Discard);
         }
         let offset = self
@@ -207,7 +217,7 @@ impl ReceiverSession {
         let placement = self.placement(header)?;
         let seq = header.sequence;
         if placement == Placement::Discard {
-            if !self.closed {
+            if !self.is_closed() {
                 self.stats.duplicates += 1;
                 self.pending_acks.push(seq);
             }
@@ -255,14 +265,18 @@ impl ReceiverSession {
     /// The sender is done: whatever has not verified is to be recomputed.
     pub(crate) fn on_close(&mut self, events: &mut VecDeque<Event>) {
         self.finish(events);
-        self.closed = true;
-        self.close_ack_due = true;
+        self.state = RxState::Closing;
     }
 
     /// The session outlived its deadline without a close from the sender.
     pub(crate) fn expire(&mut self, events: &mut VecDeque<Event>) {
         self.finish(events);
-        self.closed = true;
+        self.state = RxState::Done;
+    }
+
+    /// Whether the sender closed (or the session ended otherwise): no more bytes are placed.
+    fn is_closed(&self) -> bool {
+        matches!(self.state, RxState::Closing | RxState::Done)
     }
 
     /// The sender is gone for good: whatever has not verified is to be recomputed, and nothing more is
@@ -270,7 +284,6 @@ impl ReceiverSession {
     pub(crate) fn abort(&mut self, events: &mut VecDeque<Event>) {
         self.expire(events);
         self.open_ack_due = false;
-        self.close_ack_due = false;
         self.progress_due = false;
         self.pending_acks.clear();
         self.pending_nacks.clear();
@@ -279,10 +292,10 @@ impl ReceiverSession {
     fn finish(&mut self, events: &mut VecDeque<Event>) {
         self.consumer_blocked = false;
         self.progress_again = None;
-        if self.finished {
+        if self.state != RxState::Receiving {
             return;
         }
-        self.finished = true;
+        self.state = RxState::Resolved;
         let plan = &self.spec.plan;
         let blocks: Vec<BlockId> = (0..self.slot_units_left.len())
             .filter(|&slot| self.slot_units_left[slot] > 0)
@@ -333,7 +346,8 @@ impl ReceiverSession {
             return Some(self.control(h, Body::Control(payload)));
         } else if std::mem::take(&mut self.progress_due) {
             self.with_progress(Header::new(FrameKind::Progress, id))
-        } else if std::mem::take(&mut self.close_ack_due) {
+        } else if self.state == RxState::Closing {
+            self.state = RxState::Done;
             Header::new(FrameKind::CloseAck, id)
         } else {
             return None;
@@ -357,5 +371,103 @@ impl ReceiverSession {
             lane: Lane::Shared,
             class: TrafficClass::Collective,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tests_support::epoch;
+    use crate::{Dtype, TransferMode};
+
+    /// A receiver of 2 layers x 2 blocks of 1 KiB in exclusive units (4 units), and the data headers of
+    /// its units with the CRC of `payload`.
+    fn receiver() -> (ReceiverSession, Vec<Header>) {
+        let layout = KvLayout::new(2, 4, 1024, 16, Dtype::F16).unwrap();
+        let plan = Plan::build(1024, 0..2, &[0, 1], &[2, 3], TransferMode::Exclusive).unwrap();
+        let headers = plan
+            .units
+            .iter()
+            .enumerate()
+            .map(|(seq, u)| {
+                let mut h = Header::new(FrameKind::Data, 7);
+                (h.layer, h.block, h.offset, h.length) =
+                    (u.layer, [2, 3][u.first as usize], u.offset, u.len);
+                h.sequence = seq as u32;
+                h.crc = crate::crc32c(&[5; 1024]);
+                h
+            })
+            .collect();
+        let spec = ReceiverSpec {
+            id: SessionId(7),
+            peer: PeerId(1),
+            dst_region: RegionId(1),
+            dst_layout: layout,
+            dst_blocks: vec![2, 3],
+            plan,
+            expires: epoch() + Duration::from_secs(10),
+        };
+        (ReceiverSession::new(spec), headers)
+    }
+
+    fn drain(rx: &mut ReceiverSession) -> Vec<FrameKind> {
+        std::iter::from_fn(|| rx.poll_transmit().map(|t| t.header.kind)).collect()
+    }
+
+    #[test]
+    fn delivered_then_closed_then_acknowledged() {
+        let (mut rx, headers) = receiver();
+        let mut events = VecDeque::new();
+        assert_eq!(drain(&mut rx), vec![FrameKind::OpenAck]);
+        for h in &headers {
+            assert!(matches!(rx.placement(h), Ok(Placement::Write { .. })));
+            rx.on_data(h, h.crc, &mut events).unwrap();
+        }
+        assert_eq!(rx.state, RxState::Resolved);
+        assert!(matches!(events.back(), Some(Event::Completed { .. })));
+        assert_eq!(drain(&mut rx), vec![FrameKind::Ack]);
+        // A late duplicate is acknowledged again, never placed.
+        assert_eq!(rx.placement(&headers[0]), Ok(Placement::Discard));
+        rx.on_data(&headers[0], headers[0].crc, &mut events)
+            .unwrap();
+        rx.on_close(&mut events);
+        assert_eq!(rx.state, RxState::Closing);
+        assert!(!rx.is_done());
+        assert_eq!(drain(&mut rx), vec![FrameKind::Ack, FrameKind::CloseAck]);
+        assert!(rx.is_done());
+    }
+
+    #[test]
+    fn a_corrupt_slice_is_nacked_once_and_an_expired_session_reports_what_is_missing() {
+        let (mut rx, headers) = receiver();
+        let mut events = VecDeque::new();
+        drain(&mut rx);
+        for _ in 0..3 {
+            rx.on_data(&headers[1], !headers[1].crc, &mut events)
+                .unwrap();
+        }
+        assert_eq!(
+            drain(&mut rx),
+            vec![FrameKind::Nack],
+            "one nack however often it is corrupted"
+        );
+        rx.on_data(&headers[0], headers[0].crc, &mut events)
+            .unwrap();
+        rx.expire(&mut events);
+        assert!(rx.is_done());
+        let missing = events.iter().find_map(|e| match e {
+            Event::Recompute { blocks, .. } => Some(blocks.clone()),
+            _ => None,
+        });
+        // Units 1..4 never verified: block 3 of layer 0 and both blocks of layer 1.
+        assert_eq!(
+            missing,
+            Some(vec![
+                BlockId::new(0, 3),
+                BlockId::new(1, 2),
+                BlockId::new(1, 3)
+            ])
+        );
+        assert_eq!(rx.placement(&headers[2]), Ok(Placement::Discard));
     }
 }
