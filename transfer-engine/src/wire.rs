@@ -130,7 +130,9 @@ pub enum WireError {
     #[error("unknown frame kind {0}")]
     UnknownKind(u8),
     /// The reserved header bytes (6..8) are not zero.
-    #[error("reserved header bytes hold {0:#06x}, not zero: the peer speaks another protocol revision")]
+    #[error(
+        "reserved header bytes hold {0:#06x}, not zero: the peer speaks another protocol revision"
+    )]
     Reserved(u16),
     /// The declared payload is larger than allowed for its kind.
     #[error("payload of {length} bytes exceeds the limit of {limit} for this frame kind")]

@@ -4,9 +4,9 @@
 use std::time::Instant;
 
 use crate::config::Ctx;
+use crate::receiver::ReceiverSession;
 use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::SenderSession;
-use crate::receiver::ReceiverSession;
 use crate::{Body, Error, Event, TrafficClass, Transmit};
 
 use super::Engine;
