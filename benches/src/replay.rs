@@ -20,8 +20,9 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     capacity_blocks: Vec<usize>,
     /// Policy: lru (the incumbent), s3fifo, lirs, arc, wtinylfu (classic baselines), heat (the heat
-    /// scorer and tier manager), continuation (the conversation-continuation index), belady (the offline
-    /// optimum). Repeat or omit to run them all.
+    /// scorer and tier manager), continuation (the conversation-continuation index), tier-continuation
+    /// (the same index as the tier manager's GPU-tier order), belady (the offline optimum). Repeat or
+    /// omit to run them all.
     #[arg(long)]
     policy: Vec<PolicyKind>,
     /// Print one JSON object per line instead of a table.

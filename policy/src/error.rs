@@ -28,7 +28,7 @@ pub enum PolicyError {
     },
     /// A policy name was not recognised.
     #[error(
-        "unknown policy {0:?}; use one of: lru, s3fifo, lirs, arc, wtinylfu, heat, continuation, belady"
+        "unknown policy {0:?}; use one of: lru, s3fifo, lirs, arc, wtinylfu, heat, continuation, tier-continuation, belady"
     )]
     UnknownPolicy(String),
     /// A configuration value is out of range.

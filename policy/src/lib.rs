@@ -29,5 +29,5 @@ pub use heat::{DecayClock, Heat, HeatConfig};
 pub use key::{ExtraKey, block_key, chain_keys, external_key};
 pub use namespace::{Namespace, NamespaceId};
 pub use replay::{PolicyKind, ReplayReport, replay};
-pub use tier::{TierCapacities, TierConfig, TierManager};
+pub use tier::{NearestOrder, TierCapacities, TierConfig, TierManager, TierMetadata};
 pub use trace::{Request, Trace};

@@ -9,18 +9,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Serialize;
-use transfer_engine::policy::{BlockKey, TierPolicy};
+use transfer_engine::policy::{BlockKey, RequestInfo, TierPolicy};
 
 use crate::arc::Arc;
 use crate::belady::{Belady, NextUse};
 use crate::cache::replay_cache;
-use crate::continuation::{Continuation, ContinuationConfig};
+use crate::continuation::{BLOCK_TOKENS, Continuation, ContinuationConfig};
 use crate::error::PolicyError;
 use crate::lirs::Lirs;
 use crate::lru::Lru;
 use crate::namespace::NamespaceId;
 use crate::s3fifo::S3Fifo;
-use crate::tier::{TierCapacities, TierConfig, TierManager};
+use crate::tier::{NearestOrder, TierCapacities, TierConfig, TierManager};
 use crate::tinylfu::WTinyLfu;
 use crate::trace::Trace;
 
@@ -41,13 +41,16 @@ pub enum PolicyKind {
     Heat,
     /// Conversation-continuation eviction index ([`crate::continuation`], default configuration).
     Continuation,
+    /// The same index as the [`TierManager`]'s nearest-tier order ([`crate::tier::NearestOrder`]),
+    /// driven through [`TierPolicy::on_request`].
+    TierContinuation,
     /// Belady's offline optimum (knows the future; the limit).
     Belady,
 }
 
 impl PolicyKind {
     /// Every policy, baselines first, the offline optimum last.
-    pub const ALL: [PolicyKind; 8] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::Lru,
         PolicyKind::S3Fifo,
         PolicyKind::Lirs,
@@ -55,6 +58,7 @@ impl PolicyKind {
         PolicyKind::WTinyLfu,
         PolicyKind::Heat,
         PolicyKind::Continuation,
+        PolicyKind::TierContinuation,
         PolicyKind::Belady,
     ];
 
@@ -69,6 +73,7 @@ impl PolicyKind {
             PolicyKind::WTinyLfu => "wtinylfu",
             PolicyKind::Heat => "heat",
             PolicyKind::Continuation => "continuation",
+            PolicyKind::TierContinuation => "tier-continuation",
             PolicyKind::Belady => "belady",
         }
     }
@@ -141,6 +146,10 @@ pub fn replay(trace: &Trace, capacity_blocks: usize, policy: PolicyKind) -> Repl
         PolicyKind::Continuation => {
             replay_continuation(trace, capacity_blocks, ContinuationConfig::default())
         }
+        PolicyKind::TierContinuation => {
+            let cfg = TierConfig::continuation(heat_config(capacity_blocks).capacities);
+            replay_tiered(trace, &cfg).expect("the default continuation configuration is valid")
+        }
     };
     report(trace, capacity_blocks, policy.name(), hit_blocks)
 }
@@ -170,13 +179,17 @@ pub fn heat_config(capacity_blocks: usize) -> TierConfig {
 }
 
 /// Replays `trace` against a [`TierManager`] with configuration `cfg` (capacity: all tiers together:
-/// a block hits wherever it lives). Use it to evaluate other heat weights.
+/// a block hits wherever it lives). Use it to evaluate other heat weights or nearest-tier orders.
 pub fn replay_with(trace: &Trace, cfg: &TierConfig) -> Result<ReplayReport, PolicyError> {
     let hit_blocks = replay_tiered(trace, cfg)?;
+    let kind = match cfg.nearest {
+        NearestOrder::Heat => PolicyKind::Heat,
+        NearestOrder::Continuation(_) => PolicyKind::TierContinuation,
+    };
     Ok(report(
         trace,
         cfg.capacities.total(),
-        PolicyKind::Heat.name(),
+        kind.name(),
         hit_blocks,
     ))
 }
@@ -218,22 +231,24 @@ fn replay_belady(trace: &Trace, capacity: usize) -> u64 {
     hits
 }
 
+/// Replays through [`TierPolicy::on_request`]: one call per request (its keys, partial last block and
+/// output length), which stores every block and then settles once.
 fn replay_tiered(trace: &Trace, cfg: &TierConfig) -> Result<u64, PolicyError> {
     let mut manager = TierManager::new(*cfg)?;
-    let mut moves = Vec::new();
+    let mut keys = Vec::new();
     let mut hits = 0;
     for (i, req) in trace.requests().iter().enumerate() {
-        let now = Duration::from_millis(req.timestamp);
-        let request = i as u64;
         hits += prefix_hits(&req.hash_ids, |id| manager.tier_of(BlockKey(id)).is_some());
-        let mut parent = None;
-        for id in &req.hash_ids {
-            let key = BlockKey(*id);
-            manager.insert_unsettled(NamespaceId::DEFAULT, key, parent, request, now, &mut moves);
-            parent = Some(key);
-        }
-        manager.settle(&mut moves);
-        moves.clear();
+        keys.clear();
+        keys.extend(req.hash_ids.iter().map(|id| BlockKey(*id)));
+        let info = RequestInfo {
+            id: i as u64,
+            ns: NamespaceId::DEFAULT,
+            keys: &keys,
+            partial_last: req.input_length < BLOCK_TOKENS * keys.len() as u64,
+            output_tokens: Some(req.output_length),
+        };
+        manager.on_request(&info, Duration::from_millis(req.timestamp));
     }
     Ok(hits)
 }

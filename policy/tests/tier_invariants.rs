@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use policy::{NamespaceId, TierCapacities, TierConfig, TierManager};
 use proptest::prelude::*;
-use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
+use transfer_engine::policy::{BlockKey, RequestInfo, Tier, TierMove, TierPolicy};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -22,6 +22,13 @@ enum Op {
     DropNamespace {
         ns: u64,
     },
+    /// A whole request ([`TierPolicy::on_request`]): keys `start..start + len` (mod 64), chained.
+    Request {
+        start: u64,
+        len: u64,
+        ns: u64,
+        partial: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -29,6 +36,8 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (0..64u64, proptest::option::of(0..64usize), 0..2u64).prop_map(|(k, p, ns)| Op::Insert { k, p, ns }),
         4 => (0..64usize).prop_map(|i| Op::Access { i }),
         1 => (0..2u64).prop_map(|ns| Op::DropNamespace { ns }),
+        4 => (0..64u64, 1..8u64, 0..2u64, any::<bool>())
+            .prop_map(|(start, len, ns, partial)| Op::Request { start, len, ns, partial }),
     ]
 }
 
@@ -75,10 +84,12 @@ proptest! {
     #[test]
     fn capacities_chains_and_moves_stay_consistent(
         gpu in 0..6usize, host in 0..6usize, remote in 0..6usize,
+        continuation in any::<bool>(),
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         let caps = TierCapacities { gpu, host, remote };
-        let mut m = TierManager::new(TierConfig::new(caps)).unwrap();
+        let cfg = if continuation { TierConfig::continuation(caps) } else { TierConfig::new(caps) };
+        let mut m = TierManager::new(cfg).unwrap();
         let mut shadow = Shadow {
             tiers: BTreeMap::new(),
             parents: BTreeMap::new(),
@@ -117,6 +128,31 @@ proptest! {
                     Some(&key) => m.on_access(key, request, now),
                     None => Vec::new(),
                 },
+                Op::Request { start, len, ns, partial } => {
+                    let keys: Vec<BlockKey> = (start..start + len).map(|k| BlockKey(k % 64)).collect();
+                    let mut parent = None;
+                    for &key in &keys {
+                        if let std::collections::btree_map::Entry::Vacant(e) = shadow.tiers.entry(key) {
+                            e.insert(Tier::Gpu);
+                            shadow.namespaces.insert(key, ns);
+                            shadow.parents.remove(&key);
+                            let link = parent.filter(|p| shadow.namespaces.get(p) == Some(&ns));
+                            if let Some(p) = link {
+                                shadow.parents.insert(key, p);
+                            }
+                        }
+                        parent = Some(key);
+                        inserted.push(key);
+                    }
+                    let info = RequestInfo {
+                        id: request,
+                        ns: NamespaceId(ns),
+                        keys: &keys,
+                        partial_last: partial,
+                        output_tokens: None,
+                    };
+                    m.on_request(&info, now)
+                }
                 Op::DropNamespace { ns } => {
                     let moves = m.drop_namespace(NamespaceId(ns));
                     let left = shadow.namespaces.iter().filter(|(k, n)| **n == ns && !moves.iter().any(|mv| mv.key == **k)).count();
@@ -128,6 +164,10 @@ proptest! {
             // Every block in at most one tier, and the manager agrees with the moves it emitted.
             for k in 0..64 {
                 prop_assert_eq!(m.tier_of(BlockKey(k)), shadow.tiers.get(&BlockKey(k)).copied());
+            }
+            // The continuation order mirrors the nearest tier.
+            if let Some(near) = m.metadata().nearest {
+                prop_assert_eq!(near.blocks, m.len(Tier::Gpu));
             }
             // No tier above capacity.
             for (tier, cap) in [(Tier::Gpu, gpu), (Tier::Host, host), (Tier::Remote, remote)] {

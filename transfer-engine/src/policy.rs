@@ -121,6 +121,22 @@ pub struct TierMove {
     pub to: Option<Tier>,
 }
 
+/// A whole request, for policies that reason about requests rather than single blocks
+/// ([`TierPolicy::on_request`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestInfo<'a> {
+    /// The request's id (the `request` the block-level calls would carry).
+    pub id: u64,
+    /// The namespace of all its blocks.
+    pub ns: NamespaceId,
+    /// Its block keys in prefix order (each block's parent is the one before it).
+    pub keys: &'a [BlockKey],
+    /// Whether the last block is partial (the prompt does not fill it; the next turn rewrites it).
+    pub partial_last: bool,
+    /// Output length in tokens, if known when the call is made.
+    pub output_tokens: Option<u64>,
+}
+
 /// Decides where blocks live. `now` is time since an epoch of the caller's choosing.
 pub trait TierPolicy {
     /// A new block of namespace `ns` was stored (at the nearest tier); returns the moves that keep
@@ -137,6 +153,25 @@ pub trait TierPolicy {
     fn on_access(&mut self, key: BlockKey, request: u64, now: Duration) -> Vec<TierMove>;
     /// Where the block lives, if anywhere.
     fn tier_of(&self, key: BlockKey) -> Option<Tier>;
+    /// A whole request used `request.keys` (stored at the nearest tier when new); returns the moves.
+    ///
+    /// The default calls [`TierPolicy::on_access`] for each resident key and
+    /// [`TierPolicy::on_insert`] (parent: the key before it) for each new one, in order. Policies that
+    /// want the request as a unit (settle capacities once for it, or use its partial last block or
+    /// output length) override it. Callers use either this or the block-level calls for a request.
+    fn on_request(&mut self, request: &RequestInfo<'_>, now: Duration) -> Vec<TierMove> {
+        let mut moves = Vec::new();
+        let mut parent = None;
+        for &key in request.keys {
+            if self.tier_of(key).is_some() {
+                moves.extend(self.on_access(key, request.id, now));
+            } else {
+                moves.extend(self.on_insert(request.ns, key, parent, request.id, now));
+            }
+            parent = Some(key);
+        }
+        moves
+    }
 }
 
 /// The trivial default: every block stays on the GPU tier forever, nothing moves.

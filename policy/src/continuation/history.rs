@@ -115,12 +115,13 @@ impl History {
         }
     }
 
-    /// Records request `ids` arriving at `now`; says which request it continues and its class.
+    /// Records request `ids` arriving at `now`; says which request it continues and its class. An
+    /// unknown output length is classed with the shortest.
     pub fn arrive(
         &mut self,
         ids: &[BlockKey],
         now: u64,
-        output_tokens: u64,
+        output_tokens: Option<u64>,
         partial_last: bool,
     ) -> Arrival {
         let seq = self.base + self.records.len() as u64;
@@ -142,7 +143,7 @@ impl History {
             }
             None => (1, None),
         };
-        let output = self.use_output.then_some(output_tokens);
+        let output = output_tokens.filter(|_| self.use_output);
         let class = Class::new(turn, ids.len() - seen, output, gap);
         let last = ids.last().copied();
         let before_last = if partial_last && ids.len() >= 2 {
@@ -190,13 +191,13 @@ mod tests {
     #[test]
     fn a_turn_continues_the_request_whose_full_blocks_it_extends() {
         let mut h = History::new(100, 100, true);
-        let a = h.arrive(&keys(&[1, 2, 3]), 0, 10, true);
+        let a = h.arrive(&keys(&[1, 2, 3]), 0, Some(10), true);
         assert_eq!((a.seq, a.continues, a.class.turn), (0, None, 0));
         // Another conversation sharing only the first block does not continue it.
-        let b = h.arrive(&keys(&[1, 9]), 1_000, 10, true);
+        let b = h.arrive(&keys(&[1, 9]), 1_000, Some(10), true);
         assert_eq!(b.continues, None);
         // The next turn rewrites the partial block 3 and extends 1, 2.
-        let c = h.arrive(&keys(&[1, 2, 4, 5, 6]), 30_000, 10, true);
+        let c = h.arrive(&keys(&[1, 2, 4, 5, 6]), 30_000, Some(10), true);
         assert_eq!((c.continues, c.class.turn, c.class.gap), (Some(0), 1, 1));
         assert_eq!(c.class.added, 1, "three new blocks");
     }
@@ -206,7 +207,7 @@ mod tests {
         let mut h = History::new(4, 8, false);
         let mut s = Survival::new(SurvivalConfig::default());
         for i in 0..20u64 {
-            h.arrive(&keys(&[100 + i, 200 + i]), i * 1_000, 0, false);
+            h.arrive(&keys(&[100 + i, 200 + i]), i * 1_000, Some(0), false);
             h.advance(i * 1_000, &mut s);
             let (records, seen) = h.len();
             assert!(records <= 4 && seen <= 8);

@@ -20,7 +20,7 @@ pub mod history;
 pub mod survival;
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use transfer_engine::policy::BlockKey;
 
@@ -201,16 +201,36 @@ impl Continuation {
 
     /// Stores (or touches) every block of `req`, which now owns them; does not evict.
     pub fn on_request(&mut self, req: &Request) {
-        self.now = self.now.max(req.timestamp);
-        self.history.advance(self.now, &mut self.survival);
         let ids: Vec<BlockKey> = req.hash_ids.iter().map(|id| BlockKey(*id)).collect();
-        if ids.is_empty() {
-            return;
-        }
         let partial = req.input_length < BLOCK_TOKENS * ids.len() as u64;
+        let Some(seq) = self.begin(&ids, partial, Some(req.output_length), req.timestamp) else {
+            return;
+        };
+        for (i, &key) in ids.iter().enumerate() {
+            let parent = i.checked_sub(1).map(|p| ids[p]);
+            self.add(seq, key, parent, partial && i + 1 == ids.len());
+        }
+    }
+
+    /// Starts request `ids` arriving at `now_ms` (trace milliseconds): classes it and opens its group;
+    /// returns the group to [`Continuation::add`] its blocks to, or `None` for an empty request. Used
+    /// by hosts that store the blocks themselves (the tier manager); [`Continuation::on_request`] does
+    /// both steps.
+    pub fn begin(
+        &mut self,
+        ids: &[BlockKey],
+        partial_last: bool,
+        output_tokens: Option<u64>,
+        now_ms: u64,
+    ) -> Option<u64> {
+        self.now = self.now.max(now_ms);
+        self.history.advance(self.now, &mut self.survival);
+        if ids.is_empty() {
+            return None;
+        }
         let arrival = self
             .history
-            .arrive(&ids, self.now, req.output_length, partial);
+            .arrive(ids, self.now, output_tokens, partial_last);
         if let Some(p) = arrival.continues
             && let Some(g) = self.groups.get_mut(&p)
         {
@@ -224,47 +244,81 @@ impl Continuation {
                 class: arrival.class,
                 dead: false,
                 resident: 0,
-                keys: ids.clone(),
+                keys: Vec::with_capacity(ids.len()),
                 index: 0.0,
                 may_share: false,
             },
         );
-        for (i, &key) in ids.iter().enumerate() {
-            let tail = partial && i + 1 == ids.len();
-            let parent = i.checked_sub(1).map(|p| ids[p]);
-            if let Some(b) = self.blocks.get_mut(&key) {
-                let old = std::mem::replace(&mut b.owner, seq);
-                b.tail = tail;
-                if old == seq {
-                    continue;
-                }
-                self.release(old);
-            } else {
-                self.blocks.insert(
-                    key,
-                    Block {
-                        parent: parent.filter(|p| self.blocks.contains_key(p)),
-                        children: 0,
-                        owner: seq,
-                        tail,
-                        shared: false,
-                        first_child: None,
-                    },
-                );
-                if let Some(p) = parent {
-                    self.link(p, key, tail);
-                }
-            }
-            let shared = self.blocks.get(&key).is_some_and(|b| b.shared);
-            let g = self.groups.get_mut(&seq).expect("just inserted");
-            g.resident += 1;
-            g.may_share |= shared;
-        }
         self.since_refit += 1;
+        Some(seq)
+    }
+
+    /// Whether group `seq` (from [`Continuation::begin`]) still owns blocks or was just opened.
+    #[must_use]
+    pub fn has_group(&self, seq: u64) -> bool {
+        self.groups.contains_key(&seq)
+    }
+
+    /// Stores (or touches) `key` for the open group `seq`, which now owns it; links it under `parent`
+    /// when that is resident. `tail`: it is the request's partial last block. Does not evict; a group
+    /// that no longer exists is ignored.
+    pub fn add(&mut self, seq: u64, key: BlockKey, parent: Option<BlockKey>, tail: bool) {
+        let Some(g) = self.groups.get_mut(&seq) else {
+            return;
+        };
+        if let Some(b) = self.blocks.get_mut(&key) {
+            let old = std::mem::replace(&mut b.owner, seq);
+            b.tail = tail;
+            if old == seq {
+                return;
+            }
+            g.keys.push(key);
+            self.release(old);
+        } else {
+            g.keys.push(key);
+            self.blocks.insert(
+                key,
+                Block {
+                    parent: parent.filter(|p| self.blocks.contains_key(p)),
+                    children: 0,
+                    owner: seq,
+                    tail,
+                    shared: false,
+                    first_child: None,
+                },
+            );
+            if let Some(p) = parent {
+                self.link(p, key, tail);
+            }
+        }
+        let shared = self.blocks.get(&key).is_some_and(|b| b.shared);
+        let g = self.groups.get_mut(&seq).expect("checked above");
+        g.resident += 1;
+        g.may_share |= shared;
+    }
+
+    /// Removes resident leaf `key` (one with no resident child), e.g. when its host drops or moves
+    /// it; returns whether it was resident.
+    pub fn remove(&mut self, key: BlockKey) -> bool {
+        let Some(b) = self.blocks.remove(&key) else {
+            return false;
+        };
+        debug_assert_eq!(b.children, 0, "only leaves are removed");
+        if let Some(p) = b.parent.and_then(|p| self.blocks.get_mut(&p)) {
+            p.children -= 1;
+        }
+        self.release(b.owner);
+        true
     }
 
     /// Evicts the lowest-index blocks until the capacity holds; returns how many.
     pub fn evict_to_capacity(&mut self) -> usize {
+        self.evict_into(&mut Vec::new())
+    }
+
+    /// Like [`Continuation::evict_to_capacity`], and appends the evicted keys to `out` in eviction
+    /// order (a block always after its resident children).
+    pub fn evict_into(&mut self, out: &mut Vec<BlockKey>) -> usize {
         if self.blocks.len() <= self.capacity {
             return 0;
         }
@@ -319,7 +373,7 @@ impl Continuation {
                     continue;
                 };
                 if b.owner == unit.2 && b.children == 0 && self.kind(b) == unit.3 {
-                    evicted += self.evict_chain(key, unit);
+                    evicted += self.evict_chain(key, unit, out);
                 }
             }
         }
@@ -350,7 +404,7 @@ impl Continuation {
     }
 
     /// Evicts leaf `key`, then each ancestor that becomes a leaf and ranks no higher than `unit`.
-    fn evict_chain(&mut self, key: BlockKey, unit: Unit) -> usize {
+    fn evict_chain(&mut self, key: BlockKey, unit: Unit, out: &mut Vec<BlockKey>) -> usize {
         let mut n = 0;
         let mut cur = Some(key);
         while let Some(k) = cur {
@@ -359,6 +413,7 @@ impl Continuation {
             }
             let b = self.blocks.remove(&k).expect("resident");
             debug_assert_eq!(b.children, 0, "only leaves are evicted");
+            out.push(k);
             n += 1;
             self.release(b.owner);
             cur = b.parent.filter(|p| {
@@ -373,8 +428,8 @@ impl Continuation {
         n
     }
 
-    /// One block less for group `seq`; drops the group when it owns none, compacts its key list when
-    /// it owns fewer than half of them.
+    /// One block less for group `seq`; drops the group when it owns none, compacts its key list (to
+    /// the keys it owns, each once) when it owns fewer than half of them.
     fn release(&mut self, seq: u64) {
         let Some(g) = self.groups.get_mut(&seq) else {
             return;
@@ -384,8 +439,9 @@ impl Continuation {
             self.groups.remove(&seq);
         } else if 2 * g.resident < g.keys.len() {
             let blocks = &self.blocks;
+            let mut kept = HashSet::with_capacity(g.resident);
             g.keys
-                .retain(|k| blocks.get(k).is_some_and(|b| b.owner == seq));
+                .retain(|k| blocks.get(k).is_some_and(|b| b.owner == seq) && kept.insert(*k));
         }
     }
 

@@ -18,16 +18,35 @@
 //! ghosts: a ghost evicted from the recent segment coming back means recent blocks were cut too early
 //! (the share grows), one from the frequent segment means the opposite (it shrinks), with ARC's step
 //! sizes. Nothing is fitted to a trace: the share starts at one half and follows the traffic.
+//!
+//! With [`NearestOrder::Continuation`] the nearest tier's victims come from the conversation-continuation
+//! index instead ([`crate::continuation`], see [below](self#continuation-order)); the
+//! farther tiers keep heat. Drive it with [`TierManager::request`] (the
+//! [`TierPolicy::on_request`] hook) so it sees whole requests.
+//!
+//! # Continuation order
+//!
+//! The manager keeps a continuation cache whose resident set is exactly the nearest tier; blocks that
+//! enter the tier are added to it, blocks that leave other than by its order are removed, and its
+//! victims are demoted (or dropped) leaves first. Metadata is bounded: see [`TierMetadata`].
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
-use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
+use transfer_engine::policy::{BlockKey, RequestInfo, Tier, TierMove, TierPolicy};
 
 use crate::error::PolicyError;
-use crate::heat::{Heat, HeatClock, HeatConfig};
+use crate::heat::{Heat, HeatClock};
 use crate::namespace::NamespaceId;
+
+mod config;
+mod near;
+mod segments;
+
+pub use config::{NearestOrder, TierCapacities, TierConfig};
+use near::Near;
+pub use near::TierMetadata;
 
 const TIERS: [Tier; 3] = [Tier::Gpu, Tier::Host, Tier::Remote];
 
@@ -36,57 +55,6 @@ fn idx(t: Tier) -> usize {
         Tier::Gpu => 0,
         Tier::Host => 1,
         Tier::Remote => 2,
-    }
-}
-
-/// Blocks each tier may hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TierCapacities {
-    /// GPU HBM.
-    pub gpu: usize,
-    /// Host DRAM.
-    pub host: usize,
-    /// Remote memory or SSD.
-    pub remote: usize,
-}
-
-impl TierCapacities {
-    fn get(&self, t: usize) -> usize {
-        [self.gpu, self.host, self.remote][t]
-    }
-
-    /// Blocks all tiers hold together.
-    #[must_use]
-    pub fn total(&self) -> usize {
-        self.gpu + self.host + self.remote
-    }
-}
-
-/// Tier manager configuration.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TierConfig {
-    /// Capacities per tier.
-    pub capacities: TierCapacities,
-    /// Heat scoring.
-    pub heat: HeatConfig,
-    /// Evicted blocks whose heat is remembered, as a multiple of the total capacity.
-    pub ghost_factor: f64,
-    /// Split each tier into a *recent* segment (blocks one request used) and a *frequent* one (blocks
-    /// two or more requests used), and size the recent segment online, ARC-style, from which ghosts come
-    /// back (see [`TierManager`]). Off: one heat order per tier.
-    pub adaptive_segments: bool,
-}
-
-impl TierConfig {
-    /// The default heat policy over these capacities.
-    #[must_use]
-    pub fn new(capacities: TierCapacities) -> TierConfig {
-        TierConfig {
-            capacities,
-            heat: HeatConfig::default(),
-            ghost_factor: 8.0,
-            adaptive_segments: true,
-        }
     }
 }
 
@@ -151,6 +119,8 @@ pub struct TierManager {
     ghost_order: VecDeque<(BlockKey, u64)>,
     ghost_capacity: usize,
     ghost_stamp: u64,
+    /// The continuation order of the nearest tier, with [`NearestOrder::Continuation`].
+    near: Option<Near>,
 }
 
 impl TierManager {
@@ -175,6 +145,7 @@ impl TierManager {
             ghosts: HashMap::new(),
             ghost_order: VecDeque::new(),
             ghost_stamp: 0,
+            near: Near::new(&cfg),
         })
     }
 
@@ -245,8 +216,23 @@ impl TierManager {
         now: Duration,
         moves: &mut Vec<TierMove>,
     ) {
+        let from = moves.len();
+        self.insert_heat(ns, key, parent, request, now, moves);
+        self.near_touch(key, request, now, false, &moves[from..]);
+    }
+
+    /// The heat part of [`TierManager::insert_unsettled`].
+    fn insert_heat(
+        &mut self,
+        ns: NamespaceId,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        request: u64,
+        now: Duration,
+        moves: &mut Vec<TierMove>,
+    ) {
         if self.blocks.contains_key(&key) {
-            self.access_unsettled(key, request, now, moves);
+            self.access_heat(key, request, now, moves);
             return;
         }
         self.clock.set_now(now);
@@ -296,6 +282,19 @@ impl TierManager {
         now: Duration,
         moves: &mut Vec<TierMove>,
     ) {
+        let from = moves.len();
+        self.access_heat(key, request, now, moves);
+        self.near_touch(key, request, now, false, &moves[from..]);
+    }
+
+    /// The heat part of [`TierManager::access_unsettled`].
+    fn access_heat(
+        &mut self,
+        key: BlockKey,
+        request: u64,
+        now: Duration,
+        moves: &mut Vec<TierMove>,
+    ) {
         self.clock.set_now(now);
         let tau = self.clock.tau();
         let cfg = self.cfg.heat;
@@ -307,8 +306,10 @@ impl TierManager {
         self.refresh(key);
     }
 
-    /// Demotes and evicts the coldest evictable blocks until every tier is within capacity.
+    /// Demotes and evicts the coldest evictable blocks (on the nearest tier, the lowest continuation
+    /// index first when so configured) until every tier is within capacity.
     pub fn settle(&mut self, moves: &mut Vec<TierMove>) {
+        self.settle_near(moves);
         for (t, &tier) in TIERS.iter().enumerate() {
             while self.len[t] > self.cfg.capacities.get(t) {
                 let Some(victim) = self.victim(t) else {
@@ -316,6 +317,9 @@ impl TierManager {
                         "a non-empty tier always has an evictable block (parents are nearer)"
                     );
                 };
+                if t == 0 {
+                    self.near_forget(victim);
+                }
                 let to = (t + 1..TIERS.len()).find(|&n| self.cfg.capacities.get(n) > 0);
                 moves.push(TierMove {
                     key: victim,
@@ -343,6 +347,9 @@ impl TierManager {
             .into_iter()
             .map(|(_, key)| {
                 let from = TIERS[self.blocks[&key].tier];
+                if from == Tier::Gpu {
+                    self.near_forget(key);
+                }
                 self.drop_block(key);
                 self.ghosts.remove(&key);
                 TierMove {
@@ -352,48 +359,6 @@ impl TierManager {
                 }
             })
             .collect()
-    }
-
-    /// The segment a block with this heat belongs to (0: recent, 1: frequent). With segments off the two
-    /// sets are still kept, and the victim is the colder of their coldest blocks.
-    fn segment_of(heat: &Heat) -> usize {
-        usize::from(heat.sharers() >= 2)
-    }
-
-    /// ARC's adaptation: a ghost coming back from segment `seg` means that segment was cut too short,
-    /// so its target share grows by one block (more when the other segment's ghosts outnumber its own).
-    fn adapt(&mut self, seg: usize) {
-        if !self.cfg.adaptive_segments {
-            return;
-        }
-        let total = self.cfg.capacities.total().max(1) as f64;
-        let [g0, g1] = self.ghost_seg.map(|g| g.max(1) as f64);
-        let step = if seg == 0 {
-            (g1 / g0).max(1.0)
-        } else {
-            -(g0 / g1).max(1.0)
-        };
-        self.recent_share = (self.recent_share + step / total).clamp(0.0, 1.0);
-    }
-
-    /// The block to demote or evict from tier `t`: the coldest evictable block of the segment over its
-    /// target share (or of whichever segment has one).
-    fn victim(&self, t: usize) -> Option<BlockKey> {
-        let [recent, frequent] = &self.candidates[t];
-        if !self.cfg.adaptive_segments {
-            // One heat order: the colder of the two segments' coldest.
-            return match (recent.first(), frequent.first()) {
-                (Some(a), Some(b)) => Some(a.min(b).2),
-                (a, b) => a.or(b).map(|c| c.2),
-            };
-        }
-        let target = self.recent_share * self.cfg.capacities.get(t) as f64;
-        let (first, second) = if self.seg_len[t][0] as f64 > target {
-            (recent, frequent)
-        } else {
-            (frequent, recent)
-        };
-        first.first().or_else(|| second.first()).map(|c| c.2)
     }
 
     /// Moves `key` and every ancestor that lives farther away to the nearest tier.
@@ -527,162 +492,12 @@ impl TierPolicy for TierManager {
     fn tier_of(&self, key: BlockKey) -> Option<Tier> {
         self.blocks.get(&key).map(|b| TIERS[b.tier])
     }
+
+    /// Stores or touches the whole request, then settles once (see [`TierManager::request`]).
+    fn on_request(&mut self, request: &RequestInfo<'_>, now: Duration) -> Vec<TierMove> {
+        self.request(request, now)
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const T0: Duration = Duration::ZERO;
-
-    fn manager(gpu: usize, host: usize, remote: usize) -> TierManager {
-        TierManager::new(TierConfig::new(TierCapacities { gpu, host, remote })).unwrap()
-    }
-
-    #[test]
-    fn demotes_through_the_tiers_then_evicts() {
-        let mut m = manager(1, 1, 0);
-        assert!(
-            m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0)
-                .is_empty()
-        );
-        let moves = m.on_insert(NamespaceId::DEFAULT, BlockKey(2), None, 2, T0);
-        assert_eq!(moves.len(), 1);
-        assert_eq!((moves[0].from, moves[0].to), (Tier::Gpu, Some(Tier::Host)));
-        let moves = m.on_insert(NamespaceId::DEFAULT, BlockKey(3), None, 3, T0);
-        assert_eq!(
-            moves.iter().filter(|mv| mv.to.is_none()).count(),
-            1,
-            "{moves:?}"
-        );
-        assert_eq!(
-            (m.len(Tier::Gpu), m.len(Tier::Host), m.len(Tier::Remote)),
-            (1, 1, 0)
-        );
-    }
-
-    #[test]
-    fn access_promotes_the_block_and_its_farther_ancestors() {
-        let mut m = manager(2, 4, 0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(2), Some(BlockKey(1)), 1, T0);
-        // Two unrelated roots push the chain down to the host tier, tail first.
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(10), None, 2, T0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(11), None, 3, T0);
-        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Host));
-        assert_eq!(m.tier_of(BlockKey(2)), Some(Tier::Host));
-        let moves = m.on_access(BlockKey(2), 4, T0);
-        let promoted: Vec<_> = moves
-            .iter()
-            .filter(|mv| mv.to == Some(Tier::Gpu))
-            .map(|mv| mv.key)
-            .collect();
-        assert_eq!(
-            promoted,
-            vec![BlockKey(1), BlockKey(2)],
-            "parent first: {moves:?}"
-        );
-        assert_eq!(m.len(Tier::Gpu), 2);
-    }
-
-    #[test]
-    fn chain_tails_are_evicted_before_parents() {
-        let mut m = manager(3, 0, 0);
-        let mut parent = None;
-        for k in 1..=3 {
-            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), parent, 1, T0);
-            parent = Some(BlockKey(k));
-        }
-        // A hot unrelated block used by many requests.
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(9), None, 2, T0);
-        for r in 3..10 {
-            m.on_access(BlockKey(9), r, T0);
-        }
-        assert_eq!(m.tier_of(BlockKey(3)), None, "the tail went first");
-        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Gpu));
-        assert_eq!(m.parent_of(BlockKey(2)), Some(BlockKey(1)));
-    }
-
-    #[test]
-    fn dropping_a_namespace_frees_exactly_its_blocks_children_first() {
-        let mut m = manager(10, 0, 0);
-        let (a, b) = (NamespaceId(1), NamespaceId(2));
-        m.insert(a, BlockKey(1), None, 1, T0);
-        m.insert(a, BlockKey(2), Some(BlockKey(1)), 1, T0);
-        m.insert(b, BlockKey(3), None, 2, T0);
-        // The trait carries the namespace: a root of `a` lands in `a`, not in the default one.
-        m.on_insert(a, BlockKey(4), Some(BlockKey(2)), 1, T0);
-        m.on_insert(a, BlockKey(5), None, 1, T0);
-        let moves = m.drop_namespace(a);
-        let keys: Vec<_> = moves.iter().map(|mv| mv.key).collect();
-        assert_eq!(keys.len(), 4, "{keys:?}");
-        assert!(keys.contains(&BlockKey(5)));
-        let pos = |k| keys.iter().position(|x| *x == BlockKey(k)).unwrap();
-        assert!(
-            pos(4) < pos(2) && pos(2) < pos(1),
-            "children first: {keys:?}"
-        );
-        assert!(moves.iter().all(|mv| mv.to.is_none()));
-        assert_eq!(m.tier_of(BlockKey(3)), Some(Tier::Gpu));
-        assert_eq!(m.len(Tier::Gpu), 1);
-    }
-
-    #[test]
-    fn evicted_blocks_remember_their_heat() {
-        let mut m = manager(1, 0, 0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
-        m.on_access(BlockKey(1), 2, T0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(2), None, 3, T0);
-        let back = if m.tier_of(BlockKey(1)).is_some() {
-            BlockKey(2)
-        } else {
-            BlockKey(1)
-        };
-        m.on_insert(NamespaceId::DEFAULT, back, None, 4, T0);
-        if let Some(h) = m.heat(back) {
-            assert!(h.sharers() >= 2, "a returning block resumes its history");
-        }
-    }
-
-    #[test]
-    fn a_block_shared_by_two_requests_survives_a_scan_of_one_off_blocks() {
-        let mut m = manager(4, 0, 0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 1, T0);
-        m.on_access(BlockKey(1), 2, T0);
-        for k in 10..40 {
-            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), None, k, T0);
-        }
-        assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Gpu));
-    }
-
-    #[test]
-    fn ghosts_coming_back_from_the_recent_segment_grow_its_share() {
-        let mut m = manager(4, 0, 0);
-        let before = m.recent_share;
-        for k in 0..12 {
-            m.on_insert(NamespaceId::DEFAULT, BlockKey(k), None, k, T0);
-        }
-        // Blocks 0..8 were evicted from the recent segment; bring two back.
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(0), None, 100, T0);
-        m.on_insert(NamespaceId::DEFAULT, BlockKey(1), None, 101, T0);
-        assert!(m.recent_share > before);
-        // They come back shared (two requests used them), so they are frequent now.
-        assert_eq!(m.blocks[&BlockKey(1)].seg, 1);
-    }
-
-    #[test]
-    fn bad_configs_are_refused_with_a_hint() {
-        let mut cfg = TierConfig::new(TierCapacities {
-            gpu: 1,
-            host: 0,
-            remote: 0,
-        });
-        cfg.ghost_factor = f64::NAN;
-        assert!(
-            TierManager::new(cfg)
-                .unwrap_err()
-                .to_string()
-                .contains("ghost_factor")
-        );
-    }
-}
+mod tests;
