@@ -40,7 +40,7 @@ done
 
 # Trace replay: lru, heat, belady at 5/10/20% of each trace's distinct blocks.
 : > "$out/replay.jsonl"
-for trace in ../shared/data/conversation_trace_first6000.jsonl ../shared/data/synthetic_trace.jsonl; do
+for trace in data/traces/conversation_trace_first6000.jsonl data/traces/synthetic_trace.jsonl; do
   $tb replay --trace "$trace" --json >> "$out/replay.jsonl"
 done
 

@@ -143,7 +143,7 @@ fn demo() -> anyhow::Result<()> {
             ])?;
         }
         None => println!(
-            "\n3. Trace replay skipped: no trace found at ../shared/data (pass one to `te-bench replay`)."
+            "\n3. Trace replay skipped: no trace found at data/traces (pass one to `te-bench replay`)."
         ),
     }
     Ok(())
@@ -158,12 +158,16 @@ fn dispatch(args: &[&str]) -> anyhow::Result<()> {
     }
 }
 
-/// The shared conversation trace, looked for beside the repository and beside the binary.
+/// The conversation trace that ships in the repository (`data/traces/`), found from the working directory,
+/// from the binary's place in the build tree, or from where this crate was built.
 fn demo_trace() -> Option<std::path::PathBuf> {
-    let name = "shared/data/conversation_trace_first6000.jsonl";
-    let mut candidates = vec![std::path::PathBuf::from("..").join(name)];
+    let name = "data/traces/conversation_trace_first6000.jsonl";
+    let mut candidates = vec![
+        std::path::PathBuf::from(name),
+        std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(name),
+    ];
     if let Ok(exe) = std::env::current_exe() {
-        candidates.extend(exe.ancestors().map(|a| a.join("..").join(name)));
+        candidates.extend(exe.ancestors().map(|a| a.join(name)));
     }
     candidates.into_iter().find(|p| p.is_file())
 }

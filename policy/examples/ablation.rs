@@ -55,7 +55,7 @@ fn peak_metadata(trace: &Trace, capacity: usize) -> Metadata {
 }
 
 fn main() -> Result<(), policy::PolicyError> {
-    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data"));
+    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/traces"));
     let files = [
         "conversation_trace_first6000.jsonl",
         "synthetic_trace.jsonl",

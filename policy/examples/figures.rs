@@ -9,7 +9,7 @@ use std::time::Instant;
 use policy::{PolicyKind, Trace, replay};
 
 fn main() -> Result<(), policy::PolicyError> {
-    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data"));
+    let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/traces"));
     let mut files: Vec<String> = std::env::args().skip(1).collect();
     if files.is_empty() {
         files = vec![

@@ -1,7 +1,7 @@
 //! The interface the single-tier baselines share, and the replay loop that scores them.
 //!
 //! Each baseline is a cache of block keys with a capacity in blocks. Replay follows
-//! `shared/data/README.md`: look up a request's prefix, then [`BlockCache::touch`] every block of it,
+//! `data/traces/README.md`: look up a request's prefix, then [`BlockCache::touch`] every block of it,
 //! then [`BlockCache::evict_to_capacity`]. Evicting only after the whole request is stored keeps one
 //! request's blocks from pushing each other out; each baseline documents how it adapts to that.
 

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// A trace file could not be opened or read.
-    #[error("cannot read trace {path}: {source}; check the path (traces live in ../shared/data)")]
+    #[error(
+        "cannot read trace {path}: {source}; check the path (the project's traces live in data/traces)"
+    )]
     TraceIo {
         /// The file.
         path: PathBuf,
@@ -16,7 +18,7 @@ pub enum PolicyError {
     /// A trace line is not a Mooncake request record.
     #[error(
         "trace {trace}, line {line}: {message}; each line must be a JSON object with \
-         timestamp, input_length, output_length and hash_ids (see shared/data/README.md)"
+         timestamp, input_length, output_length and hash_ids (see data/traces/README.md)"
     )]
     TraceFormat {
         /// The trace's name.

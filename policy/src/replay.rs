@@ -1,4 +1,4 @@
-//! Trace replay: hit ratio of a policy on a Mooncake trace, as `shared/data/README.md` defines it.
+//! Trace replay: hit ratio of a policy on a Mooncake trace, as `data/traces/README.md` defines it.
 //!
 //! For each request in file order, its hit blocks are the longest run of leading `hash_ids` present in
 //! the cache at lookup time; then every block of the request is inserted or touched, and the policy evicts

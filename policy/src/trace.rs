@@ -1,4 +1,4 @@
-//! Mooncake-format request traces (JSON lines; see `shared/data/README.md`).
+//! Mooncake-format request traces (JSON lines; see `data/traces/README.md`).
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -131,7 +131,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            msg.contains("/nonexistent/trace.jsonl") && msg.contains("shared/data"),
+            msg.contains("/nonexistent/trace.jsonl") && msg.contains("data/traces"),
             "{msg}"
         );
     }

@@ -1,8 +1,8 @@
-//! Replay of the shared Mooncake traces against the reference points in `shared/data/README.md`.
+//! Replay of the Mooncake traces in `data/traces/` against the reference points in its README.
 
 use policy::{PolicyKind, Trace, replay};
 
-const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/");
+const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/traces/");
 
 fn load(file: &str) -> Trace {
     let path = format!("{DATA}{file}");
