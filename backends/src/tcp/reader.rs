@@ -99,13 +99,19 @@ async fn read_loop(
             };
             match placement {
                 Ok(Some((memory, range))) => {
-                    if let Err(e) =
-                        recv_into_region(rd, &memory, range.clone(), &mut hdr, &mut have, stall)
-                            .await
+                    let crc = match recv_into_region(
+                        rd,
+                        &memory,
+                        range.clone(),
+                        &mut hdr,
+                        &mut have,
+                        stall,
+                    )
+                    .await
                     {
-                        return Some(e.to_string());
-                    }
-                    let crc = memory.crc32c(range).unwrap_or(!header.crc);
+                        Ok(crc) => crc,
+                        Err(e) => return Some(e.to_string()),
+                    };
                     shared
                         .station
                         .engine()
@@ -287,6 +293,8 @@ async fn discard(
 
 /// Receives a payload straight into `range` of `memory`, each piece viewed (its shards locked) only for
 /// the non-blocking `recv` itself; the last piece's syscall also takes the next header's first bytes.
+/// Returns the CRC-32C of the payload, taken over each piece right after the kernel copied it in (while it
+/// is still in cache), not in a pass of its own.
 async fn recv_into_region(
     rd: &OwnedReadHalf,
     memory: &MemoryRegion,
@@ -294,14 +302,19 @@ async fn recv_into_region(
     hdr: &mut [u8; HEADER_LEN],
     have: &mut usize,
     stall: Duration,
-) -> io::Result<()> {
+) -> io::Result<u32> {
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     let mut pos = range.start;
     while pos < range.end {
         ready(rd.readable(), stall, "stopped sending mid-frame").await?;
         let result = {
             let mut view = memory.write(pos..range.end).map_err(io::Error::other)?;
             let mut bufs = [IoSliceMut::new(&mut view), IoSliceMut::new(&mut hdr[..])];
-            rd.try_read_vectored(&mut bufs)
+            let got = rd.try_read_vectored(&mut bufs);
+            if let Ok(n) = got {
+                digest.update(&view[..n.min(view.len())]);
+            }
+            got
         };
         match result {
             Ok(0) => {
@@ -319,7 +332,7 @@ async fn recv_into_region(
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(digest.finalize() as u32)
 }
 
 #[cfg(test)]
