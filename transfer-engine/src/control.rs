@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::time::Duration;
 
 use crate::wire::WireError;
-use crate::{AccessKey, Dtype, KvLayout, RegionId, TrafficClass, TransferMode};
+use crate::{AccessKey, KvLayout, RegionId, TrafficClass, TransferMode};
 
 /// The description of a transfer carried by an open frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,12 +23,7 @@ pub(crate) struct OpenRequest {
 impl OpenRequest {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(80 + 8 * self.src_blocks.len());
-        let l = &self.dst_layout;
-        out.extend_from_slice(&l.layers.to_le_bytes());
-        out.extend_from_slice(&l.blocks_per_layer.to_le_bytes());
-        out.extend_from_slice(&l.block_bytes.to_le_bytes());
-        out.extend_from_slice(&l.tokens_per_block.to_le_bytes());
-        out.push(l.dtype.code());
+        self.dst_layout.encode_into(&mut out);
         out.extend_from_slice(&self.dst_region.0.to_le_bytes());
         out.extend_from_slice(&self.dst_key.0.to_le_bytes());
         let (code, slice, min) = match self.mode {
@@ -63,13 +58,8 @@ impl OpenRequest {
             bytes,
             bad: bad.clone(),
         };
-        let dst_layout = KvLayout {
-            layers: r.u32()?,
-            blocks_per_layer: r.u32()?,
-            block_bytes: r.u64()?,
-            tokens_per_block: r.u32()?,
-            dtype: Dtype::from_code(r.u8()?).ok_or(bad.clone())?,
-        };
+        let dst_layout = KvLayout::decode_from(r.bytes).ok_or(bad.clone())?;
+        r.bytes = &r.bytes[KvLayout::ENCODED_LEN..];
         let dst_region = RegionId(r.u32()?);
         let dst_key = AccessKey(r.u64()?);
         let (code, slice_bytes, exclusive_min_bytes) = (r.u8()?, r.u32()?, r.u64()?);
@@ -180,6 +170,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Dtype;
     use proptest::prelude::*;
 
     #[test]

@@ -83,6 +83,35 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
+    /// Bytes of a layout on the wire: layers u32, blocks per layer u32, block bytes u64, tokens per block
+    /// u32, dtype code u8, all little-endian. The open request and the lane handshake both use it.
+    pub const ENCODED_LEN: usize = 21;
+
+    /// Appends the layout's wire encoding to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.layers.to_le_bytes());
+        out.extend_from_slice(&self.blocks_per_layer.to_le_bytes());
+        out.extend_from_slice(&self.block_bytes.to_le_bytes());
+        out.extend_from_slice(&self.tokens_per_block.to_le_bytes());
+        out.push(self.dtype.code());
+    }
+
+    /// Decodes a layout from the first [`KvLayout::ENCODED_LEN`] bytes of `bytes` (not validated: call
+    /// [`KvLayout::validate`]); `None` if they are too few or the dtype code is unknown.
+    #[must_use]
+    pub fn decode_from(bytes: &[u8]) -> Option<Self> {
+        let b = bytes.get(..Self::ENCODED_LEN)?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
+        Some(Self {
+            layers: u32_at(0),
+            blocks_per_layer: u32_at(4),
+            block_bytes: u64_at(8),
+            tokens_per_block: u32_at(16),
+            dtype: Dtype::from_code(b[20])?,
+        })
+    }
+
     /// A layout, checked: every dimension must be non-zero and the total must fit in 64 bits.
     pub fn new(
         layers: u32,
@@ -177,6 +206,18 @@ impl KvLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_layout_codec_round_trips_and_refuses_short_or_unknown_input() {
+        let l = KvLayout::new(32, 128, 256 << 10, 16, Dtype::Fp8).unwrap();
+        let mut out = vec![9];
+        l.encode_into(&mut out);
+        assert_eq!(out.len(), 1 + KvLayout::ENCODED_LEN);
+        assert_eq!(KvLayout::decode_from(&out[1..]), Some(l));
+        assert_eq!(KvLayout::decode_from(&out[1..KvLayout::ENCODED_LEN]), None);
+        out[KvLayout::ENCODED_LEN] = 99;
+        assert_eq!(KvLayout::decode_from(&out[1..]), None, "unknown dtype code");
+    }
 
     fn layout(tokens: u32, bytes: u64) -> KvLayout {
         KvLayout::new(2, 8, bytes, tokens, Dtype::F16).unwrap()

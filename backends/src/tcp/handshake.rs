@@ -18,7 +18,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use transfer_engine::wire::VERSION as WIRE_VERSION;
-use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+use transfer_engine::{AccessKey, KvLayout, RegionHandle, RegionId};
 
 use super::TcpError;
 
@@ -507,17 +507,13 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 fn put_layout(out: &mut Vec<u8>, l: &KvLayout) {
-    out.extend_from_slice(&l.layers.to_le_bytes());
-    out.extend_from_slice(&l.blocks_per_layer.to_le_bytes());
-    out.extend_from_slice(&l.block_bytes.to_le_bytes());
-    out.extend_from_slice(&l.tokens_per_block.to_le_bytes());
-    out.push(l.dtype.code());
+    l.encode_into(out);
 }
 
 fn get_layout(r: &mut Reader<'_>) -> Result<KvLayout, String> {
-    let (layers, blocks, bytes, tokens) = (r.u32()?, r.u32()?, r.u64()?, r.u32()?);
-    let dtype = Dtype::from_code(r.u8()?).ok_or("unknown dtype")?;
-    KvLayout::new(layers, blocks, bytes, tokens, dtype).map_err(|e| e.to_string())
+    let layout = KvLayout::decode_from(r.take(KvLayout::ENCODED_LEN)?).ok_or("unknown dtype")?;
+    layout.validate().map_err(|e| e.to_string())?;
+    Ok(layout)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -558,6 +554,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use transfer_engine::Dtype;
 
     #[test]
     fn messages_round_trip_and_garbage_never_panics() {
