@@ -356,10 +356,9 @@ impl ReceiverSession {
         Some(self.control(header, Body::Empty))
     }
 
-    /// Acks and progress frames carry the consumer's layer, and 1 in `offset` when it is blocked on it.
+    /// Acks and progress frames carry the consumer's layer and whether it is blocked on it.
     fn with_progress(&self, mut header: Header) -> Header {
-        header.layer = self.consumer_layer;
-        header.offset = u64::from(self.consumer_blocked);
+        header.set_consumer(self.consumer_layer, self.consumer_blocked);
         header
     }
 

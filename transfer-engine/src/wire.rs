@@ -166,7 +166,9 @@ pub struct Header {
     pub layer: u32,
     /// Destination block of the slice's first byte (data frames).
     pub block: u32,
-    /// Byte offset of the slice within that block (data frames; cumulative ack point in acks).
+    /// Byte offset of the slice within that block (data frames). Acks and progress frames carry 1 here
+    /// when the consumer is blocked on `layer` ([`Header::consumer`] reads it, [`Header::set_consumer`]
+    /// writes it).
     pub offset: u64,
     /// Payload bytes following the header.
     pub length: u32,
@@ -260,6 +262,19 @@ impl Header {
             });
         }
         Ok(header)
+    }
+
+    /// Acks and progress frames: the layer the consumer is about to compute, and whether it is blocked
+    /// on it (waiting for that layer's bytes).
+    #[must_use]
+    pub fn consumer(&self) -> (u32, bool) {
+        (self.layer, self.offset == 1)
+    }
+
+    /// Acks and progress frames: records the consumer's layer and whether it is blocked on it.
+    pub fn set_consumer(&mut self, layer: u32, blocked: bool) {
+        self.layer = layer;
+        self.offset = u64::from(blocked);
     }
 
     /// Largest payload allowed for this header's kind.

@@ -193,11 +193,13 @@ impl Engine {
                 Ok(())
             }
             FrameKind::Ack => {
-                sender.on_progress(header.layer, header.offset == 1);
+                let (layer, blocked) = header.consumer();
+                sender.on_progress(layer, blocked);
                 sender.on_ack(now, &decode_ranges(payload)?, &mut ctx)
             }
             FrameKind::Progress => {
-                sender.on_progress(header.layer, header.offset == 1);
+                let (layer, blocked) = header.consumer();
+                sender.on_progress(layer, blocked);
                 Ok(())
             }
             FrameKind::Nack => sender.on_nack(header.sequence, header.attempt, &mut ctx),
