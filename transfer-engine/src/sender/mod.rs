@@ -1,8 +1,11 @@
 //! The sending end of a session: opens it, sends units, retransmits with backoff, gives up with recompute.
 
+mod feedback;
+#[cfg(test)]
+mod tests;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::config::Ctx;
@@ -10,8 +13,7 @@ use crate::plan::Plan;
 use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header};
 use crate::{
-    BlockId, Body, Counters, Error, Event, Lane, PayloadRef, PeerId, RegionId, Role, SessionId,
-    TrafficClass, Transmit,
+    BlockId, Body, Counters, Lane, PayloadRef, PeerId, RegionId, SessionId, TrafficClass, Transmit,
 };
 
 /// Where a sender is in its life. Changes only through [`SenderSession::enter`].
@@ -115,11 +117,9 @@ impl SenderSession {
             spec,
         }
     }
-
     pub(crate) fn peer(&self) -> PeerId {
         self.spec.peer
     }
-
     /// The class this session sends in now: urgent while the consumer is blocked on one of its layers.
     pub(crate) fn class(&self) -> TrafficClass {
         let blocked_here = self.consumer_blocked
@@ -132,12 +132,10 @@ impl SenderSession {
             self.spec.class
         }
     }
-
     fn layer_index(&self, layer: u32) -> Option<usize> {
         let i = layer.checked_sub(self.spec.plan.layer_start)? as usize;
         (i < self.layer_units_left.len()).then_some(i)
     }
-
     /// The receiver reports the consumer's position (piggybacked on acks, or in a progress frame).
     pub(crate) fn on_progress(&mut self, layer: u32, blocked: bool) {
         if layer > self.consumer_layer || (layer == self.consumer_layer && blocked) {
@@ -147,15 +145,12 @@ impl SenderSession {
             self.consumer_blocked = false;
         }
     }
-
     pub(crate) fn src_region(&self) -> RegionId {
         self.spec.src_region
     }
-
     pub(crate) fn is_done(&self) -> bool {
         self.state == SenderState::Done
     }
-
     /// The one place the state changes. Every caller asks only for transitions its own guard allows, so
     /// an impossible one is a bug in this file: it panics in debug builds (every test runs them) and is
     /// refused in release builds, leaving the state as it was.
@@ -180,7 +175,6 @@ impl SenderSession {
             self.control_timer = None;
         }
     }
-
     /// The next frame to send, if any is due.
     pub(crate) fn poll_transmit(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
         match self.state {
@@ -194,7 +188,6 @@ impl SenderSession {
             _ => None,
         }
     }
-
     fn control_transmit(&self) -> Transmit {
         let (kind, body) = if self.state == SenderState::Opening {
             (
@@ -217,7 +210,6 @@ impl SenderSession {
             class: TrafficClass::Collective,
         }
     }
-
     fn poll_data(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Option<Transmit> {
         ctx.budget.refill(now);
         while let Some(unit) = self.resend.pop_front() {
@@ -255,7 +247,6 @@ impl SenderSession {
         ctx.budget.on_first_send();
         Some(self.send_unit(unit as u32, 0, now, ctx))
     }
-
     fn send_unit(&mut self, index: u32, attempt: u16, now: Instant, ctx: &mut Ctx<'_>) -> Transmit {
         let unit = self.spec.plan.units[index as usize];
         self.units[index as usize] = UnitState::InFlight {
@@ -293,7 +284,6 @@ impl SenderSession {
             class: self.class(),
         }
     }
-
     /// How long to wait for the ack of send number `attempt`: the backoff schedule, starting from the
     /// measured retransmit timeout once there is one.
     fn retransmit_delay(&self, attempt: u32, ctx: &mut Ctx<'_>) -> Duration {
@@ -304,7 +294,6 @@ impl SenderSession {
         }
         .delay(attempt, ctx.rng)
     }
-
     /// When this session next needs [`SenderSession::handle_timeout`].
     pub(crate) fn next_timeout(&self) -> Option<Instant> {
         let unit = match self.state {
@@ -319,7 +308,6 @@ impl SenderSession {
             .then_some(self.spec.deadline);
         [unit, control, deadline].into_iter().flatten().min()
     }
-
     pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
         if matches!(self.state, SenderState::Opening | SenderState::Sending)
             && now >= self.spec.deadline
@@ -368,7 +356,6 @@ impl SenderSession {
             }
         }
     }
-
     /// Schedules `unit` (last sent as `attempt`) for resending, or gives it up if it has no tries left.
     fn retry(&mut self, unit: u32, attempt: u16, ctx: &mut Ctx<'_>) {
         let UnitState::InFlight { sent_at, .. } = self.units[unit as usize] else {
@@ -383,186 +370,6 @@ impl SenderSession {
             };
             self.resend.push_back(unit);
         }
-    }
-
-    pub(crate) fn on_open_ack(&mut self) {
-        if self.state == SenderState::Opening {
-            self.enter(SenderState::Sending);
-            self.control_timer = None;
-        }
-    }
-
-    pub(crate) fn on_reject(&mut self, reason: String, ctx: &mut Ctx<'_>) {
-        if self.state != SenderState::Opening {
-            return;
-        }
-        ctx.events.push_back(Event::Refused {
-            session: self.spec.id,
-            reason,
-        });
-        for unit in 0..self.units.len() as u32 {
-            self.fail(unit, ctx);
-        }
-        self.enter(SenderState::Done);
-    }
-
-    pub(crate) fn on_ack(
-        &mut self,
-        now: Instant,
-        ranges: &[Range<u32>],
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), Error> {
-        let n = self.units.len() as u32;
-        if let Some(bad) = ranges.iter().find(|r| r.end > n) {
-            return Err(Error::FrameMismatch {
-                session: self.spec.id,
-                reason: format!("ack for slices {bad:?} of a session with {n} slices"),
-            });
-        }
-        for unit in ranges.iter().flat_map(Clone::clone) {
-            match self.units[unit as usize] {
-                UnitState::InFlight {
-                    attempt: 0,
-                    sent_at,
-                } => {
-                    self.rtt.on_sample(now.saturating_duration_since(sent_at));
-                    self.acked(unit);
-                }
-                UnitState::InFlight { .. }
-                | UnitState::Resend { .. }
-                | UnitState::Parked { .. } => self.acked(unit),
-                UnitState::Pending => {
-                    return Err(Error::FrameMismatch {
-                        session: self.spec.id,
-                        reason: format!("ack for slice {unit}, which was never sent"),
-                    });
-                }
-                UnitState::Acked | UnitState::Failed => {}
-            }
-        }
-        self.maybe_finish(ctx);
-        Ok(())
-    }
-
-    pub(crate) fn on_nack(
-        &mut self,
-        unit: u32,
-        attempt: u16,
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), Error> {
-        match self.units.get(unit as usize) {
-            None => Err(Error::FrameMismatch {
-                session: self.spec.id,
-                reason: format!(
-                    "nack for slice {unit} of a session with {} slices",
-                    self.units.len()
-                ),
-            }),
-            Some(&UnitState::InFlight {
-                attempt: current, ..
-            }) if current == attempt => {
-                self.retry(unit, attempt, ctx);
-                self.maybe_finish(ctx);
-                Ok(())
-            }
-            Some(_) => Ok(()),
-        }
-    }
-
-    pub(crate) fn on_close_ack(&mut self) {
-        if self.state == SenderState::Closing {
-            self.enter(SenderState::Done);
-        }
-    }
-
-    /// Gives up every unresolved unit (deadline, cancel).
-    pub(crate) fn give_up_all(&mut self, ctx: &mut Ctx<'_>) {
-        for unit in 0..self.units.len() as u32 {
-            if !matches!(
-                self.units[unit as usize],
-                UnitState::Acked | UnitState::Failed
-            ) {
-                self.fail(unit, ctx);
-            }
-        }
-    }
-
-    /// The peer is gone for good: every unresolved unit is given up and the session ends without a close
-    /// handshake (there is nobody to answer it).
-    pub(crate) fn abort(&mut self, ctx: &mut Ctx<'_>) {
-        if self.state == SenderState::Done {
-            return;
-        }
-        self.give_up_all(ctx);
-        if self.state == SenderState::Opening {
-            self.enter(SenderState::Closing);
-        }
-        self.enter(SenderState::Done);
-    }
-
-    fn acked(&mut self, index: u32) {
-        let unit = self.spec.plan.units[index as usize];
-        if matches!(
-            self.units[index as usize],
-            UnitState::InFlight { .. } | UnitState::Resend { .. }
-        ) {
-            self.in_flight_bytes -= u64::from(unit.len);
-        }
-        self.units[index as usize] = UnitState::Acked;
-        self.unresolved -= 1;
-        self.layer_units_left[(unit.layer - self.spec.plan.layer_start) as usize] -= 1;
-        self.stats.bytes_acked += u64::from(unit.len);
-        for slot in self.spec.plan.slots(&unit) {
-            self.slot_units_left[slot] -= 1;
-            if self.slot_units_left[slot] == 0 && !self.slot_failed[slot] {
-                self.stats.blocks_delivered += 1;
-            }
-        }
-    }
-
-    fn fail(&mut self, index: u32, ctx: &mut Ctx<'_>) {
-        let unit = self.spec.plan.units[index as usize];
-        let was = self.units[index as usize];
-        self.units[index as usize] = UnitState::Failed;
-        self.unresolved -= 1;
-        self.layer_units_left[(unit.layer - self.spec.plan.layer_start) as usize] -= 1;
-        if matches!(was, UnitState::InFlight { .. } | UnitState::Resend { .. }) {
-            self.in_flight_bytes -= u64::from(unit.len);
-        }
-        for slot in self.spec.plan.slots(&unit) {
-            self.slot_failed[slot] = true;
-        }
-        self.maybe_finish(ctx);
-    }
-
-    /// Once every unit is acknowledged or given up: report recompute blocks and completion, then close.
-    fn maybe_finish(&mut self, ctx: &mut Ctx<'_>) {
-        if self.unresolved > 0 || !matches!(self.state, SenderState::Opening | SenderState::Sending)
-        {
-            return;
-        }
-        let plan = &self.spec.plan;
-        let blocks: Vec<BlockId> = (0..self.slot_failed.len())
-            .filter(|&slot| self.slot_failed[slot])
-            .map(|slot| {
-                let (layer, index) = plan.slot_position(slot);
-                BlockId::new(layer, self.spec.src_blocks[index as usize])
-            })
-            .collect();
-        self.stats.recompute_blocks = blocks.len() as u64;
-        if !blocks.is_empty() {
-            ctx.events.push_back(Event::Recompute {
-                session: self.spec.id,
-                role: Role::Sender,
-                blocks,
-            });
-        }
-        ctx.events.push_back(Event::Completed {
-            session: self.spec.id,
-            role: Role::Sender,
-            stats: self.stats,
-        });
-        self.enter(SenderState::Closing);
     }
 }
 
