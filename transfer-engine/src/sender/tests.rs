@@ -73,7 +73,8 @@ fn opens_sends_is_acknowledged_and_closes() {
     s.on_open_ack();
     assert_eq!(s.state, SenderState::Sending);
     assert_eq!(kinds(&mut s, &mut w), vec![FrameKind::Data; 4]);
-    s.on_ack(epoch(), &[0..4], &mut w.ctx()).unwrap();
+    s.on_ack(epoch(), std::slice::from_ref(&(0..4)), &mut w.ctx())
+        .unwrap();
     assert!(
         matches!(w.events.back(), Some(Event::Completed { stats, .. }) if stats.recompute_blocks == 0)
     );
@@ -84,7 +85,11 @@ fn opens_sends_is_acknowledged_and_closes() {
     // An ack naming units the session never had is refused, not applied.
     let mut fresh = sender();
     fresh.on_open_ack();
-    assert!(fresh.on_ack(epoch(), &[3..9], &mut w.ctx()).is_err());
+    assert!(
+        fresh
+            .on_ack(epoch(), std::slice::from_ref(&(3..9)), &mut w.ctx())
+            .is_err()
+    );
 }
 
 #[test]
@@ -112,7 +117,8 @@ fn the_deadline_hands_back_exactly_the_unacknowledged_blocks() {
     s.on_open_ack();
     kinds(&mut s, &mut w);
     // Units 0 and 1 are layer 0's two blocks.
-    s.on_ack(epoch(), &[0..2], &mut w.ctx()).unwrap();
+    s.on_ack(epoch(), std::slice::from_ref(&(0..2)), &mut w.ctx())
+        .unwrap();
     s.handle_timeout(epoch() + Duration::from_secs(11), &mut w.ctx());
     let blocks = w.events.iter().find_map(|e| match e {
         Event::Recompute { blocks, .. } => Some(blocks.clone()),
