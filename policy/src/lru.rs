@@ -1,19 +1,17 @@
 //! Least-recently-used eviction: the incumbent baseline.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use transfer_engine::policy::{BlockKey, NamespaceId, Tier, TierMove, TierPolicy};
 
 use crate::cache::BlockCache;
+use crate::recency::RecencyList;
 
 /// A single-tier LRU cache of block keys.
 #[derive(Debug, Clone, Default)]
 pub struct Lru {
     capacity: usize,
-    stamp: u64,
-    stamps: HashMap<BlockKey, u64>,
-    order: BTreeMap<u64, BlockKey>,
+    list: RecencyList,
 }
 
 impl Lru {
@@ -22,45 +20,40 @@ impl Lru {
     pub fn new(capacity: usize) -> Lru {
         Lru {
             capacity,
-            ..Lru::default()
+            list: RecencyList::new(),
         }
     }
 
     /// Whether `key` is cached.
     #[must_use]
     pub fn contains(&self, key: BlockKey) -> bool {
-        self.stamps.contains_key(&key)
+        self.list.contains(key)
     }
 
     /// Blocks cached.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.stamps.len()
+        self.list.len()
     }
 
     /// Whether nothing is cached.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.stamps.is_empty()
+        self.list.is_empty()
     }
 
     /// Inserts `key` or makes it the most recently used; does not evict.
     pub fn touch(&mut self, key: BlockKey) {
-        self.stamp += 1;
-        if let Some(old) = self.stamps.insert(key, self.stamp) {
-            self.order.remove(&old);
-        }
-        self.order.insert(self.stamp, key);
+        self.list.push(key);
     }
 
     /// Evicts least recently used blocks until at most `capacity` remain; returns them, oldest first.
     pub fn evict_to_capacity(&mut self) -> Vec<BlockKey> {
         let mut evicted = Vec::new();
-        while self.stamps.len() > self.capacity {
-            let Some((_, key)) = self.order.pop_first() else {
+        while self.list.len() > self.capacity {
+            let Some(key) = self.list.pop_oldest() else {
                 break;
             };
-            self.stamps.remove(&key);
             evicted.push(key);
         }
         evicted
