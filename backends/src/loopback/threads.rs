@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use transfer_engine::wire::{HEADER_LEN, Header};
-use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Placement, Transmit};
+use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 
 use super::credit::Credit;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
@@ -348,20 +348,7 @@ fn place(
     src_range: Range<usize>,
 ) -> Result<Placed, Error> {
     let header = Header::decode(header)?;
-    let target = {
-        let mut engine = station.engine();
-        match engine.placement(PRODUCER, &header)? {
-            Placement::Write {
-                region,
-                offset,
-                len,
-            } => {
-                let memory = engine.memory(region)?.clone();
-                Some((memory, offset as usize..offset as usize + len as usize))
-            }
-            Placement::Discard => None,
-        }
-    };
+    let target = station.engine().destination(PRODUCER, &header)?;
     let crc = match target {
         Some((dst_memory, dst_range)) => {
             if dst_memory.same_memory(src_memory) {

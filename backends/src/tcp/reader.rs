@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::tcp::OwnedReadHalf;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
-use transfer_engine::{Error, MemoryRegion, PeerId, Placement};
+use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::lane::{LaneState, ready};
 use super::link::Link;
@@ -81,22 +81,7 @@ async fn read_loop(
             Err(e) => return Some(refuse(shared, lane, peer, None, &Error::Wire(e))),
         };
         let result = if header.kind == FrameKind::Data {
-            let placement = {
-                let mut engine = shared.station.engine();
-                engine.placement(peer, &header).and_then(|p| match p {
-                    Placement::Write {
-                        region,
-                        offset,
-                        len,
-                    } => {
-                        let range = offset as usize..offset as usize + len as usize;
-                        // The engine checked the range against the region, and a region is never
-                        // longer than its memory.
-                        Ok(Some((engine.memory(region)?.clone(), range)))
-                    }
-                    Placement::Discard => Ok(None),
-                })
-            };
+            let placement = shared.station.engine().destination(peer, &header);
             match placement {
                 Ok(Some((memory, range))) => {
                     let crc = match recv_into_region(

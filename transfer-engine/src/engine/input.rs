@@ -1,5 +1,6 @@
 //! The engine's inputs: frames, data, timeouts and the consumer's progress.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use crate::config::{Ctx, Placement};
@@ -8,7 +9,7 @@ use crate::plan::Plan;
 use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::transmit::{check_blocks, check_distinct};
 use crate::wire::{FrameKind, Header, WireError};
-use crate::{Body, Error, Event, Lane, PeerId, SessionId, TrafficClass, Transmit};
+use crate::{Body, Error, Event, Lane, MemoryRegion, PeerId, SessionId, TrafficClass, Transmit};
 
 use super::Engine;
 
@@ -35,6 +36,28 @@ impl Engine {
             self.refused += 1;
         }
         result
+    }
+
+    /// [`Engine::placement`] resolved to memory: the region memory and byte range the payload goes to, or
+    /// `None` when it is to be discarded. Every driver that places bytes itself calls this.
+    pub fn destination(
+        &mut self,
+        from: PeerId,
+        header: &Header,
+    ) -> Result<Option<(MemoryRegion, Range<usize>)>, Error> {
+        match self.placement(from, header)? {
+            Placement::Write {
+                region,
+                offset,
+                len,
+            } => {
+                // The engine checked the range against the region, and a region is never longer than
+                // its memory.
+                let range = offset as usize..offset as usize + len as usize;
+                Ok(Some((self.regions.memory(region)?.clone(), range)))
+            }
+            Placement::Discard => Ok(None),
+        }
     }
 
     /// A data frame's payload was placed as [`Engine::placement`] said (or discarded), and its CRC-32C is
@@ -78,17 +101,9 @@ impl Engine {
         if header.kind != FrameKind::Data {
             return self.handle_frame(now, from, &header, payload);
         }
-        let crc = match self.placement(from, &header)? {
-            Placement::Write {
-                region,
-                offset,
-                len,
-            } => {
-                let range = offset as usize..offset as usize + len as usize;
-                let mut dst = self.regions.memory(region)?.write(range)?;
-                crate::copy_and_crc32c(&mut dst, payload)
-            }
-            Placement::Discard => header.crc,
+        let crc = match self.destination(from, &header)? {
+            Some((memory, range)) => crate::copy_and_crc32c(&mut memory.write(range)?, payload),
+            None => header.crc,
         };
         self.handle_data(now, from, &header, crc)
     }
