@@ -3,7 +3,7 @@
 use std::ops::Range;
 use std::time::Instant;
 
-use crate::config::{Ctx, Placement};
+use crate::config::Placement;
 use crate::control::{OpenRequest, decode_ranges};
 use crate::plan::Plan;
 use crate::receiver::{ReceiverSession, ReceiverSpec};
@@ -110,12 +110,7 @@ impl Engine {
 
     /// Advances timers: retransmits, deadlines, expiries.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            rng: &mut self.rng,
-            budget: &mut self.budget,
-            events: &mut self.events,
-        };
+        let mut ctx = session_ctx!(self);
         for sender in self.senders.values_mut() {
             if sender.next_timeout().is_some_and(|t| t <= now) {
                 sender.handle_timeout(now, &mut ctx);
@@ -192,12 +187,7 @@ impl Engine {
                 Err(Error::UnknownSession(session))
             };
         };
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            rng: &mut self.rng,
-            budget: &mut self.budget,
-            events: &mut self.events,
-        };
+        let mut ctx = session_ctx!(self);
         let result = match header.kind {
             FrameKind::OpenAck => {
                 sender.on_open_ack();

@@ -1,6 +1,19 @@
 //! The engine: many sessions, both roles, one transmit queue, one retransmit budget. Its commands and
 //! getters live here, its inputs in [`input`], its outputs in [`output`].
 
+/// The context sessions run in, borrowed field by field from the engine (so its other fields, such as the
+/// session tables, stay usable meanwhile).
+macro_rules! session_ctx {
+    ($engine:expr) => {
+        $crate::config::Ctx {
+            cfg: &$engine.cfg,
+            rng: &mut $engine.rng,
+            budget: &mut $engine.budget,
+            events: &mut $engine.events,
+        }
+    };
+}
+
 mod input;
 mod output;
 
@@ -10,7 +23,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::{Ctx, EngineConfig};
+use crate::config::EngineConfig;
 use crate::control::OpenRequest;
 use crate::plan::Plan;
 use crate::policy::{ClassPolicy, FixedClass, FixedMode, ModePolicy};
@@ -307,12 +320,7 @@ impl Engine {
             .senders
             .get_mut(&session)
             .ok_or(Error::UnknownSession(session))?;
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            rng: &mut self.rng,
-            budget: &mut self.budget,
-            events: &mut self.events,
-        };
+        let mut ctx = session_ctx!(self);
         sender.give_up_all(&mut ctx);
         Ok(())
     }
@@ -322,12 +330,7 @@ impl Engine {
     /// sender's unacknowledged blocks, the receiver's missing ones) and completion. Returns how many ended.
     pub fn abort_peer(&mut self, peer: PeerId, reason: &str) -> usize {
         let mut ended = 0;
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            rng: &mut self.rng,
-            budget: &mut self.budget,
-            events: &mut self.events,
-        };
+        let mut ctx = session_ctx!(self);
         for (id, sender) in self.senders.iter_mut().filter(|(_, s)| s.peer() == peer) {
             ctx.events.push_back(Event::Aborted {
                 session: *id,

@@ -3,7 +3,6 @@
 
 use std::time::Instant;
 
-use crate::config::Ctx;
 use crate::receiver::ReceiverSession;
 use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::SenderSession;
@@ -58,12 +57,7 @@ impl Engine {
 
     /// Offers a turn to each sending session of `class`, round-robin, until one has a frame.
     fn poll_class(&mut self, now: Instant, class: TrafficClass) -> Option<Transmit> {
-        let mut ctx = Ctx {
-            cfg: &self.cfg,
-            rng: &mut self.rng,
-            budget: &mut self.budget,
-            events: &mut self.events,
-        };
+        let mut ctx = session_ctx!(self);
         let mut found = None;
         let mut done = None;
         for _ in 0..self.ready.len() {
