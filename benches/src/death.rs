@@ -2,9 +2,6 @@
 //! mid-transfer. Each run starts a real `te-bench serve` process, pushes KV to it, kills it (SIGKILL) once
 //! the first blocks are acknowledged, and times the kill to the sender's report.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -16,6 +13,7 @@ use transfer_engine::TransferRequest;
 use crate::args::parse_size;
 use crate::report::print_rows;
 use crate::run::layout_for;
+use crate::serve_process::ServeProcess;
 
 /// Arguments of `te-bench peer-death`.
 #[derive(Debug, Args)]
@@ -57,58 +55,11 @@ const COLUMNS: &[&str] = &[
     "reason",
 ];
 
-/// Kills the server when dropped, so a failed run leaves no process behind. Its output stays open (it
-/// prints a line per session; a closed pipe would end it early).
-struct Server {
-    child: Child,
-    _stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `te-bench serve` on a free loopback port and returns it with its address.
-fn start_server(serve_bytes: u64) -> anyhow::Result<(Server, SocketAddr)> {
-    let exe = std::env::current_exe().context("finding te-bench's own path")?;
-    let mut child = Command::new(exe)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--engine-id",
-            "2",
-            "--serve-bytes",
-            &serve_bytes.to_string(),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting te-bench serve")?;
-    let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
-    let mut line = String::new();
-    stdout.read_line(&mut line)?;
-    let server = Server {
-        child,
-        _stdout: stdout,
-    };
-    let addr = line
-        .split_whitespace()
-        .skip_while(|w| *w != "on")
-        .nth(1)
-        .map(|a| a.trim_end_matches(','))
-        .context("te-bench serve did not say where it listens")?
-        .parse()
-        .with_context(|| format!("reading the server's address from {line:?}"))?;
-    Ok((server, addr))
-}
-
 fn one_run(args: &PeerDeathArgs, run: usize) -> anyhow::Result<DeathRow> {
     let layout = layout_for(256 << 10, args.total_bytes)?;
-    let (mut server, addr) = start_server(layout.total_bytes())?;
+    let serve_bytes = layout.total_bytes().to_string();
+    let mut server = ServeProcess::start(&["--engine-id", "2", "--serve-bytes", &serve_bytes])?;
+    let addr = server.addr;
     let cfg = TcpConfig {
         listen: None,
         ..TcpConfig::with_engine_id(1)

@@ -3,8 +3,7 @@
 //! pattern (seeded by its engine id) into its own served region; the server checks every session's bytes
 //! against that client's pattern on arrival. Reports aggregate throughput and the server's peak memory.
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +15,7 @@ use serde::Serialize;
 
 use crate::args::{fmt_size, parse_size};
 use crate::report::print_rows;
+use crate::serve_process::ServeProcess;
 
 /// Arguments of `te-bench load`.
 #[derive(Debug, Args)]
@@ -82,31 +82,18 @@ pub(crate) fn main(args: &LoadArgs) -> anyhow::Result<()> {
     let exe = std::env::current_exe()?;
     let layout = crate::run::layout_for(256 << 10, args.total_bytes)?;
     let served = layout.total_bytes() * u64::from(args.clients);
-    let mut server = Command::new(&exe)
-        .args([
-            "serve",
-            "--verify",
-            "--listen",
-            "127.0.0.1:0",
-            "--engine-id",
-            "2",
-        ])
-        .args(["--serve-bytes", &served.to_string()])
-        .args(["--lanes", "2"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting te-bench serve")?;
-    let mut out = BufReader::new(server.stdout.take().context("no stdout")?);
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    let addr: SocketAddr = line
-        .split_whitespace()
-        .skip_while(|w| *w != "on")
-        .nth(1)
-        .map(|a| a.trim_end_matches(','))
-        .context("te-bench serve did not say where it listens")?
-        .parse()?;
+    let served_arg = served.to_string();
+    let mut server = ServeProcess::start(&[
+        "--verify",
+        "--engine-id",
+        "2",
+        "--serve-bytes",
+        &served_arg,
+        "--lanes",
+        "2",
+    ])?;
+    let addr = server.addr;
+    let out = server.stdout.take().context("no stdout")?;
     // The server's report lines, read as they come (a full pipe would stall it).
     let checked = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let counts = checked.clone();
@@ -161,9 +148,8 @@ pub(crate) fn main(args: &LoadArgs) -> anyhow::Result<()> {
     while !checked_all() && waiting.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let server_peak_mib = peak_mib(server.id())?;
-    server.kill()?;
-    server.wait()?;
+    let server_peak_mib = peak_mib(server.child.id())?;
+    drop(server);
     let (verified, mismatched) = (
         checked.0.load(Ordering::Relaxed),
         checked.1.load(Ordering::Relaxed),

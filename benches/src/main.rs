@@ -13,6 +13,7 @@ mod progress;
 mod replay;
 mod report;
 mod run;
+mod serve_process;
 mod sim;
 mod stream;
 mod sweep;
