@@ -58,30 +58,18 @@ impl TransferRequest {
     ///
     /// Both handles must carry a layout (see [`crate::Engine::register_kv_region`]).
     pub fn whole(peer: PeerId, src: &RegionHandle, dst: &RegionHandle) -> Result<Self, Error> {
-        let missing = || {
-            Error::InvalidRequest(
-                "whole-region transfers need regions registered with a layout".into(),
-            )
-        };
-        let src_layout = src.layout.ok_or_else(missing)?;
-        let dst_layout = dst.layout.ok_or_else(missing)?;
-        let blocks: Vec<u32> =
-            (0..src_layout.blocks_per_layer.min(dst_layout.blocks_per_layer)).collect();
-        Ok(Self {
+        let (s, d) = layouts(src, dst, "whole-region")?;
+        let blocks: Vec<u32> = (0..s.blocks_per_layer.min(d.blocks_per_layer)).collect();
+        let layers = 0..s.layers.min(d.layers);
+        Ok(Self::between(
             peer,
-            src_region: src.id,
-            src_layout,
-            dst_region: dst.id,
-            dst_key: dst.key,
-            dst_layout,
-            layers: 0..src_layout.layers.min(dst_layout.layers),
-            src_blocks: blocks.clone(),
-            dst_blocks: blocks,
-            mode: None,
-            class: None,
-            deadline: None,
-            prefetch_depth: None,
-        })
+            src,
+            dst,
+            (s, d),
+            blocks.clone(),
+            blocks,
+            layers,
+        ))
     }
 
     /// Moves source blocks `src_blocks` of `src` into destination blocks `dst_blocks` of `dst` on `peer`,
@@ -98,14 +86,23 @@ impl TransferRequest {
         dst_blocks: Vec<u32>,
         layers: Range<u32>,
     ) -> Result<Self, Error> {
-        let missing = || {
-            Error::InvalidRequest(
-                "block-list transfers need regions registered with a layout".into(),
-            )
-        };
-        let src_layout = src.layout.ok_or_else(missing)?;
-        let dst_layout = dst.layout.ok_or_else(missing)?;
-        let req = Self {
+        let both = layouts(src, dst, "block-list")?;
+        let req = Self::between(peer, src, dst, both, src_blocks, dst_blocks, layers);
+        req.check_blocks()?;
+        Ok(req)
+    }
+
+    /// A request between two regions with their layouts, with defaults for the rest.
+    fn between(
+        peer: PeerId,
+        src: &RegionHandle,
+        dst: &RegionHandle,
+        (src_layout, dst_layout): (KvLayout, KvLayout),
+        src_blocks: Vec<u32>,
+        dst_blocks: Vec<u32>,
+        layers: Range<u32>,
+    ) -> Self {
+        Self {
             peer,
             src_region: src.id,
             src_layout,
@@ -119,9 +116,7 @@ impl TransferRequest {
             class: None,
             deadline: None,
             prefetch_depth: None,
-        };
-        req.check_blocks()?;
-        Ok(req)
+        }
     }
 
     /// Checks the block lists and layers against both layouts.
@@ -244,6 +239,20 @@ impl Transmit {
     #[must_use]
     pub fn wire_len(&self) -> usize {
         HEADER_LEN + self.header.length as usize
+    }
+}
+
+/// The layouts both handles carry; `what` names the kind of transfer in the error when one does not.
+fn layouts(
+    src: &RegionHandle,
+    dst: &RegionHandle,
+    what: &str,
+) -> Result<(KvLayout, KvLayout), Error> {
+    match (src.layout, dst.layout) {
+        (Some(s), Some(d)) => Ok((s, d)),
+        _ => Err(Error::InvalidRequest(format!(
+            "{what} transfers need regions registered with a layout"
+        ))),
     }
 }
 
