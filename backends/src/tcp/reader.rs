@@ -102,28 +102,12 @@ async fn read_loop(
                         .engine()
                         .handle_data(Instant::now(), peer, &header, crc)
                 }
-                Ok(None) => {
-                    if let Err(e) = discard(
-                        rd,
-                        header.length as usize,
-                        &mut scratch,
-                        &mut hdr,
-                        &mut have,
-                        stall,
-                    )
-                    .await
-                    {
-                        return Some(e.to_string());
-                    }
-                    shared
-                        .station
-                        .engine()
-                        .handle_data(Instant::now(), peer, &header, header.crc)
+                Err(e) if fatal(&e) => {
+                    return Some(refuse(shared, lane, peer, Some(&header), &e));
                 }
-                Err(e) => {
-                    if fatal(&e) {
-                        return Some(refuse(shared, lane, peer, Some(&header), &e));
-                    }
+                // Nothing to place (a late duplicate, or a frame refused without costing the lane): read
+                // the payload past, then hand on the duplicate (acknowledged again) or the refusal.
+                unplaced => {
                     if let Err(e) = discard(
                         rd,
                         header.length as usize,
@@ -136,7 +120,14 @@ async fn read_loop(
                     {
                         return Some(e.to_string());
                     }
-                    Err(e)
+                    unplaced.and_then(|_| {
+                        shared.station.engine().handle_data(
+                            Instant::now(),
+                            peer,
+                            &header,
+                            header.crc,
+                        )
+                    })
                 }
             }
         } else {
