@@ -12,6 +12,7 @@ use fabric_sim::{LinkConfig, OverlapConfig};
 
 use crate::args::parse_size;
 use crate::report::print_rows;
+use crate::stream::StreamRow;
 
 /// Arguments of `te-bench overlap`. KV is packetized in 64 KiB slices over a link with 5 us of
 /// propagation delay each way and a 4 MiB queue; the consumer computes each layer for a fixed time once
@@ -113,7 +114,7 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
                 "{backend}: {} layers x {} KiB in real time; each layer computed for {:.0} us",
                 args.layers,
                 args.layer_bytes >> 10,
-                rows.first().map_or(0.0, |r| r.layer_compute_us())
+                rows.first().map_or(0.0, |r| r.report.layer_compute_us)
             );
         }
         return print_rows(&rows, args.json, COLUMNS);
@@ -146,9 +147,10 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
         let report = cfg
             .report(transfer, intact, Instant::now())
             .with_context(|| format!("overlap at depth {depth} with seed {seed}"))?;
-        let mut row = serde_json::to_value(report)?;
-        row["backend"] = "sim".into();
-        rows.push(row);
+        rows.push(StreamRow {
+            backend: "sim",
+            report,
+        });
     }
     if !args.json {
         println!(

@@ -10,36 +10,19 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use backends::loopback::{CONSUMER, LoopbackPair};
 use backends::tcp::{BlockingNode, TcpConfig};
+use fabric_sim::{OverlapReport, OverlapRun};
 use serde::Serialize;
 use transfer_engine::{Dtype, KvLayout, MemoryRegion, SessionId, TransferMode, TransferRequest};
 
 /// Transfers timed for the unlimited-transfer figure (its median is used).
 const TRANSFER_RUNS: usize = 3;
 
-/// One row of the report.
+/// One row of the report: a depth's run on a backend.
 #[derive(Debug, Serialize)]
 pub(crate) struct StreamRow {
-    backend: &'static str,
-    layers: u32,
-    prefetch_depth: u32,
-    layer_bytes: u64,
-    layer_compute_us: f64,
-    transfer_ms: f64,
-    compute_ms: f64,
-    serial_ms: f64,
-    pipelined_ms: f64,
-    bound_ms: f64,
-    ratio: f64,
-    vs_serial: f64,
-    stall_ms: f64,
-    intact: bool,
-}
-
-impl StreamRow {
-    /// Compute per layer, in microseconds.
-    pub(crate) fn layer_compute_us(&self) -> f64 {
-        self.layer_compute_us
-    }
+    pub(crate) backend: &'static str,
+    #[serde(flatten)]
+    pub(crate) report: OverlapReport,
 }
 
 /// What a streaming run needs: the request, the memory on both ends, and the backend.
@@ -229,24 +212,20 @@ pub(crate) fn rows(
     let mut rows = Vec::new();
     for &depth in depths {
         let (pipelined, stall, computed) = rig.pipelined(layers, depth, compute)?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let bound = transfer.max(computed) + per_layer.min(computed / layers);
-        let serial = transfer + computed;
-        rows.push(StreamRow {
-            backend,
+        let run = OverlapRun {
             layers,
             prefetch_depth: depth,
             layer_bytes,
-            layer_compute_us: compute.as_secs_f64() * 1e6,
-            transfer_ms: ms(transfer),
-            compute_ms: ms(computed),
-            serial_ms: ms(serial),
-            pipelined_ms: ms(pipelined),
-            bound_ms: ms(bound),
-            ratio: pipelined.as_secs_f64() / bound.as_secs_f64(),
-            vs_serial: pipelined.as_secs_f64() / serial.as_secs_f64(),
-            stall_ms: ms(stall),
+            layer_compute: compute,
+            transfer,
+            compute: computed,
+            pipelined,
+            stall,
             intact: intact_transfer && rig.intact()?,
+        };
+        rows.push(StreamRow {
+            backend,
+            report: run.into(),
         });
     }
     Ok(rows)

@@ -42,7 +42,7 @@ pub use contention::{ContentionConfig, ContentionReport, Sharing};
 pub use fault::{CorruptTarget, FaultRule, GilbertElliott, PacketInfo, Verdict, judge};
 pub use link::{Link, LinkConfig, LinkStats, Offer};
 pub use node::{Node, NodeId};
-pub use overlap::{OverlapConfig, OverlapReport};
+pub use overlap::{OverlapConfig, OverlapReport, OverlapRun};
 pub use qdisc::QueueDiscipline;
 pub use scenario::{
     BURST_SLOT, CrashPlan, FaultSpec, Scenario, ScenarioConfig, ScenarioReport, Side, fill_block,

@@ -88,6 +88,55 @@ pub struct OverlapReport {
     pub intact: bool,
 }
 
+/// What one layer-streaming run measured, before it is set against its bound.
+#[derive(Debug, Clone, Copy)]
+pub struct OverlapRun {
+    /// Layers.
+    pub layers: u32,
+    /// Prefetch depth.
+    pub prefetch_depth: u32,
+    /// KV bytes per layer.
+    pub layer_bytes: u64,
+    /// Compute per layer, as configured.
+    pub layer_compute: Duration,
+    /// Every layer transferred with no consumer holding it back.
+    pub transfer: Duration,
+    /// Every layer's compute, in all.
+    pub compute: Duration,
+    /// The consumer's last layer done, streaming at `prefetch_depth`.
+    pub pipelined: Duration,
+    /// Time the consumer spent blocked on layers that had not arrived.
+    pub stall: Duration,
+    /// Every byte arrived as sent.
+    pub intact: bool,
+}
+
+impl From<OverlapRun> for OverlapReport {
+    /// Sets a run against serial execution and against the bound
+    /// `max(transfer, compute) + one layer of the smaller`.
+    fn from(r: OverlapRun) -> Self {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let layers = r.layers.max(1);
+        let serial = r.transfer + r.compute;
+        let bound = r.transfer.max(r.compute) + (r.transfer / layers).min(r.compute / layers);
+        OverlapReport {
+            layers: r.layers,
+            prefetch_depth: r.prefetch_depth,
+            layer_bytes: r.layer_bytes,
+            layer_compute_us: r.layer_compute.as_secs_f64() * 1e6,
+            transfer_ms: ms(r.transfer),
+            compute_ms: ms(r.compute),
+            serial_ms: ms(serial),
+            pipelined_ms: ms(r.pipelined),
+            bound_ms: ms(bound),
+            ratio: r.pipelined.as_secs_f64() / bound.as_secs_f64(),
+            vs_serial: r.pipelined.as_secs_f64() / serial.as_secs_f64(),
+            stall_ms: ms(r.stall),
+            intact: r.intact,
+        }
+    }
+}
+
 impl OverlapConfig {
     fn layout(&self) -> Result<(u32, u32, u64), SimError> {
         let blocks = self.layer_bytes / self.block_bytes.max(1);
@@ -181,25 +230,17 @@ impl OverlapConfig {
         epoch: Instant,
     ) -> Result<OverlapReport, SimError> {
         let (pipelined, stall, intact) = self.pipelined(epoch)?;
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let compute = self.layer_compute * self.layers;
-        let serial = transfer + compute;
-        let per_layer = transfer / self.layers.max(1);
-        let bound = transfer.max(compute) + per_layer.min(self.layer_compute);
-        Ok(OverlapReport {
+        Ok(OverlapRun {
             layers: self.layers,
             prefetch_depth: self.prefetch_depth,
             layer_bytes: self.layer_bytes,
-            layer_compute_us: self.layer_compute.as_secs_f64() * 1e6,
-            transfer_ms: ms(transfer),
-            compute_ms: ms(compute),
-            serial_ms: ms(serial),
-            pipelined_ms: ms(pipelined),
-            bound_ms: ms(bound),
-            ratio: pipelined.as_secs_f64() / bound.as_secs_f64(),
-            vs_serial: pipelined.as_secs_f64() / serial.as_secs_f64(),
-            stall_ms: ms(stall),
+            layer_compute: self.layer_compute,
+            transfer,
+            compute: self.layer_compute * self.layers,
+            pipelined,
+            stall,
             intact: intact && transfer_intact,
-        })
+        }
+        .into())
     }
 }
