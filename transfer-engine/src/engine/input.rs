@@ -305,7 +305,7 @@ impl Engine {
                 key.1, other.0
             )));
         }
-        let live = self.incoming_per_peer.get(&key.0).copied().unwrap_or(0);
+        let live = self.receiving_from(key.0).count();
         if live >= self.cfg.max_incoming_per_peer {
             return Err(Error::InvalidRequest(format!(
                 "peer {} already has {live} sessions open here, the most allowed: wait for some to finish",
@@ -356,7 +356,6 @@ impl Engine {
         };
         self.receivers.insert(key, ReceiverSession::new(spec));
         self.incoming.insert(key.1, key.0);
-        *self.incoming_per_peer.entry(key.0).or_default() += 1;
         self.rx_output.push_back(key);
         self.events.push_back(Event::Incoming {
             session: key.1,

@@ -57,8 +57,6 @@ pub struct Engine {
     receivers: BTreeMap<(PeerId, SessionId), ReceiverSession>,
     /// Who sends each receiving session, so a session is found by its id alone without a scan.
     incoming: HashMap<SessionId, PeerId>,
-    /// Live receiving sessions per sending peer (the bound `max_incoming_per_peer` is checked against).
-    incoming_per_peer: HashMap<PeerId, usize>,
     rx_output: VecDeque<(PeerId, SessionId)>,
     control_out: VecDeque<Transmit>,
     closed: BTreeSet<(PeerId, SessionId)>,
@@ -110,7 +108,6 @@ impl Engine {
             shaping_wake: None,
             receivers: BTreeMap::new(),
             incoming: HashMap::new(),
-            incoming_per_peer: HashMap::new(),
             rx_output: VecDeque::new(),
             control_out: VecDeque::new(),
             closed: BTreeSet::new(),
@@ -166,7 +163,16 @@ impl Engine {
     #[must_use]
     pub fn has_sessions_with(&self, peer: PeerId) -> bool {
         self.senders.values().any(|s| s.peer() == peer)
-            || self.incoming_per_peer.contains_key(&peer)
+            || self.receiving_from(peer).next().is_some()
+    }
+
+    /// The receiving sessions `peer` sends (a range of the table, which is ordered by peer first).
+    fn receiving_from(
+        &self,
+        peer: PeerId,
+    ) -> impl Iterator<Item = (&(PeerId, SessionId), &ReceiverSession)> {
+        self.receivers
+            .range((peer, SessionId(0))..=(peer, SessionId(u64::MAX)))
     }
 
     /// Registers `memory` as a region and returns its id and a fresh access key. The bytes stay where they
@@ -389,12 +395,6 @@ impl Engine {
     fn retire_receiver(&mut self, key: (PeerId, SessionId)) {
         if let Some(r) = self.receivers.remove(&key) {
             self.incoming.remove(&key.1);
-            if let Some(n) = self.incoming_per_peer.get_mut(&key.0) {
-                *n -= 1;
-                if *n == 0 {
-                    self.incoming_per_peer.remove(&key.0);
-                }
-            }
             self.finished_totals += r.stats;
             self.remember_closed(key);
         }
