@@ -402,3 +402,34 @@ fn a_region_reserved_for_another_peer_refuses_the_open() {
     pair.run(std::time::Duration::from_secs(60));
     assert_eq!(pair.refused_b.len(), before);
 }
+
+#[test]
+fn a_peer_cannot_open_more_sessions_than_its_bound() {
+    let mut b = common::config(2);
+    b.max_incoming_per_peer = 2;
+    let mut pair = Pair::with_configs(common::config(1), b);
+    let l = layout(2, 4, 4096);
+    let src = pair.a.kv_zeroed(l).unwrap();
+    let dst = pair.b.kv_zeroed(l).unwrap();
+    for _ in 0..3 {
+        let req = TransferRequest::whole(B, &src, &dst).unwrap();
+        pair.a.submit(pair.now, req).unwrap();
+    }
+    // Deliver the three opens without letting any session finish.
+    pair.filter = Box::new(|h, _| {
+        if h.kind == transfer_engine::wire::FrameKind::Data {
+            common::Action::Drop
+        } else {
+            common::Action::Pass
+        }
+    });
+    pair.step();
+    assert_eq!(pair.b.live_sessions(), 2);
+    assert!(
+        pair.refused_b
+            .iter()
+            .any(|e| e.to_string().contains("already has 2 sessions open here")),
+        "{:?}",
+        pair.refused_b
+    );
+}
