@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use libfuzzer_sys::fuzz_target;
 use transfer_engine::wire::{self, FrameKind, HEADER_LEN, Header};
 use transfer_engine::{
-    BlockId, Body, Dtype, Engine, EngineConfig, Event, KvLayout, MemoryRegion, PeerId, Role,
-    SessionId, TransferMode, TransferRequest, crc32c,
+    BlockId, Dtype, Engine, EngineConfig, Event, KvLayout, MemoryRegion, PeerId, Role, SessionId,
+    TransferMode, TransferRequest, crc32c,
 };
 
 const A_ID: PeerId = PeerId(1);
@@ -129,21 +129,11 @@ fn setup(inp: &mut Input<'_>) -> Setup {
     }
 }
 
-/// Encodes a transmit as the bytes a driver would put on the wire.
+/// Encodes a transmit as the bytes a driver would put on the wire (the engine's one encoder).
 fn encode(engine: &Engine, mut t: transfer_engine::Transmit) -> Vec<u8> {
-    match &t.body {
-        Body::Payload(p) => {
-            let payload = engine
-                .memory(p.region)
-                .expect("a data transmit names a registered region")
-                .read(p.range())
-                .expect("a data transmit names bytes inside its region")
-                .to_vec();
-            [&t.seal(&payload)[..], &payload[..]].concat()
-        }
-        Body::Control(payload) => wire::encode_frame(&t.header, payload),
-        Body::Empty => t.header.encode().to_vec(),
-    }
+    engine
+        .encode_transmit(&mut t)
+        .expect("a data transmit names bytes inside a registered region")
 }
 
 fn reseal_header(bytes: &mut [u8]) {

@@ -25,29 +25,6 @@ impl Dtype {
             Dtype::Fp8 => 1,
         }
     }
-
-    /// Wire code of this dtype.
-    #[must_use]
-    pub fn code(self) -> u8 {
-        match self {
-            Dtype::F16 => 1,
-            Dtype::Bf16 => 2,
-            Dtype::F32 => 3,
-            Dtype::Fp8 => 4,
-        }
-    }
-
-    /// The dtype with this wire code, if any.
-    #[must_use]
-    pub fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            1 => Dtype::F16,
-            2 => Dtype::Bf16,
-            3 => Dtype::F32,
-            4 => Dtype::Fp8,
-            _ => return None,
-        })
-    }
 }
 
 /// One block of one layer: the unit that is delivered, or handed back for recompute.
@@ -83,35 +60,6 @@ pub struct KvLayout {
 }
 
 impl KvLayout {
-    /// Bytes of a layout on the wire: layers u32, blocks per layer u32, block bytes u64, tokens per block
-    /// u32, dtype code u8, all little-endian. The open request and the lane handshake both use it.
-    pub const ENCODED_LEN: usize = 21;
-
-    /// Appends the layout's wire encoding to `out`.
-    pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.layers.to_le_bytes());
-        out.extend_from_slice(&self.blocks_per_layer.to_le_bytes());
-        out.extend_from_slice(&self.block_bytes.to_le_bytes());
-        out.extend_from_slice(&self.tokens_per_block.to_le_bytes());
-        out.push(self.dtype.code());
-    }
-
-    /// Decodes a layout from the first [`KvLayout::ENCODED_LEN`] bytes of `bytes` (not validated: call
-    /// [`KvLayout::validate`]); `None` if they are too few or the dtype code is unknown.
-    #[must_use]
-    pub fn decode_from(bytes: &[u8]) -> Option<Self> {
-        let b = bytes.get(..Self::ENCODED_LEN)?;
-        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        let u64_at = |i: usize| u64::from(u32_at(i)) | (u64::from(u32_at(i + 4)) << 32);
-        Some(Self {
-            layers: u32_at(0),
-            blocks_per_layer: u32_at(4),
-            block_bytes: u64_at(8),
-            tokens_per_block: u32_at(16),
-            dtype: Dtype::from_code(b[20])?,
-        })
-    }
-
     /// A layout, checked: every dimension must be non-zero and the total must fit in 64 bits.
     pub fn new(
         layers: u32,

@@ -62,7 +62,6 @@ mod bucket;
 mod budget;
 mod checksum;
 mod config;
-mod control;
 mod engine;
 mod error;
 mod event;

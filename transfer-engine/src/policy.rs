@@ -34,25 +34,6 @@ impl TrafficClass {
             TrafficClass::BulkKv => 2,
         }
     }
-
-    /// Wire code of this class (explicit: reordering the enum never changes the wire).
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            TrafficClass::Collective => 0,
-            TrafficClass::UrgentKv => 1,
-            TrafficClass::BulkKv => 2,
-        }
-    }
-
-    /// The class with this wire code, if any.
-    pub(crate) fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            0 => TrafficClass::Collective,
-            1 => TrafficClass::UrgentKv,
-            2 => TrafficClass::BulkKv,
-            _ => return None,
-        })
-    }
 }
 
 /// What a policy may look at when deciding how a transfer travels.

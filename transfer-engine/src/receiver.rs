@@ -5,8 +5,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::config::{EngineConfig, Placement};
-use crate::control::{encode_ranges, to_ranges};
 use crate::plan::Plan;
+use crate::wire::control::{encode_ranges, to_ranges};
 use crate::wire::{FrameKind, Header};
 use crate::{
     BlockId, Body, Counters, Error, Event, KvLayout, Lane, PeerId, RegionId, Role, SessionId,

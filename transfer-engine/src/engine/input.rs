@@ -4,10 +4,10 @@ use std::ops::Range;
 use std::time::Instant;
 
 use crate::config::Placement;
-use crate::control::{OpenRequest, decode_ranges};
 use crate::plan::Plan;
 use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::transmit::{check_blocks, check_distinct};
+use crate::wire::control::{OpenRequest, decode_ranges};
 use crate::wire::{FrameKind, Header, WireError};
 use crate::{Body, Error, Event, Lane, MemoryRegion, PeerId, SessionId, TrafficClass, Transmit};
 

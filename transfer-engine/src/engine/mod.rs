@@ -24,13 +24,13 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::EngineConfig;
-use crate::control::OpenRequest;
 use crate::plan::Plan;
 use crate::policy::{ClassPolicy, FixedClass, FixedMode, ModePolicy};
 use crate::receiver::ReceiverSession;
 use crate::region::RegionTable;
 use crate::scheduler::{Scheduler, ShapingConfig};
 use crate::sender::{SenderSession, SenderSpec};
+use crate::wire::control::OpenRequest;
 use crate::{
     AccessKey, Body, Counters, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
     RegionId, RetransmitBudget, Role, SessionId, TransferRequest, TransferShape, Transmit,

@@ -1,9 +1,10 @@
-//! Encoding of control payloads: the open request and selective acknowledgements.
+//! Control payloads: the open request and selective acknowledgements.
 
 use std::ops::Range;
 use std::time::Duration;
 
-use crate::wire::WireError;
+use super::WireError;
+use super::codes::{mode_code, mode_from_code};
 use crate::{AccessKey, KvLayout, RegionId, TrafficClass, TransferMode};
 
 /// The description of a transfer carried by an open frame.
@@ -26,15 +27,15 @@ impl OpenRequest {
         self.dst_layout.encode_into(&mut out);
         out.extend_from_slice(&self.dst_region.0.to_le_bytes());
         out.extend_from_slice(&self.dst_key.0.to_le_bytes());
-        let (code, slice, min) = match self.mode {
-            TransferMode::Exclusive => (1u8, 0u32, 0u64),
-            TransferMode::Packetized { slice_bytes } => (2, slice_bytes, 0),
+        let (slice, min) = match self.mode {
+            TransferMode::Exclusive => (0u32, 0u64),
+            TransferMode::Packetized { slice_bytes } => (slice_bytes, 0),
             TransferMode::Auto {
                 slice_bytes,
                 exclusive_min_bytes,
-            } => (3, slice_bytes, exclusive_min_bytes),
+            } => (slice_bytes, exclusive_min_bytes),
         };
-        out.push(code);
+        out.push(mode_code(self.mode));
         out.extend_from_slice(&slice.to_le_bytes());
         out.extend_from_slice(&min.to_le_bytes());
         out.push(self.class.code());
@@ -63,15 +64,7 @@ impl OpenRequest {
         let dst_region = RegionId(r.u32()?);
         let dst_key = AccessKey(r.u64()?);
         let (code, slice_bytes, exclusive_min_bytes) = (r.u8()?, r.u32()?, r.u64()?);
-        let mode = match code {
-            1 => TransferMode::Exclusive,
-            2 => TransferMode::Packetized { slice_bytes },
-            3 => TransferMode::Auto {
-                slice_bytes,
-                exclusive_min_bytes,
-            },
-            _ => return Err(bad),
-        };
+        let mode = mode_from_code(code, slice_bytes, exclusive_min_bytes).ok_or(bad.clone())?;
         let class = TrafficClass::from_code(r.u8()?).ok_or(bad.clone())?;
         let layers = r.u32()?..r.u32()?;
         let deadline = Duration::from_micros(r.u64()?);
