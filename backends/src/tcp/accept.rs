@@ -20,42 +20,43 @@ use tokio::sync::Semaphore;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId};
 
 use super::TcpError;
+use super::context::lock;
 use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
 use super::lane;
 use super::link::Link;
-use super::node::{Shared, lock};
+use super::state::NodeState;
 
-pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
-    let mut stop = shared.shutdown.subscribe();
-    let turns = Arc::new(Semaphore::new(shared.cfg.max_handshakes.max(1)));
+pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
+    let mut stop = node.shutdown.subscribe();
+    let turns = Arc::new(Semaphore::new(node.ctx.cfg.max_handshakes.max(1)));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, from)) => {
-                    let c = &shared.counters;
+                    let c = &node.ctx.counters;
                     let lanes = c.lanes_opened.load(Ordering::Relaxed)
                         .saturating_sub(c.lanes_closed.load(Ordering::Relaxed));
-                    if lanes >= shared.cfg.max_lanes as u64 {
+                    if lanes >= node.ctx.cfg.max_lanes as u64 {
                         c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
-                        shared.log(format!(
+                        node.ctx.log(format!(
                             "refused connection from {from}: this node already has {lanes} lanes, its most"
                         ));
                         continue;
                     }
-                    let (shared, turns) = (shared.clone(), turns.clone());
+                    let (node, turns) = (node.clone(), turns.clone());
                     tokio::spawn(async move {
                         // Waiting for a turn counts against the handshake's own time limit.
-                        let limit = shared.cfg.handshake_timeout;
+                        let limit = node.ctx.cfg.handshake_timeout;
                         let Ok(Ok(_turn)) = tokio::time::timeout(limit, turns.acquire_owned()).await
                         else {
-                            shared.log(format!("refused connection from {from}: too many handshakes"));
+                            node.ctx.log(format!("refused connection from {from}: too many handshakes"));
                             return;
                         };
-                        inbound(shared, stream, from).await;
+                        inbound(node, stream, from).await;
                     });
                 }
                 Err(e) => {
-                    shared.log(format!("accept failed: {e}"));
+                    node.ctx.log(format!("accept failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -64,19 +65,19 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
+async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) {
     let _ = stream.set_nodelay(true);
-    let limit = shared.cfg.handshake_timeout;
+    let limit = node.ctx.cfg.handshake_timeout;
     let result = async {
-        let hello = shared.hello()?;
-        let run = handshake::accept_hello(&mut stream, &hello, shared.secret());
+        let hello = node.hello()?;
+        let run = handshake::accept_hello(&mut stream, &hello, node.ctx.secret());
         let peer = tokio::time::timeout(limit, run)
             .await
             .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
         let id = PeerId(u64::from(peer.engine_id));
-        let link = shared.link(id);
-        let admitted = admit(&shared, &link, &peer)
-            .and_then(|token| Ok((token, offer(&shared, id, peer.want)?)));
+        let link = node.link(id);
+        let admitted =
+            admit(&node, &link, &peer).and_then(|token| Ok((token, offer(&node, id, peer.want)?)));
         match admitted {
             Ok((token, segments)) => {
                 let welcome = Message::Welcome(token, segments);
@@ -95,26 +96,26 @@ async fn inbound(shared: Arc<Shared>, mut stream: TcpStream, from: SocketAddr) {
     .await;
     match result {
         Ok((peer, link)) => {
-            if let Some(addr) = dial_back(&shared, &peer, from) {
+            if let Some(addr) = dial_back(&node, &peer, from) {
                 link.set_addr(addr);
             }
-            lane::start(&shared, &link, stream, false);
+            lane::start(&node, &link, stream, false);
         }
         Err(e) => {
-            shared
+            node.ctx
                 .counters
                 .handshakes_refused
                 .fetch_add(1, Ordering::Relaxed);
-            shared.log(format!("refused connection from {from}: {e}"));
+            node.ctx.log(format!("refused connection from {from}: {e}"));
         }
     }
 }
 
 /// Decides whether a lane joins `link`'s peer: within the lane bound, and in its connection group.
 /// Returns the group's token (a fresh one for a new group).
-fn admit(shared: &Shared, link: &Link, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
+fn admit(node: &NodeState, link: &Link, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
     let lanes = link.lane_count();
-    if lanes >= shared.cfg.max_lanes_per_peer {
+    if lanes >= node.ctx.cfg.max_lanes_per_peer {
         return Err(format!(
             "engine {} already has {lanes} lanes here, the most this node allows per peer",
             peer.engine_id
@@ -136,8 +137,8 @@ fn admit(shared: &Shared, link: &Link, peer: &Hello) -> Result<[u8; TOKEN_LEN], 
 }
 
 /// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.
-fn dial_back(shared: &Shared, peer: &Hello, from: SocketAddr) -> Option<SocketAddr> {
-    if !shared.cfg.dial_back {
+fn dial_back(node: &NodeState, peer: &Hello, from: SocketAddr) -> Option<SocketAddr> {
+    if !node.ctx.cfg.dial_back {
         return None;
     }
     let named: SocketAddr = peer.listen.as_deref()?.parse().ok()?;
@@ -146,26 +147,26 @@ fn dial_back(shared: &Shared, peer: &Hello, from: SocketAddr) -> Option<SocketAd
 
 /// Segments offered to a dialer: the published ones, and a region of `want`'s layout for `peer` if it
 /// asked and the node serves regions.
-fn offer(shared: &Shared, peer: PeerId, want: Option<KvLayout>) -> Result<Vec<Segment>, String> {
-    let mut segments = lock(&shared.segments).clone();
+fn offer(node: &NodeState, peer: PeerId, want: Option<KvLayout>) -> Result<Vec<Segment>, String> {
+    let mut segments = lock(&node.segments).clone();
     if let Some(layout) = want {
-        segments.push(serve(shared, peer, layout)?);
+        segments.push(serve(node, peer, layout)?);
     }
     Ok(segments)
 }
 
 /// A region of `layout` that belongs to `peer`: its own earlier one if it has one of this layout, else a
 /// new one, freeing idle served regions (of any peer) to stay within `serve_bytes`.
-fn serve(shared: &Shared, peer: PeerId, layout: KvLayout) -> Result<Segment, String> {
+fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, String> {
     let bytes = layout.total_bytes();
-    let limit = shared.cfg.serve_bytes;
+    let limit = node.ctx.cfg.serve_bytes;
     if bytes > limit {
         return Err(format!(
             "a region of {bytes} bytes was asked for but this node serves at most {limit} bytes: start it \
              with a larger serve size"
         ));
     }
-    let mut served = lock(&shared.served);
+    let mut served = lock(&node.served);
     if let Some((_, s)) = served
         .iter()
         .find(|(owner, s)| *owner == peer && s.handle.layout == Some(layout))
@@ -173,7 +174,7 @@ fn serve(shared: &Shared, peer: PeerId, layout: KvLayout) -> Result<Segment, Str
         return Ok(s.clone());
     }
     let mut total: u64 = served.iter().map(|(_, s)| s.handle.len).sum();
-    let mut engine = shared.station.engine();
+    let mut engine = node.ctx.station.engine();
     let mut i = 0;
     while total + bytes > limit && i < served.len() {
         let id = served[i].1.handle.id;

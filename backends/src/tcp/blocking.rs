@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, TransferRequest};
 
-use super::node::{PeerInfo, TcpNode};
+use super::node::TcpNode;
+use super::state::PeerInfo;
 use super::{TcpConfig, TcpError};
 use crate::board::Outcome;
 

@@ -2,52 +2,32 @@
 //! ([`super::writer`]: vectored batches of sealed frames) and a reader task ([`super::reader`]: headers
 //! decoded, payloads received straight into their destination).
 
-use std::io::{self};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use transfer_engine::{KvLayout, PeerId};
 
 use super::TcpError;
+use super::context::lock;
 use super::handshake::{self};
+use super::lane_state::LaneState;
 use super::link::{LaneHandle, Link};
-use super::node::{PeerInfo, Shared, lock};
-
-/// One lane's shared state between its reader and writer.
-pub(crate) struct LaneState {
-    pub(crate) id: u64,
-    pub(crate) outbound: bool,
-    pub(crate) closed: watch::Sender<Option<String>>,
-    pub(crate) goodbye: Mutex<Option<Vec<u8>>>,
-    pub(crate) last_rx: Mutex<Instant>,
-}
-
-impl LaneState {
-    pub(crate) fn close(&self, reason: &str) {
-        self.closed.send_if_modified(|r| {
-            if r.is_none() {
-                *r = Some(reason.to_string());
-                true
-            } else {
-                false
-            }
-        });
-    }
-}
+use super::state::NodeState;
+use super::state::PeerInfo;
 
 /// Dials `addr`, handshakes and starts a lane; the peer's id comes from its hello (checked against
 /// `expect` if given).
 pub(crate) async fn dial(
-    shared: &Arc<Shared>,
+    node: &Arc<NodeState>,
     addr: SocketAddr,
     expect: Option<PeerId>,
     want: Option<KvLayout>,
 ) -> Result<PeerInfo, TcpError> {
-    let limit = shared.cfg.handshake_timeout;
+    let limit = node.ctx.cfg.handshake_timeout;
     let mut stream = tokio::time::timeout(limit, TcpStream::connect(addr))
         .await
         .map_err(|_| TcpError::Timeout {
@@ -55,25 +35,25 @@ pub(crate) async fn dial(
             waited: limit,
         })??;
     stream.set_nodelay(true)?;
-    let mut hello = shared.hello()?;
+    let mut hello = node.hello()?;
     hello.want = want;
     // A later lane to a peer proves it belongs to the peer's connection group with the group's token.
     let known = match expect {
-        Some(peer) => Some(shared.link(peer)),
-        None => shared.link_at(addr),
+        Some(peer) => Some(node.link(peer)),
+        None => node.link_at(addr),
     };
     if let Some(token) = known.and_then(|l| l.token()) {
         hello.token = token;
     }
     let expect = expect.map(|p| p.0 as u32);
-    let accepted = handshake::dial(&mut stream, &hello, shared.secret(), expect, limit)
+    let accepted = handshake::dial(&mut stream, &hello, node.ctx.secret(), expect, limit)
         .await
-        .inspect_err(|e| shared.log(format!("dialing {addr}: {e}")))?;
+        .inspect_err(|e| node.ctx.log(format!("dialing {addr}: {e}")))?;
     let peer = PeerId(u64::from(accepted.peer.engine_id));
-    let link = shared.link(peer);
+    let link = node.link(peer);
     link.set_addr(addr);
     link.set_token(accepted.token);
-    start(shared, &link, stream, true);
+    start(node, &link, stream, true);
     Ok(PeerInfo {
         peer,
         segments: accepted.segments,
@@ -81,18 +61,18 @@ pub(crate) async fn dial(
 }
 
 /// A dial the driver asked for; failures back off.
-pub(crate) async fn redial(shared: Arc<Shared>, link: Arc<Link>, addr: SocketAddr) {
-    let result = dial(&shared, addr, Some(link.peer), None)
+pub(crate) async fn redial(node: Arc<NodeState>, link: Arc<Link>, addr: SocketAddr) {
+    let result = dial(&node, addr, Some(link.peer), None)
         .await
         .map(|_| ())
         .map_err(|e| e.to_string());
-    link.dial_done(result, &shared);
-    shared.wake.notify_one();
+    link.dial_done(result, &node.ctx);
+    node.ctx.wake.notify_one();
 }
 
 /// Starts the reader and writer of a lane on a handshaken stream.
-pub(crate) fn start(shared: &Arc<Shared>, link: &Arc<Link>, stream: TcpStream, outbound: bool) {
-    let id = shared.next_lane.fetch_add(1, Ordering::Relaxed);
+pub(crate) fn start(node: &Arc<NodeState>, link: &Arc<Link>, stream: TcpStream, outbound: bool) {
+    let id = node.ctx.next_lane.fetch_add(1, Ordering::Relaxed);
     let state = Arc::new(LaneState {
         id,
         outbound,
@@ -103,13 +83,13 @@ pub(crate) fn start(shared: &Arc<Shared>, link: &Arc<Link>, stream: TcpStream, o
     let (rd, wr) = stream.into_split();
     let mut lanes = lock(&link.lanes);
     let r = tokio::spawn(super::reader::reader(
-        shared.clone(),
+        node.ctx.clone(),
         link.clone(),
         state.clone(),
         rd,
     ));
     let w = tokio::spawn(super::writer::writer(
-        shared.clone(),
+        node.ctx.clone(),
         link.clone(),
         state.clone(),
         wr,
@@ -122,22 +102,9 @@ pub(crate) fn start(shared: &Arc<Shared>, link: &Arc<Link>, stream: TcpStream, o
         },
     );
     drop(lanes);
-    shared.counters.lanes_opened.fetch_add(1, Ordering::Relaxed);
-    shared.wake.notify_one();
-}
-
-/// Waits for a socket to be ready, at most `stall`: a peer that makes no progress for that long is
-/// reported as having `what` (and loses its lane).
-pub(crate) async fn ready(
-    wait: impl std::future::Future<Output = io::Result<()>>,
-    stall: Duration,
-    what: &str,
-) -> io::Result<()> {
-    match tokio::time::timeout(stall, wait).await {
-        Ok(r) => r,
-        Err(_) => Err(io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!("the peer {what} for {} s", stall.as_secs_f64()),
-        )),
-    }
+    node.ctx
+        .counters
+        .lanes_opened
+        .fetch_add(1, Ordering::Relaxed);
+    node.ctx.wake.notify_one();
 }

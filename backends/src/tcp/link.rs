@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use transfer_engine::{Lane, PeerId, Transmit};
 
+use super::context::{Context, lock};
 use super::handshake::TOKEN_LEN;
-use super::lane::LaneState;
-use super::node::{Shared, lock};
+use super::lane_state::LaneState;
 
 /// Most frames in one vectored write.
 const MAX_BATCH_FRAMES: usize = 128;
@@ -95,13 +95,13 @@ impl Link {
     }
 
     /// Drops every queued frame (the peer is gone; the engine has given their sessions up).
-    pub(crate) fn clear_queue(&self, shared: &Shared) {
+    pub(crate) fn clear_queue(&self, ctx: &Context) {
         let dropped: u64 = lock(&self.queue)
             .drain(..)
             .map(|t| t.wire_len() as u64)
             .sum();
         self.queued_bytes.fetch_sub(dropped, Ordering::Relaxed);
-        shared.total_queued.fetch_sub(dropped, Ordering::Relaxed);
+        ctx.total_queued.fetch_sub(dropped, Ordering::Relaxed);
     }
 
     pub(crate) fn set_addr(&self, addr: SocketAddr) {
@@ -134,7 +134,7 @@ impl Link {
         Some(addr)
     }
 
-    pub(crate) fn dial_done(&self, result: Result<(), String>, shared: &Shared) {
+    pub(crate) fn dial_done(&self, result: Result<(), String>, ctx: &Context) {
         let mut d = lock(&self.dial);
         d.dialing = false;
         match result {
@@ -144,11 +144,11 @@ impl Link {
             }
             Err(e) => {
                 let factor = 1u32 << d.failures.min(16);
-                let delay = shared
+                let delay = ctx
                     .cfg
                     .redial_base
                     .saturating_mul(factor)
-                    .min(shared.cfg.redial_max);
+                    .min(ctx.cfg.redial_max);
                 d.failures += 1;
                 d.next_at = Instant::now() + delay;
                 d.last_error = Some(e);
@@ -157,14 +157,14 @@ impl Link {
     }
 
     /// Takes frames for one vectored write: up to `max_bytes`, or one exclusive unit alone.
-    pub(crate) fn take_batch(&self, shared: &Shared, out: &mut Vec<Transmit>) {
+    pub(crate) fn take_batch(&self, ctx: &Context, out: &mut Vec<Transmit>) {
         let mut q = lock(&self.queue);
         let mut bytes = 0usize;
         while let Some(t) = q.front() {
             let exclusive = t.lane == Lane::Exclusive;
             if !out.is_empty()
                 && (exclusive
-                    || bytes + t.wire_len() > shared.cfg.batch_bytes
+                    || bytes + t.wire_len() > ctx.cfg.batch_bytes
                     || out.len() >= MAX_BATCH_FRAMES)
             {
                 break;
@@ -178,16 +178,14 @@ impl Link {
         let more = !q.is_empty();
         drop(q);
         self.queued_bytes.fetch_sub(bytes as u64, Ordering::Relaxed);
-        shared
-            .total_queued
-            .fetch_sub(bytes as u64, Ordering::Relaxed);
+        ctx.total_queued.fetch_sub(bytes as u64, Ordering::Relaxed);
         if more {
             self.ready.notify_one();
         }
     }
 
     /// Closes every lane now (their sockets are dropped).
-    pub(crate) fn abort_all(&self, shared: &Shared) {
+    pub(crate) fn abort_all(&self, ctx: &Context) {
         let lanes: Vec<LaneHandle> = std::mem::take(&mut *lock(&self.lanes))
             .into_values()
             .collect();
@@ -196,25 +194,25 @@ impl Link {
             for t in &lane.tasks {
                 t.abort();
             }
-            shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+            ctx.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
         }
         if self.addr().is_none() {
-            self.clear_queue(shared);
+            self.clear_queue(ctx);
         }
-        shared.wake.notify_one();
+        ctx.wake.notify_one();
     }
 
-    pub(crate) fn remove(&self, id: u64, shared: &Shared) {
+    pub(crate) fn remove(&self, id: u64, ctx: &Context) {
         let mut lanes = lock(&self.lanes);
         if lanes.remove(&id).is_some() {
-            shared.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+            ctx.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
         }
         // With no lane left and no address to redial, nothing queued for the peer can ever leave: release
         // it now (the engines resend or give up what mattered).
         if lanes.is_empty() && self.addr().is_none() {
             drop(lanes);
-            self.clear_queue(shared);
+            self.clear_queue(ctx);
         }
-        shared.wake.notify_one();
+        ctx.wake.notify_one();
     }
 }

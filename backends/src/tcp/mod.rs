@@ -40,13 +40,17 @@
 
 mod accept;
 mod blocking;
+mod context;
+mod driver;
 pub mod handshake;
 mod lane;
+mod lane_state;
 mod limit;
 mod link;
 mod node;
 mod reach;
 mod reader;
+mod state;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -59,7 +63,8 @@ pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;
 pub use handshake::{Namespace, Segment};
 pub use limit::socket_copy_gbps;
-pub use node::{NodeStats, PeerInfo, TcpNode};
+pub use node::{NodeStats, TcpNode};
+pub use state::PeerInfo;
 
 /// Settings of one TCP node.
 #[derive(Debug, Clone)]

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use transfer_engine::PeerId;
 
+use super::context::lock;
 use super::link::Link;
-use super::node::{Shared, lock};
+use super::state::NodeState;
 
 /// What the driver should do about a link after [`judge`].
 #[derive(Debug, PartialEq, Eq)]
@@ -22,11 +23,12 @@ pub(crate) enum Verdict {
 /// Judges one link: clears its marks when a lane is open, starts the clock when it loses its last lane
 /// under live sessions, and declares it unreachable (ending its sessions) once the clock runs out with
 /// redialing refused.
-pub(crate) fn judge(shared: &Shared, link: &Arc<Link>, now: Instant) -> Verdict {
+pub(crate) fn judge(node: &NodeState, link: &Arc<Link>, now: Instant) -> Verdict {
     let mut reach = lock(&link.reach);
     if link.lane_count() > 0 {
         if reach.unreachable.take().is_some() {
-            shared.log(format!("peer {} is reachable again", link.peer.0));
+            node.ctx
+                .log(format!("peer {} is reachable again", link.peer.0));
         }
         reach.lost_since = None;
         return Verdict::Fine;
@@ -35,7 +37,7 @@ pub(crate) fn judge(shared: &Shared, link: &Arc<Link>, now: Instant) -> Verdict 
         // Keep trying in the background (with backoff) so the peer is found again when it is back.
         return Verdict::Redial;
     }
-    let mut engine = shared.station.engine();
+    let mut engine = node.ctx.station.engine();
     if !engine.has_sessions_with(link.peer) {
         reach.lost_since = None;
         return Verdict::Fine;
@@ -44,15 +46,15 @@ pub(crate) fn judge(shared: &Shared, link: &Arc<Link>, now: Instant) -> Verdict 
     let (failures, last_error) = link.dial_failures();
     let addr = link.addr();
     let refused = addr.is_none() || failures > 0;
-    if now.duration_since(since) < shared.cfg.unreachable_after || !refused {
+    if now.duration_since(since) < node.ctx.cfg.unreachable_after || !refused {
         return Verdict::Redial;
     }
     let reason = unreachable_reason(link.peer, addr, last_error, now.duration_since(since));
     let ended = engine.abort_peer(link.peer, &reason);
-    shared.station.drain_events(&mut engine);
+    node.ctx.station.drain_events(&mut engine);
     drop(engine);
-    link.clear_queue(shared);
-    shared.log(format!("{reason}; ended {ended} session(s)"));
+    link.clear_queue(&node.ctx);
+    node.ctx.log(format!("{reason}; ended {ended} session(s)"));
     reach.unreachable = Some(reason);
     Verdict::Redial
 }

@@ -10,9 +10,9 @@ use tokio::net::tcp::OwnedReadHalf;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
 use transfer_engine::{Error, MemoryRegion, PeerId};
 
-use super::lane::{LaneState, ready};
+use super::context::{Context, lock};
+use super::lane_state::{LaneState, ready};
 use super::link::Link;
-use super::node::{Shared, lock};
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
 const WAKE_EVERY: u32 = 16;
@@ -20,27 +20,27 @@ const WAKE_EVERY: u32 = 16;
 const SCRATCH: usize = 64 << 10;
 
 pub(crate) async fn reader(
-    shared: Arc<Shared>,
+    ctx: Arc<Context>,
     link: Arc<Link>,
     lane: Arc<LaneState>,
     rd: OwnedReadHalf,
 ) {
     let mut closed = lane.closed.subscribe();
     let reason = tokio::select! {
-        reason = read_loop(&shared, &link, &lane, &rd) => reason,
+        reason = read_loop(&ctx, &link, &lane, &rd) => reason,
         _ = closed.wait_for(Option::is_some) => None,
     };
     if let Some(reason) = reason {
         // Refusals were logged where they happened; every other end of a lane is logged here.
         if !reason.starts_with("lane closed:") {
-            shared.log(format!(
+            ctx.log(format!(
                 "lane {} from peer {} closed: {reason}",
                 lane.id, link.peer.0
             ));
         }
         lane.close(&reason);
     }
-    link.remove(lane.id, &shared);
+    link.remove(lane.id, &ctx);
 }
 
 /// Whether a refusal means the peer addressed something it may not (or is not speaking the protocol):
@@ -59,13 +59,13 @@ fn fatal(e: &Error) -> bool {
 
 /// Reads frames until the lane ends; returns why.
 async fn read_loop(
-    shared: &Shared,
+    ctx: &Context,
     link: &Link,
     lane: &LaneState,
     rd: &OwnedReadHalf,
 ) -> Option<String> {
     let peer = link.peer;
-    let stall = shared.cfg.stall_timeout;
+    let stall = ctx.cfg.stall_timeout;
     let mut hdr = [0u8; HEADER_LEN];
     let mut have = 0usize;
     let mut scratch = vec![0u8; SCRATCH];
@@ -78,10 +78,10 @@ async fn read_loop(
         *lock(&lane.last_rx) = Instant::now();
         let header = match Header::decode(&hdr) {
             Ok(h) => h,
-            Err(e) => return Some(refuse(shared, lane, peer, None, &Error::Wire(e))),
+            Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
         let result = if header.kind == FrameKind::Data {
-            let placement = shared.station.engine().destination(peer, &header);
+            let placement = ctx.station.engine().destination(peer, &header);
             match placement {
                 Ok(Some((memory, range))) => {
                     let crc = match recv_into_region(
@@ -97,13 +97,12 @@ async fn read_loop(
                         Ok(crc) => crc,
                         Err(e) => return Some(e.to_string()),
                     };
-                    shared
-                        .station
+                    ctx.station
                         .engine()
                         .handle_data(Instant::now(), peer, &header, crc)
                 }
                 Err(e) if fatal(&e) => {
-                    return Some(refuse(shared, lane, peer, Some(&header), &e));
+                    return Some(refuse(ctx, lane, peer, Some(&header), &e));
                 }
                 // Nothing to place (a late duplicate, or a frame refused without costing the lane): read
                 // the payload past, then hand on the duplicate (acknowledged again) or the refusal.
@@ -121,12 +120,9 @@ async fn read_loop(
                         return Some(e.to_string());
                     }
                     unplaced.and_then(|_| {
-                        shared.station.engine().handle_data(
-                            Instant::now(),
-                            peer,
-                            &header,
-                            header.crc,
-                        )
+                        ctx.station
+                            .engine()
+                            .handle_data(Instant::now(), peer, &header, header.crc)
                     })
                 }
             }
@@ -136,44 +132,43 @@ async fn read_loop(
                 return Some(e.to_string());
             }
             if header.kind == FrameKind::Reject && header.session == 0 {
-                shared.log(format!(
+                ctx.log(format!(
                     "peer {} refused a frame of ours and closed the lane: {}",
                     peer.0,
                     String::from_utf8_lossy(&payload)
                 ));
             }
-            shared
-                .station
+            ctx.station
                 .engine()
                 .handle_frame(Instant::now(), peer, &header, &payload)
         };
         if let Err(e) = &result
             && fatal(e)
         {
-            shared.wake.notify_one();
-            return Some(refuse(shared, lane, peer, Some(&header), e));
+            ctx.wake.notify_one();
+            return Some(refuse(ctx, lane, peer, Some(&header), e));
         }
         // Wake the driver (to acknowledge, or to send more) once the stream pauses, or every few frames
         // while it streams: acknowledgements then cover many slices each.
         quiet += 1;
         if have == 0 || quiet >= WAKE_EVERY || header.kind != FrameKind::Data {
             quiet = 0;
-            shared.wake.notify_one();
+            ctx.wake.notify_one();
         }
     }
 }
 
 /// Refuses a frame: counts it, logs it, sends the peer a `Reject` naming the reason, closes the lane.
 fn refuse(
-    shared: &Shared,
+    ctx: &Context,
     lane: &LaneState,
     peer: PeerId,
     header: Option<&Header>,
     e: &Error,
 ) -> String {
-    shared.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
+    ctx.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
     let reason = format!("lane closed: peer {} sent a refused frame: {e}", peer.0);
-    shared.log(reason.clone());
+    ctx.log(reason.clone());
     // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
     // header itself could not be read.
     let text = reason.clone().into_bytes();

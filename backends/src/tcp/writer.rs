@@ -9,45 +9,45 @@ use tokio::net::tcp::OwnedWriteHalf;
 use transfer_engine::wire::HEADER_LEN;
 use transfer_engine::{Body, MemoryRegion, RegionId, Transmit};
 
-use super::lane::{LaneState, ready};
+use super::context::{Context, lock};
+use super::lane_state::{LaneState, ready};
 use super::link::Link;
-use super::node::{Shared, lock};
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
 const MAX_IOV: usize = 512;
 
 pub(crate) async fn writer(
-    shared: Arc<Shared>,
+    ctx: Arc<Context>,
     link: Arc<Link>,
     lane: Arc<LaneState>,
     wr: OwnedWriteHalf,
 ) {
-    let reason = write_loop(&shared, &link, &lane, &wr).await;
+    let reason = write_loop(&ctx, &link, &lane, &wr).await;
     if reason.starts_with("write failed") {
         let line = format!("lane {} to peer {} closed: {reason}", lane.id, link.peer.0);
-        shared.log(line);
+        ctx.log(line);
     }
     lane.close(&reason);
-    link.remove(lane.id, &shared);
+    link.remove(lane.id, &ctx);
 }
 
-async fn write_loop(shared: &Shared, link: &Link, lane: &LaneState, wr: &OwnedWriteHalf) -> String {
+async fn write_loop(ctx: &Context, link: &Link, lane: &LaneState, wr: &OwnedWriteHalf) -> String {
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
     loop {
         let goodbye = lock(&lane.goodbye).take();
         if let Some(bytes) = goodbye {
             let frames = [Frame::Bytes(&bytes)];
-            let _ = write_all(wr, &frames, &[], shared.cfg.stall_timeout).await;
+            let _ = write_all(wr, &frames, &[], ctx.cfg.stall_timeout).await;
             return "closed after refusing a frame".into();
         }
         if closed.borrow().is_some() {
             return closed.borrow().clone().unwrap_or_default();
         }
         batch.clear();
-        link.take_batch(shared, &mut batch);
+        link.take_batch(ctx, &mut batch);
         if batch.is_empty() {
-            let idle = shared.cfg.idle_timeout;
+            let idle = ctx.cfg.idle_timeout;
             tokio::select! {
                 () = link.ready.notified() => {}
                 _ = closed.changed() => {}
@@ -59,10 +59,10 @@ async fn write_loop(shared: &Shared, link: &Link, lane: &LaneState, wr: &OwnedWr
             }
             continue;
         }
-        if let Err(e) = send_batch(shared, &mut batch, wr).await {
+        if let Err(e) = send_batch(ctx, &mut batch, wr).await {
             return format!("write failed: {e}");
         }
-        shared.wake.notify_one();
+        ctx.wake.notify_one();
     }
 }
 
@@ -71,11 +71,7 @@ enum Frame<'a> {
     Region(usize, std::ops::Range<usize>),
 }
 
-async fn send_batch(
-    shared: &Shared,
-    batch: &mut [Transmit],
-    wr: &OwnedWriteHalf,
-) -> io::Result<()> {
+async fn send_batch(ctx: &Context, batch: &mut [Transmit], wr: &OwnedWriteHalf) -> io::Result<()> {
     // The memory of each region the batch reads from, looked up once per batch (not once per frame).
     let mut ids: Vec<RegionId> = Vec::new();
     let mut regions: Vec<MemoryRegion> = Vec::new();
@@ -88,7 +84,7 @@ async fn send_batch(
                 let range = p.range();
                 let idx = match ids.iter().position(|id| *id == p.region) {
                     Some(i) => Some(i),
-                    None => shared.station.engine().memory(p.region).ok().map(|m| {
+                    None => ctx.station.engine().memory(p.region).ok().map(|m| {
                         ids.push(p.region);
                         regions.push(m.clone());
                         regions.len() - 1
@@ -122,7 +118,7 @@ async fn send_batch(
             _ => {}
         }
     }
-    write_all(wr, &frames, &regions, shared.cfg.stall_timeout).await
+    write_all(wr, &frames, &regions, ctx.cfg.stall_timeout).await
 }
 
 /// Writes every piece, in order, with vectored non-blocking writes. Each region's bytes are read through

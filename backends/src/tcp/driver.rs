@@ -1,0 +1,99 @@
+//! The driver task: polls the engine's timers, transmits and events, routes transmits to their peers'
+//! links, and dials lanes where they are needed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use transfer_engine::Body;
+
+use super::lane;
+use super::link::Link;
+use super::reach;
+use super::state::NodeState;
+
+/// Runs until the node shuts down.
+pub(crate) async fn drive(node: Arc<NodeState>) {
+    let mut stop = node.shutdown.subscribe();
+    loop {
+        let next = step(&node);
+        ensure_lanes(&node);
+        let nap = next.map_or(Duration::from_millis(50), |t| {
+            t.saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(50))
+        });
+        tokio::select! {
+            () = node.ctx.wake.notified() => {}
+            () = tokio::time::sleep(nap) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// One pass of the driver: timers, transmits routed to links, events. Returns the next timer.
+fn step(node: &NodeState) -> Option<Instant> {
+    let now = Instant::now();
+    let mut engine = node.ctx.station.engine();
+    if engine.poll_timeout().is_some_and(|t| t <= now) {
+        engine.handle_timeout(now);
+    }
+    let mut touched: Vec<Arc<Link>> = Vec::new();
+    while node.ctx.total_queued.load(Ordering::Relaxed) < node.ctx.cfg.queue_bytes {
+        let Some(t) = engine.poll_transmit(now) else {
+            break;
+        };
+        let link = match touched.iter().find(|l| l.peer == t.peer) {
+            Some(l) => l.clone(),
+            None => {
+                let l = node.link(t.peer);
+                touched.push(l.clone());
+                l
+            }
+        };
+        if !link.routable() {
+            node.ctx.counters.unroutable.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        // A peer that does not read its acks and nacks (or floods to make them) cannot fill the queue
+        // everyone shares: beyond its own share, control frames to it are dropped (the engines' timers
+        // recover what matters). Data frames are bounded by the sessions' windows.
+        if !matches!(t.body, Body::Payload(_))
+            && link.queued_bytes.load(Ordering::Relaxed) >= node.ctx.cfg.peer_queue_bytes
+        {
+            node.ctx
+                .counters
+                .control_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let len = t.wire_len() as u64;
+        link.push(t);
+        node.ctx.total_queued.fetch_add(len, Ordering::Relaxed);
+    }
+    node.ctx.station.drain_events(&mut engine);
+    let next = engine.poll_timeout();
+    drop(engine);
+    for link in &touched {
+        link.ready.notify_one();
+    }
+    next
+}
+
+/// Dials more lanes where they are needed: a first lane to any peer with queued frames or live
+/// sessions, more (up to the pool's bound) while more than a batch waits; ends the sessions of peers
+/// found unreachable (see [`super::reach`]).
+fn ensure_lanes(node: &Arc<NodeState>) {
+    let links = node.all_links();
+    let now = Instant::now();
+    for link in links {
+        let redial = reach::judge(node, &link, now) == reach::Verdict::Redial;
+        let queued = link.queued_bytes.load(Ordering::Relaxed);
+        let lanes = link.lane_count();
+        let want = (lanes == 0 && (queued > 0 || redial))
+            || (queued > node.ctx.cfg.batch_bytes as u64
+                && lanes < node.ctx.cfg.max_lanes_per_peer);
+        if want && let Some(addr) = link.dial_due(now) {
+            tokio::spawn(lane::redial(node.clone(), link, addr));
+        }
+    }
+}

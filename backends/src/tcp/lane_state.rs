@@ -1,0 +1,46 @@
+//! One lane's state between its reader and writer (why it closed, a last frame to send, when it last
+//! heard from the peer), and the stall-bounded wait both use on their socket.
+
+use std::io;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+/// One lane's shared state between its reader and writer.
+pub(crate) struct LaneState {
+    pub(crate) id: u64,
+    pub(crate) outbound: bool,
+    pub(crate) closed: watch::Sender<Option<String>>,
+    pub(crate) goodbye: Mutex<Option<Vec<u8>>>,
+    pub(crate) last_rx: Mutex<Instant>,
+}
+
+impl LaneState {
+    pub(crate) fn close(&self, reason: &str) {
+        self.closed.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason.to_string());
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// Waits for a socket to be ready, at most `stall`: a peer that makes no progress for that long is
+/// reported as having `what` (and loses its lane).
+pub(crate) async fn ready(
+    wait: impl std::future::Future<Output = io::Result<()>>,
+    stall: Duration,
+    what: &str,
+) -> io::Result<()> {
+    match tokio::time::timeout(stall, wait).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the peer {what} for {} s", stall.as_secs_f64()),
+        )),
+    }
+}

@@ -1,0 +1,88 @@
+//! A node's state behind its handle: the lane tasks' context, the links to its peers, its listen address,
+//! the segments it offers and the regions it serves. The handle, the driver, the acceptor and the dialer
+//! hold it; lane tasks hold only the [`Context`] inside.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+use transfer_engine::{PeerId, RegionHandle};
+
+use super::TcpError;
+use super::context::{Context, lock};
+use super::handshake::{Hello, Segment};
+use super::link::Link;
+
+/// A peer reached by [`super::TcpNode::connect`].
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// The peer (its engine id).
+    pub peer: PeerId,
+    /// Segments it offers, including `served` if a region was asked for.
+    pub segments: Vec<Segment>,
+}
+
+impl PeerInfo {
+    /// The offered segment called `name`.
+    #[must_use]
+    pub fn segment(&self, name: &str) -> Option<&RegionHandle> {
+        self.segments
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| &s.handle)
+    }
+}
+
+/// The node's state behind its handle.
+pub(crate) struct NodeState {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) links: Mutex<BTreeMap<PeerId, Arc<Link>>>,
+    pub(crate) listen: Option<SocketAddr>,
+    pub(crate) segments: Mutex<Vec<Segment>>,
+    /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
+    pub(crate) served: Mutex<Vec<(PeerId, Segment)>>,
+    pub(crate) shutdown: watch::Sender<bool>,
+}
+
+impl NodeState {
+    pub(crate) fn new(ctx: Context, listen: Option<SocketAddr>) -> Self {
+        Self {
+            ctx: Arc::new(ctx),
+            links: Mutex::new(BTreeMap::new()),
+            listen,
+            segments: Mutex::new(Vec::new()),
+            served: Mutex::new(Vec::new()),
+            shutdown: watch::Sender::new(false),
+        }
+    }
+
+    pub(crate) fn hello(&self) -> Result<Hello, TcpError> {
+        let cfg = &self.ctx.cfg;
+        let mut h = Hello::new(cfg.engine.engine_id, cfg.namespace.clone())?;
+        h.listen = self.listen.map(|a| a.to_string());
+        h.authenticated = cfg.secret.is_some();
+        Ok(h)
+    }
+
+    /// The link whose dial address is `addr`, if any.
+    pub(crate) fn link_at(&self, addr: SocketAddr) -> Option<Arc<Link>> {
+        lock(&self.links)
+            .values()
+            .find(|l| l.addr() == Some(addr))
+            .cloned()
+    }
+
+    /// The link to `peer`, created if needed.
+    pub(crate) fn link(&self, peer: PeerId) -> Arc<Link> {
+        lock(&self.links)
+            .entry(peer)
+            .or_insert_with(|| Arc::new(Link::new(peer)))
+            .clone()
+    }
+
+    /// Every link, for a pass over them without holding the map.
+    pub(crate) fn all_links(&self) -> Vec<Arc<Link>> {
+        lock(&self.links).values().cloned().collect()
+    }
+}
