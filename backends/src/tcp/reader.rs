@@ -69,6 +69,7 @@ async fn read_loop(
     let mut hdr = [0u8; HEADER_LEN];
     let mut have = 0usize;
     let mut scratch = vec![0u8; SCRATCH];
+    let mut control: Vec<u8> = Vec::new();
     let mut quiet = 0u32;
     loop {
         if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
@@ -127,21 +128,29 @@ async fn read_loop(
                 }
             }
         } else {
-            let mut payload = vec![0u8; header.length as usize];
-            if let Err(e) = recv_exact(rd, &mut payload, &mut hdr, &mut have, stall).await {
+            // Control payloads (acks, opens) are read into one buffer the lane keeps.
+            control.clear();
+            control.resize(header.length as usize, 0);
+            let payload = &mut control[..];
+            if let Err(e) = recv_exact(rd, payload, &mut hdr, &mut have, stall).await {
                 return Some(e.to_string());
             }
             if header.kind == FrameKind::Reject && header.session == 0 {
                 ctx.log(format!(
                     "peer {} refused a frame of ours and closed the lane: {}",
                     peer.0,
-                    String::from_utf8_lossy(&payload)
+                    String::from_utf8_lossy(payload)
                 ));
             }
             ctx.station
                 .engine()
-                .handle_frame(Instant::now(), peer, &header, &payload)
+                .handle_frame(Instant::now(), peer, &header, payload)
         };
+        // A control buffer grown past the discard scratch (a large open) is let go, so an idle lane
+        // holds little.
+        if control.capacity() > SCRATCH {
+            control = Vec::new();
+        }
         if let Err(e) = &result
             && fatal(e)
         {

@@ -1,7 +1,13 @@
 //! A lane's writer: takes batches of frames from its link and hands the kernel their sealed headers and
-//! payloads in one vectored write, the payloads read straight from the caller's memory.
+//! payloads in vectored writes, the payloads read straight from the caller's memory.
+//!
+//! A header carries its payload's CRC-32C, so the CRC must be taken before the header is sent. The writer
+//! seals a batch a group at a time (about [`FOLD_BYTES`] of payload), and writes each group right after
+//! sealing it: the kernel's copy then reads bytes the CRC pass just brought into cache, instead of making
+//! a second trip to memory for a whole batch.
 
 use std::io::{self, IoSlice};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +21,9 @@ use super::link::Link;
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
 const MAX_IOV: usize = 512;
+/// Payload bytes sealed (CRC taken) and then written as one group: small enough to stay in a core's L2
+/// between the CRC pass and the kernel's copy, large enough that one `sendmsg` moves plenty.
+pub(crate) const FOLD_BYTES: usize = 512 << 10;
 
 pub(crate) async fn writer(
     ctx: Arc<Context>,
@@ -34,11 +43,14 @@ pub(crate) async fn writer(
 async fn write_loop(ctx: &Context, link: &Link, lane: &LaneState, wr: &OwnedWriteHalf) -> String {
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
+    let mut scratch = Scratch::default();
     loop {
         let goodbye = lock(&lane.goodbye).take();
         if let Some(bytes) = goodbye {
-            let frames = [Frame::Bytes(&bytes)];
-            let _ = write_all(wr, &frames, &[], ctx.cfg.stall_timeout).await;
+            scratch.clear();
+            scratch.goodbye = bytes;
+            scratch.push(Piece::Goodbye, scratch.goodbye.len());
+            let _ = write_all(wr, &scratch, &[], ctx.cfg.stall_timeout).await;
             return "closed after refusing a frame".into();
         }
         if closed.borrow().is_some() {
@@ -59,92 +71,152 @@ async fn write_loop(ctx: &Context, link: &Link, lane: &LaneState, wr: &OwnedWrit
             }
             continue;
         }
-        if let Err(e) = send_batch(ctx, &mut batch, wr).await {
+        if let Err(e) = send_batch(ctx, &mut batch, &mut scratch, wr).await {
             return format!("write failed: {e}");
         }
         ctx.wake.notify_one();
     }
 }
 
-enum Frame<'a> {
-    Bytes(&'a [u8]),
-    Region(usize, std::ops::Range<usize>),
+/// One piece of a vectored write, by index into the batch and the writer's scratch (no borrows, so the
+/// lists are kept and reused from batch to batch).
+#[derive(Debug, Clone)]
+enum Piece {
+    /// The sealed header `scratch.headers[i]`.
+    Header(usize),
+    /// The control payload of the batch's `i`th frame.
+    Control(usize),
+    /// Bytes of the region `regions[i]`.
+    Region(usize, Range<usize>),
+    /// The lane's last frame (a refusal), `scratch.goodbye`.
+    Goodbye,
 }
 
-async fn send_batch(ctx: &Context, batch: &mut [Transmit], wr: &OwnedWriteHalf) -> io::Result<()> {
-    // The memory of each region the batch reads from, looked up once per batch (not once per frame).
-    let mut ids: Vec<RegionId> = Vec::new();
-    let mut regions: Vec<MemoryRegion> = Vec::new();
-    let mut headers: Vec<[u8; HEADER_LEN]> = Vec::with_capacity(batch.len());
-    let mut payloads: Vec<Option<(usize, std::ops::Range<usize>)>> =
-        Vec::with_capacity(batch.len());
-    for t in batch.iter_mut() {
-        let payload = match &t.body {
-            Body::Payload(p) => {
-                let range = p.range();
-                let idx = match ids.iter().position(|id| *id == p.region) {
-                    Some(i) => Some(i),
-                    None => ctx.station.engine().memory(p.region).ok().map(|m| {
-                        ids.push(p.region);
-                        regions.push(m.clone());
-                        regions.len() - 1
-                    }),
-                };
-                let crc = idx.and_then(|i| regions[i].crc32c(range.clone()).ok());
-                let (Some(idx), Some(crc)) = (idx, crc) else {
-                    // The region was unregistered under a live session: drop the frame; the engine
-                    // resends or gives up with recompute.
-                    headers.push([0; HEADER_LEN]);
-                    payloads.push(None);
-                    continue;
-                };
-                t.header.crc = crc;
-                Some((idx, range))
-            }
-            Body::Control(_) | Body::Empty => None,
-        };
-        headers.push(t.header.encode());
-        payloads.push(payload);
+/// A lane writer's lists, reused across batches.
+#[derive(Default)]
+struct Scratch {
+    ids: Vec<RegionId>,
+    regions: Vec<MemoryRegion>,
+    headers: Vec<[u8; HEADER_LEN]>,
+    pieces: Vec<Piece>,
+    /// Bytes of each piece.
+    lens: Vec<usize>,
+    goodbye: Vec<u8>,
+}
+
+impl Scratch {
+    fn clear(&mut self) {
+        self.headers.clear();
+        self.pieces.clear();
+        self.lens.clear();
     }
-    let mut frames: Vec<Frame<'_>> = Vec::with_capacity(batch.len() * 2);
-    for ((t, h), p) in batch.iter().zip(&headers).zip(&payloads) {
-        if matches!(t.body, Body::Payload(_)) && p.is_none() {
-            continue;
-        }
-        frames.push(Frame::Bytes(h));
-        match (&t.body, p) {
-            (Body::Control(c), _) => frames.push(Frame::Bytes(c)),
-            (_, Some((idx, range))) => frames.push(Frame::Region(*idx, range.clone())),
-            _ => {}
-        }
+
+    fn push(&mut self, piece: Piece, len: usize) {
+        self.pieces.push(piece);
+        self.lens.push(len);
     }
-    write_all(wr, &frames, &regions, ctx.cfg.stall_timeout).await
+
+    /// The index of `id`'s memory in `regions`, looked up in the engine once per batch.
+    fn region(&mut self, ctx: &Context, id: RegionId) -> Option<usize> {
+        if let Some(i) = self.ids.iter().position(|r| *r == id) {
+            return Some(i);
+        }
+        let memory = ctx.station.engine().memory(id).ok()?.clone();
+        self.ids.push(id);
+        self.regions.push(memory);
+        Some(self.regions.len() - 1)
+    }
+}
+
+async fn send_batch(
+    ctx: &Context,
+    batch: &mut [Transmit],
+    scratch: &mut Scratch,
+    wr: &OwnedWriteHalf,
+) -> io::Result<()> {
+    let result = send_groups(ctx, batch, scratch, wr).await;
+    // Hold no region's memory between batches: a caller waiting to take its memory back would wait on
+    // an idle lane.
+    scratch.ids.clear();
+    scratch.regions.clear();
+    result
+}
+
+/// Seals and writes the batch a group of about [`FOLD_BYTES`] at a time.
+async fn send_groups(
+    ctx: &Context,
+    batch: &mut [Transmit],
+    scratch: &mut Scratch,
+    wr: &OwnedWriteHalf,
+) -> io::Result<()> {
+    let mut start = 0;
+    while start < batch.len() {
+        scratch.clear();
+        let mut group_bytes = 0usize;
+        let mut end = start;
+        while end < batch.len() && (end == start || group_bytes < FOLD_BYTES) {
+            group_bytes += seal(ctx, &mut batch[end], end, scratch);
+            end += 1;
+        }
+        write_all(wr, scratch, batch, ctx.cfg.stall_timeout).await?;
+        start = end;
+    }
+    Ok(())
+}
+
+/// Seals `t` (the `index`th frame of the batch): takes its payload's CRC, encodes its header and lists its
+/// pieces. Returns the payload bytes it adds to the group.
+fn seal(ctx: &Context, t: &mut Transmit, index: usize, scratch: &mut Scratch) -> usize {
+    let region = match &t.body {
+        Body::Payload(p) => {
+            let range = p.range();
+            let sealed = scratch
+                .region(ctx, p.region)
+                .and_then(|i| Some((i, scratch.regions[i].crc32c(range.clone()).ok()?)));
+            let Some((i, crc)) = sealed else {
+                // The region was unregistered under a live session: drop the frame; the engine resends
+                // or gives up with recompute.
+                return 0;
+            };
+            t.header.crc = crc;
+            Some((i, range))
+        }
+        Body::Control(_) | Body::Empty => None,
+    };
+    scratch.headers.push(t.header.encode());
+    scratch.push(Piece::Header(scratch.headers.len() - 1), HEADER_LEN);
+    match (&t.body, region) {
+        (Body::Control(c), _) => {
+            scratch.push(Piece::Control(index), c.len());
+            0
+        }
+        (_, Some((i, range))) => {
+            let len = range.len();
+            scratch.push(Piece::Region(i, range), len);
+            len
+        }
+        _ => 0,
+    }
 }
 
 /// Writes every piece, in order, with vectored non-blocking writes. Each region's bytes are read through
 /// one view covering its pieces in this syscall, held only during the syscall, never across an await.
 async fn write_all(
     wr: &OwnedWriteHalf,
-    frames: &[Frame<'_>],
-    regions: &[MemoryRegion],
+    scratch: &Scratch,
+    batch: &[Transmit],
     stall: Duration,
 ) -> io::Result<()> {
-    let lens: Vec<usize> = frames
-        .iter()
-        .map(|f| match f {
-            Frame::Bytes(b) => b.len(),
-            Frame::Region(_, r) => r.len(),
-        })
-        .collect();
+    let (pieces, lens, regions) = (&scratch.pieces, &scratch.lens, &scratch.regions);
     let (mut first, mut skip) = (0usize, 0usize);
-    while first < frames.len() {
+    while first < pieces.len() {
         ready(wr.writable(), stall, "did not read what this node wrote").await?;
         let result = {
-            let end = (first + MAX_IOV).min(frames.len());
+            let end = (first + MAX_IOV).min(pieces.len());
             // One view per region: the span of its pieces in this syscall.
-            let mut spans: Vec<Option<std::ops::Range<usize>>> = vec![None; regions.len()];
-            for f in &frames[first..end] {
-                if let Frame::Region(idx, r) = f {
+            let mut spans: Vec<Option<Range<usize>>> = vec![None; regions.len()];
+            for p in &pieces[first..end] {
+                if let Piece::Region(idx, r) = p {
                     let span = spans[*idx].get_or_insert(r.clone());
                     span.start = span.start.min(r.start);
                     span.end = span.end.max(r.end);
@@ -163,13 +235,18 @@ async fn write_all(
                 }
             }
             let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(end - first);
-            for (i, f) in frames[first..end].iter().enumerate() {
-                let bytes: &[u8] = match f {
-                    Frame::Bytes(b) => b,
-                    Frame::Region(idx, r) => {
-                        let (base, view) = views[*idx].as_ref().expect("viewed above");
-                        &view[r.start - base..r.end - base]
+            for (i, p) in pieces[first..end].iter().enumerate() {
+                let bytes: &[u8] = match p {
+                    Piece::Header(h) => &scratch.headers[*h],
+                    Piece::Control(b) => match &batch[*b].body {
+                        Body::Control(c) => c,
+                        _ => &[],
+                    },
+                    Piece::Region(idx, r) => {
+                        let (start, view) = views[*idx].as_ref().expect("viewed above");
+                        &view[r.start - start..r.end - start]
                     }
+                    Piece::Goodbye => &scratch.goodbye,
                 };
                 slices.push(IoSlice::new(if i == 0 { &bytes[skip..] } else { bytes }));
             }
@@ -178,7 +255,7 @@ async fn write_all(
         match result {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(mut n) => {
-                while n > 0 && first < frames.len() {
+                while n > 0 && first < pieces.len() {
                     let left = lens[first] - skip;
                     if n >= left {
                         n -= left;
@@ -189,7 +266,7 @@ async fn write_all(
                         n = 0;
                     }
                 }
-                while first < frames.len() && lens[first] == 0 {
+                while first < pieces.len() && lens[first] == 0 {
                     first += 1;
                 }
             }
