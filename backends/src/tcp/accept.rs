@@ -23,7 +23,7 @@ use super::TcpError;
 use super::context::lock;
 use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
 use super::lane;
-use super::link::Link;
+use super::peer_link::PeerLink;
 use super::state::NodeState;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
@@ -113,7 +113,7 @@ async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) 
 
 /// Decides whether a lane joins `link`'s peer: within the lane bound, and in its connection group.
 /// Returns the group's token (a fresh one for a new group).
-fn admit(node: &NodeState, link: &Link, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
+fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
     let lanes = link.lane_count();
     if lanes >= node.ctx.cfg.max_lanes_per_peer {
         return Err(format!(

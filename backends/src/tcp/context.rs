@@ -15,7 +15,7 @@ use crate::station::Station;
 const KEEP_LOG: usize = 1024;
 
 #[derive(Default)]
-pub(crate) struct Counters {
+pub(crate) struct LaneCounters {
     pub(crate) lanes_opened: AtomicU64,
     pub(crate) lanes_closed: AtomicU64,
     pub(crate) handshakes_refused: AtomicU64,
@@ -32,7 +32,7 @@ pub(crate) struct Context {
     pub(crate) wake: Notify,
     /// Frame bytes queued for all peers' lanes.
     pub(crate) total_queued: AtomicU64,
-    pub(crate) counters: Counters,
+    pub(crate) counters: LaneCounters,
     pub(crate) next_lane: AtomicU64,
     /// The newest log lines, each with its number (counting from 1).
     log: Mutex<VecDeque<(u64, String)>>,
@@ -50,7 +50,7 @@ impl Context {
             cfg,
             wake: Notify::new(),
             total_queued: AtomicU64::new(0),
-            counters: Counters::default(),
+            counters: LaneCounters::default(),
             next_lane: AtomicU64::new(1),
             log: Mutex::new(VecDeque::new()),
             logged: AtomicU64::new(0),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use transfer_engine::Body;
 
 use super::lane;
-use super::link::Link;
+use super::peer_link::PeerLink;
 use super::reach;
 use super::state::NodeState;
 
@@ -37,7 +37,7 @@ fn step(node: &NodeState) -> Option<Instant> {
     if engine.poll_timeout().is_some_and(|t| t <= now) {
         engine.handle_timeout(now);
     }
-    let mut touched: Vec<Arc<Link>> = Vec::new();
+    let mut touched: Vec<Arc<PeerLink>> = Vec::new();
     while node.ctx.total_queued.load(Ordering::Relaxed) < node.ctx.cfg.queue_bytes {
         let Some(t) = engine.poll_transmit(now) else {
             break;

@@ -15,7 +15,7 @@ use super::TcpError;
 use super::context::lock;
 use super::handshake::{self};
 use super::lane_state::LaneState;
-use super::link::{LaneHandle, Link};
+use super::peer_link::{LaneHandle, PeerLink};
 use super::state::NodeState;
 use super::state::PeerInfo;
 
@@ -61,7 +61,7 @@ pub(crate) async fn dial(
 }
 
 /// A dial the driver asked for; failures back off.
-pub(crate) async fn redial(node: Arc<NodeState>, link: Arc<Link>, addr: SocketAddr) {
+pub(crate) async fn redial(node: Arc<NodeState>, link: Arc<PeerLink>, addr: SocketAddr) {
     let result = dial(&node, addr, Some(link.peer), None)
         .await
         .map(|_| ())
@@ -71,7 +71,12 @@ pub(crate) async fn redial(node: Arc<NodeState>, link: Arc<Link>, addr: SocketAd
 }
 
 /// Starts the reader and writer of a lane on a handshaken stream.
-pub(crate) fn start(node: &Arc<NodeState>, link: &Arc<Link>, stream: TcpStream, outbound: bool) {
+pub(crate) fn start(
+    node: &Arc<NodeState>,
+    link: &Arc<PeerLink>,
+    stream: TcpStream,
+    outbound: bool,
+) {
     let id = node.ctx.next_lane.fetch_add(1, Ordering::Relaxed);
     let state = Arc::new(LaneState {
         id,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use transfer_engine::PeerId;
 
 use super::context::lock;
-use super::link::Link;
+use super::peer_link::PeerLink;
 use super::state::NodeState;
 
 /// What the driver should do about a link after [`judge`].
@@ -23,7 +23,7 @@ pub(crate) enum Verdict {
 /// Judges one link: clears its marks when a lane is open, starts the clock when it loses its last lane
 /// under live sessions, and declares it unreachable (ending its sessions) once the clock runs out with
 /// redialing refused.
-pub(crate) fn judge(node: &NodeState, link: &Arc<Link>, now: Instant) -> Verdict {
+pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Verdict {
     let mut reach = lock(&link.reach);
     if link.lane_count() > 0 {
         if reach.unreachable.take().is_some() {

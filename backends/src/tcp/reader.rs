@@ -12,7 +12,7 @@ use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
-use super::link::Link;
+use super::peer_link::PeerLink;
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
 const WAKE_EVERY: u32 = 16;
@@ -21,7 +21,7 @@ const SCRATCH: usize = 64 << 10;
 
 pub(crate) async fn reader(
     ctx: Arc<Context>,
-    link: Arc<Link>,
+    link: Arc<PeerLink>,
     lane: Arc<LaneState>,
     rd: OwnedReadHalf,
 ) {
@@ -60,7 +60,7 @@ fn fatal(e: &Error) -> bool {
 /// Reads frames until the lane ends; returns why.
 async fn read_loop(
     ctx: &Context,
-    link: &Link,
+    link: &PeerLink,
     lane: &LaneState,
     rd: &OwnedReadHalf,
 ) -> Option<String> {

@@ -12,7 +12,7 @@ use transfer_engine::{PeerId, RegionHandle};
 use super::TcpError;
 use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
-use super::link::Link;
+use super::peer_link::PeerLink;
 
 /// A peer reached by [`super::TcpNode::connect`].
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ impl PeerInfo {
 /// The node's state behind its handle.
 pub(crate) struct NodeState {
     pub(crate) ctx: Arc<Context>,
-    pub(crate) links: Mutex<BTreeMap<PeerId, Arc<Link>>>,
+    pub(crate) links: Mutex<BTreeMap<PeerId, Arc<PeerLink>>>,
     pub(crate) listen: Option<SocketAddr>,
     pub(crate) segments: Mutex<Vec<Segment>>,
     /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
@@ -66,7 +66,7 @@ impl NodeState {
     }
 
     /// The link whose dial address is `addr`, if any.
-    pub(crate) fn link_at(&self, addr: SocketAddr) -> Option<Arc<Link>> {
+    pub(crate) fn link_at(&self, addr: SocketAddr) -> Option<Arc<PeerLink>> {
         lock(&self.links)
             .values()
             .find(|l| l.addr() == Some(addr))
@@ -74,15 +74,15 @@ impl NodeState {
     }
 
     /// The link to `peer`, created if needed.
-    pub(crate) fn link(&self, peer: PeerId) -> Arc<Link> {
+    pub(crate) fn link(&self, peer: PeerId) -> Arc<PeerLink> {
         lock(&self.links)
             .entry(peer)
-            .or_insert_with(|| Arc::new(Link::new(peer)))
+            .or_insert_with(|| Arc::new(PeerLink::new(peer)))
             .clone()
     }
 
     /// Every link, for a pass over them without holding the map.
-    pub(crate) fn all_links(&self) -> Vec<Arc<Link>> {
+    pub(crate) fn all_links(&self) -> Vec<Arc<PeerLink>> {
         lock(&self.links).values().cloned().collect()
     }
 }

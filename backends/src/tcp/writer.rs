@@ -17,7 +17,7 @@ use transfer_engine::{Body, MemoryRegion, RegionId, Transmit};
 
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
-use super::link::Link;
+use super::peer_link::PeerLink;
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
 const MAX_IOV: usize = 512;
@@ -27,7 +27,7 @@ pub(crate) const FOLD_BYTES: usize = 512 << 10;
 
 pub(crate) async fn writer(
     ctx: Arc<Context>,
-    link: Arc<Link>,
+    link: Arc<PeerLink>,
     lane: Arc<LaneState>,
     wr: OwnedWriteHalf,
 ) {
@@ -40,7 +40,12 @@ pub(crate) async fn writer(
     link.remove(lane.id, &ctx);
 }
 
-async fn write_loop(ctx: &Context, link: &Link, lane: &LaneState, wr: &OwnedWriteHalf) -> String {
+async fn write_loop(
+    ctx: &Context,
+    link: &PeerLink,
+    lane: &LaneState,
+    wr: &OwnedWriteHalf,
+) -> String {
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
     let mut scratch = Scratch::default();

@@ -1,4 +1,5 @@
-//! A peer's link: its queue of frames, its lanes, its address, dial state, reachability and group token.
+//! The link to one peer: its queue of frames, its lanes, its address, dial state, reachability and group
+//! token.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use super::lane_state::LaneState;
 const MAX_BATCH_FRAMES: usize = 128;
 
 /// Everything about one peer: its queue of frames, its lanes, its address and dial state.
-pub(crate) struct Link {
+pub(crate) struct PeerLink {
     pub(crate) peer: PeerId,
     queue: Mutex<VecDeque<Transmit>>,
     pub(crate) queued_bytes: AtomicU64,
@@ -53,7 +54,7 @@ pub(crate) struct LaneHandle {
     pub(crate) tasks: Vec<AbortHandle>,
 }
 
-impl Link {
+impl PeerLink {
     pub(crate) fn new(peer: PeerId) -> Self {
         Self {
             peer,
