@@ -11,7 +11,7 @@ pub struct Backoff {
     pub base: Duration,
     /// Largest delay.
     pub max: Duration,
-    /// Fraction of the delay added at random (0.0..=1.0), so retransmits of many slices spread out.
+    /// Fraction of the delay added at random (0.0..=1.0), so retransmits of many units spread out.
     pub jitter: f64,
 }
 

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 /// Retransmits allowed across all sessions: `burst` to start with, plus `ratio` for every first
 /// transmission and `per_second` as time passes, never more than `burst` saved up. When it is empty a
-/// slice that needs resending is parked: it waits (its last copy may still be acknowledged), gives its
+/// unit that needs resending is parked: it waits (its last copy may still be acknowledged), gives its
 /// place in the window to first sends, and goes out again when the budget allows; the session deadline
 /// hands its blocks back for recompute if that never happens. Loss can never snowball into a storm.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -64,8 +64,8 @@ pub enum Placement {
         /// Bytes.
         len: u32,
     },
-    /// Do not place it (the slice already verified: a late duplicate must never overwrite it); still call
-    /// [`crate::Engine::handle_data`] so the slice is acknowledged again.
+    /// Do not place it (the unit already verified: a late duplicate must never overwrite it); still call
+    /// [`crate::Engine::handle_data`] so the unit is acknowledged again.
     Discard,
 }
 

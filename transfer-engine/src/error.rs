@@ -74,7 +74,7 @@ pub enum Error {
     /// No live session has this id.
     #[error("unknown session {0}")]
     UnknownSession(SessionId),
-    /// A frame names a session but does not fit it (wrong slice, wrong addressing, bad control payload).
+    /// A frame names a session but does not fit it (wrong unit, wrong addressing, bad control payload).
     #[error("frame does not fit session {session}: {reason}")]
     FrameMismatch {
         /// The session named by the frame.

@@ -1,4 +1,4 @@
-//! Transfer modes and the slice plan both ends derive from a transfer's description.
+//! Transfer modes and the plan of units both ends derive from a transfer's description.
 //!
 //! Sender and receiver compute the same plan from the same inputs, so a data frame's `sequence` names its
 //! slice exactly and the receiver can check every field of a data header against what it expects.
@@ -102,7 +102,8 @@ impl TransferMode {
     }
 }
 
-/// One unit on the wire: a slice of a block, a whole block, or a run of whole contiguous blocks.
+/// One unit on the wire, what one data frame carries: a slice of a block (packetized), a whole block
+/// (exclusive), or a run of whole contiguous blocks (exclusive, auto). "Slice" names only the first kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Unit {
     /// Layer (absolute).

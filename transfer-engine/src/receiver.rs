@@ -1,4 +1,4 @@
-//! The receiving end of a session: checks every data header against the plan, tracks verified slices,
+//! The receiving end of a session: checks every data header against the plan, tracks verified units,
 //! acknowledges selectively, and reports blocks and layers as they complete.
 
 use std::collections::VecDeque;
@@ -52,7 +52,7 @@ pub(crate) struct ReceiverSession {
     layer_slots_left: Vec<u32>,
     pending_acks: Vec<u32>,
     pending_nacks: VecDeque<(u32, u16)>,
-    /// Which slices have a nack in `pending_nacks` (at most one each, however often a peer corrupts one).
+    /// Which units have a nack in `pending_nacks` (at most one each, however often a peer corrupts one).
     nack_queued: Vec<bool>,
     open_ack_due: bool,
     state: RxState,
@@ -173,7 +173,7 @@ impl ReceiverSession {
         let seq = header.sequence as usize;
         let Some(unit) = self.spec.plan.units.get(seq) else {
             return Err(mismatch(format!(
-                "slice {seq} of a session with {} slices",
+                "unit {seq} of a session with {} units",
                 self.spec.plan.units.len()
             )));
         };
@@ -182,7 +182,7 @@ impl ReceiverSession {
             != (unit.layer, block, unit.offset, unit.len)
         {
             return Err(mismatch(format!(
-                "slice {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{}",
+                "unit {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{}",
                 header.layer,
                 header.block,
                 header.offset,

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// Smoothed round-trip time and its variation, from samples of slices acknowledged on their first send
-/// (Karn's rule: a resent slice's ack could belong to either send, so it gives no sample).
+/// Smoothed round-trip time and its variation, from samples of units acknowledged on their first send
+/// (Karn's rule: a resent unit's ack could belong to either send, so it gives no sample).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RttEstimator {
     srtt: Option<Duration>,

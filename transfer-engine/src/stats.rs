@@ -19,7 +19,7 @@ pub struct Counters {
     pub bytes_received: u64,
     /// Data frames received that verified and were applied.
     pub slices_received: u64,
-    /// Data frames received for slices already applied.
+    /// Data frames received for units already applied.
     pub duplicates: u64,
     /// Data frames whose payload failed its checksum.
     pub checksum_failures: u64,

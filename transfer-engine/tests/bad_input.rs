@@ -203,7 +203,7 @@ fn out_of_bounds_addresses_are_refused() {
         .b
         .handle_datagram(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
         .unwrap_err();
-    assert!(err.to_string().contains("slice 1073741824"), "{err}");
+    assert!(err.to_string().contains("unit 1073741824"), "{err}");
     // Locally: a source region too small for its layout.
     let tiny = pair.a.register_region(MemoryRegion::zeroed(10)).unwrap();
     let mut req = TransferRequest::whole(B, &src, &dst).unwrap();

@@ -61,7 +61,7 @@ impl Engine {
     }
 
     /// A data frame's payload was placed as [`Engine::placement`] said (or discarded), and its CRC-32C is
-    /// `payload_crc`. Only a matching CRC marks the slice delivered.
+    /// `payload_crc`. Only a matching CRC marks the unit delivered.
     pub fn handle_data(
         &mut self,
         _now: Instant,

@@ -38,7 +38,7 @@ impl SenderSession {
         if let Some(bad) = ranges.iter().find(|r| r.end > n) {
             return Err(Error::FrameMismatch {
                 session: self.spec.id,
-                reason: format!("ack for slices {bad:?} of a session with {n} slices"),
+                reason: format!("ack for units {bad:?} of a session with {n} units"),
             });
         }
         for unit in ranges.iter().flat_map(Clone::clone) {
@@ -56,7 +56,7 @@ impl SenderSession {
                 UnitState::Pending => {
                     return Err(Error::FrameMismatch {
                         session: self.spec.id,
-                        reason: format!("ack for slice {unit}, which was never sent"),
+                        reason: format!("ack for unit {unit}, which was never sent"),
                     });
                 }
                 UnitState::Acked | UnitState::Failed => {}
@@ -75,7 +75,7 @@ impl SenderSession {
             None => Err(Error::FrameMismatch {
                 session: self.spec.id,
                 reason: format!(
-                    "nack for slice {unit} of a session with {} slices",
+                    "nack for unit {unit} of a session with {} units",
                     self.units.len()
                 ),
             }),

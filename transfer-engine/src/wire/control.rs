@@ -88,7 +88,7 @@ impl OpenRequest {
     }
 }
 
-/// Encodes sorted, disjoint ranges of verified slice indices.
+/// Encodes sorted, disjoint ranges of verified unit indices.
 pub(crate) fn encode_ranges(ranges: &[Range<u32>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + 8 * ranges.len());
     out.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
@@ -121,7 +121,7 @@ pub(crate) fn decode_ranges(bytes: &[u8]) -> Result<Vec<Range<u32>>, WireError> 
     Ok(out)
 }
 
-/// Coalesces slice indices into sorted disjoint ranges.
+/// Coalesces unit indices into sorted disjoint ranges.
 pub(crate) fn to_ranges(indices: &mut [u32]) -> Vec<Range<u32>> {
     indices.sort_unstable();
     let mut out: Vec<Range<u32>> = Vec::new();

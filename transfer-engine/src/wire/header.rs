@@ -22,11 +22,11 @@ pub enum FrameKind {
     OpenAck,
     /// Receiver to sender: the session is refused (payload: the reason, UTF-8).
     Reject,
-    /// Sender to receiver: one slice of KV bytes.
+    /// Sender to receiver: one unit of KV bytes (a packetized slice or an exclusive block).
     Data,
-    /// Receiver to sender: selective acknowledgement (payload: ranges of verified slices).
+    /// Receiver to sender: selective acknowledgement (payload: ranges of verified units).
     Ack,
-    /// Receiver to sender: the slice named by `sequence` failed its checksum.
+    /// Receiver to sender: the unit named by `sequence` failed its checksum.
     Nack,
     /// Sender to receiver: the sender is done; whatever has not verified is to be recomputed.
     Close,
@@ -57,21 +57,21 @@ impl FrameKind {
 pub struct Header {
     /// What the frame is for.
     pub kind: FrameKind,
-    /// How many times this slice was sent before (0 on first transmission).
+    /// How many times this unit was sent before (0 on first transmission).
     pub attempt: u16,
     /// The session.
     pub session: u64,
-    /// Layer of the slice (data frames).
+    /// Layer of the unit (data frames).
     pub layer: u32,
-    /// Destination block of the slice's first byte (data frames).
+    /// Destination block of the unit's first byte (data frames).
     pub block: u32,
-    /// Byte offset of the slice within that block (data frames). Acks and progress frames carry 1 here
+    /// Byte offset of the unit within that block (data frames). Acks and progress frames carry 1 here
     /// when the consumer is blocked on `layer` ([`Header::consumer`] reads it, [`Header::set_consumer`]
     /// writes it).
     pub offset: u64,
     /// Payload bytes following the header.
     pub length: u32,
-    /// Slice index within the session (data, nack).
+    /// Unit index within the session (data, nack).
     pub sequence: u32,
     /// CRC-32C of the payload.
     pub crc: u32,
