@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use backends::tcp::handshake::{self, Hello, Namespace, TOKEN_LEN};
+use backends::tcp::Namespace;
+use backends::tcp::handshake::{self, Hello, TOKEN_LEN};
 use backends::tcp::{TcpConfig, TcpNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

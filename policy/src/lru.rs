@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use transfer_engine::policy::{BlockKey, NamespaceId, Tier, TierMove, TierPolicy};
+use transfer_engine::NamespaceId;
+use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
 
 use crate::cache::BlockCache;
 use crate::recency::RecencyList;

@@ -67,6 +67,7 @@ mod error;
 mod event;
 mod layout;
 mod memory;
+mod namespace;
 mod plan;
 pub mod policy;
 mod receiver;
@@ -88,6 +89,7 @@ pub use error::Error;
 pub use event::{Event, Role};
 pub use layout::{BlockId, Dtype, KvLayout};
 pub use memory::{Bytes, BytesMut, MemoryKind, MemoryRegion, RawMemory, SHARD_BYTES};
+pub use namespace::{HASH_SEED, Namespace, NamespaceId};
 pub use plan::{
     AUTO_MAX_UNIT_BYTES, DEFAULT_EXCLUSIVE_MIN_BYTES, DEFAULT_SLICE_BYTES, MIN_SLICE_BYTES,
     TransferMode,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::TransferMode;
+use crate::{NamespaceId, TransferMode};
 
 /// Traffic classes, highest priority first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,16 +90,6 @@ pub enum Tier {
     Host,
     /// Remote memory or SSD.
     Remote,
-}
-
-/// The namespace a block's key lives in (model, weights, layout; see the `policy` crate's `Namespace`).
-/// Keys are only comparable inside one namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct NamespaceId(pub u64);
-
-impl NamespaceId {
-    /// The namespace of blocks inserted without one (external keys, trace replay).
-    pub const DEFAULT: NamespaceId = NamespaceId(0);
 }
 
 /// A block's identity for tiering: a content key (see the `policy` crate's chained hashes).

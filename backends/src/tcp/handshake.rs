@@ -18,12 +18,12 @@ use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use transfer_engine::wire::VERSION as WIRE_VERSION;
-use transfer_engine::{AccessKey, KvLayout, RegionHandle, RegionId};
+use transfer_engine::{AccessKey, Dtype, KvLayout, Namespace, RegionHandle, RegionId};
 
 use super::TcpError;
 
 /// Version of the handshake and lane protocol this build speaks.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes of a connection group's token.
 pub const TOKEN_LEN: usize = 16;
 /// The token a peer's first lane presents (it has no group yet).
@@ -36,38 +36,6 @@ const TAG_HELLO: u8 = 1;
 const TAG_AUTH: u8 = 2;
 const TAG_WELCOME: u8 = 3;
 const TAG_REJECT: u8 = 4;
-
-/// The KV namespace both ends must share: KV computed by another model, weight version or block size is
-/// never exchanged.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Namespace {
-    /// Model id, for example `llama-3-8b`.
-    pub model_id: String,
-    /// Weight version; a weight update changes it.
-    pub weight_version: u64,
-    /// Tokens per KV block.
-    pub block_tokens: u32,
-}
-
-impl Default for Namespace {
-    fn default() -> Self {
-        Self {
-            model_id: "default".into(),
-            weight_version: 0,
-            block_tokens: 16,
-        }
-    }
-}
-
-impl std::fmt::Display for Namespace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "model '{}' weights v{} with {}-token blocks",
-            self.model_id, self.weight_version, self.block_tokens
-        )
-    }
-}
 
 /// A registered region a node offers to its peers: what a sender needs to address it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,9 +130,10 @@ impl Hello {
         out.extend_from_slice(&self.protocol.to_le_bytes());
         out.push(self.wire);
         out.extend_from_slice(&self.engine_id.to_le_bytes());
-        put_str(out, &self.namespace.model_id);
+        put_str(out, &self.namespace.model);
         out.extend_from_slice(&self.namespace.weight_version.to_le_bytes());
-        out.extend_from_slice(&self.namespace.block_tokens.to_le_bytes());
+        out.extend_from_slice(&self.namespace.block_size.to_le_bytes());
+        out.push(self.namespace.dtype.code());
         put_str(out, self.listen.as_deref().unwrap_or(""));
         out.push(u8::from(self.authenticated));
         match &self.want {
@@ -200,9 +169,10 @@ impl Hello {
         }
         let engine_id = r.u32()?;
         let namespace = Namespace {
-            model_id: r.str()?,
+            model: r.str()?,
             weight_version: r.u64()?,
-            block_tokens: r.u32()?,
+            block_size: r.u32()?,
+            dtype: Dtype::from_code(r.u8()?).ok_or("unknown dtype code in the namespace")?,
         };
         let listen = Some(r.str()?).filter(|s| !s.is_empty());
         let authenticated = r.u8()? != 0;
@@ -602,6 +572,9 @@ mod tests {
         b.namespace.weight_version = 2;
         assert!(a.mismatch(&b).unwrap().contains("namespace"));
         b.namespace.weight_version = 0;
+        b.namespace.dtype = Dtype::F16;
+        assert!(a.mismatch(&b).unwrap().contains("F16"));
+        b.namespace.dtype = Dtype::Bf16;
         b.protocol = 9;
         assert!(a.mismatch(&b).unwrap().contains("protocol version 9"));
         b.protocol = PROTOCOL_VERSION;
