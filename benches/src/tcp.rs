@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use backends::tcp::{BlockingNode, TcpConfig, TcpNode, socket_copy_gbps};
+use backends::tcp::{BlockingNode, SocketCopy, TcpConfig, TcpNode};
 use transfer_engine::{
     KvLayout, MemoryRegion, RegionHandle, SHARD_BYTES, TransferMode, TransferRequest,
 };
@@ -51,11 +51,12 @@ pub(crate) fn run_tcp(
     let limit = Duration::from_secs(600);
     let mut seconds = Vec::with_capacity(iterations);
     let mut limits = Vec::with_capacity(iterations + 1);
+    let mut copy = SocketCopy::new(bytes, LIMIT_WRITE_BYTES, lanes)?;
     let mut recompute_blocks = 0;
     for i in 0..=iterations {
         // The limit is measured before every transfer, warm-up included, and its median reported: one
         // copy alone swings with whatever else the machine does in that second.
-        limits.push(sender.block_on(socket_copy_gbps(bytes, LIMIT_WRITE_BYTES, lanes))?);
+        limits.push(copy.run()?);
         let req = TransferRequest::whole(peer, &src, &dst)?.with_mode(mode);
         let out = sender.transfer(req, limit)?;
         if let Some(reason) = out.reason {

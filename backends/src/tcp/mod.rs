@@ -62,7 +62,7 @@ mod writer;
 pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;
 pub use handshake::Segment;
-pub use limit::socket_copy_gbps;
+pub use limit::{SocketCopy, socket_copy_gbps};
 pub use node::{NodeStats, TcpNode};
 pub use state::PeerInfo;
 pub use transfer_engine::Namespace;
