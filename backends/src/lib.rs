@@ -7,6 +7,8 @@
 //!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
 //! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
 //!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
+//! - `cuda` (feature `cuda`): GPU and pinned host memory as region memory (through `cudarc`, loaded at run
+//!   time), a stream copy engine between host and GPU regions, and double-buffered pinned staging for TCP.
 //!
 //! Both backends register regions over the caller's own memory ([`transfer_engine::MemoryRegion`]) and
 //! offer the same receiving side ([`board`]): accept incoming sessions, await them layer by layer while
@@ -61,6 +63,8 @@
 #![deny(unsafe_code)]
 
 pub mod board;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod discovery;
 pub mod loopback;
 mod station;

@@ -6,6 +6,7 @@ mod args;
 mod bucket;
 mod contention;
 mod death;
+mod gpu;
 mod load;
 mod net;
 mod overlap;
@@ -63,6 +64,8 @@ enum Command {
     PeerDeath(death::PeerDeathArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
     Sweep(sweep::SweepArgs),
+    /// GPU copies (feature `cuda`): host to GPU, GPU to host, GPU to GPU beside a plain cuMemcpy.
+    Gpu(gpu::GpuArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +88,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Connect(args) => net::connect_main(&args),
         Command::PeerDeath(args) => death::main(&args),
         Command::Load(args) => load::main(&args),
+        Command::Gpu(args) => gpu::main(&args),
     }
 }
 
