@@ -12,6 +12,7 @@
 //! events.
 
 mod credit;
+mod gpu;
 mod threads;
 
 use std::sync::Arc;
@@ -88,6 +89,8 @@ pub struct LoopbackEnd {
     wake: WakeHandle,
     /// How the other end names this one.
     peer_id: PeerId,
+    /// Moves units where either side is GPU memory (the consumer's).
+    gpu: gpu::GpuPlacer,
 }
 
 #[derive(Debug)]
@@ -223,12 +226,14 @@ impl LoopbackPair {
             refused: RefusalLog::default(),
             wake: WakeHandle::Producer(ack_tx.clone()),
             peer_id: PRODUCER,
+            gpu: gpu::GpuPlacer::new(),
         });
         let consumer = Arc::new(LoopbackEnd {
             station: Station::new(consumer),
             refused: RefusalLog::default(),
             wake: WakeHandle::Consumer(data_tx.clone()),
             peer_id: CONSUMER,
+            gpu: gpu::GpuPlacer::new(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let credit = Arc::new(Credit::new(IN_FLIGHT_BYTES));

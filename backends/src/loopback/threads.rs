@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::station::Station;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,7 @@ use transfer_engine::wire::{HEADER_LEN, Header};
 use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 
 use super::credit::Credit;
+use super::gpu::GpuPlacer;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
 
 /// Longest nap of a thread with live sessions (a timer may be due sooner; a frame wakes it at once).
@@ -199,11 +199,16 @@ fn send(
             {
                 return false;
             }
-            match memory.read(range) {
-                Ok(payload) => Frame::Seal(t.seal(&payload)),
-                Err(e) => {
-                    refused.push(e);
-                    Frame::Seal(header)
+            if !memory.kind().is_host() {
+                // GPU bytes: the consumer's copy takes the CRC of what lands (see loopback/gpu.rs).
+                Frame::Seal(header)
+            } else {
+                match memory.read(range) {
+                    Ok(payload) => Frame::Seal(t.seal(&payload)),
+                    Err(e) => {
+                        refused.push(e);
+                        Frame::Seal(header)
+                    }
                 }
             }
         }
@@ -271,14 +276,16 @@ fn run_consumer(
 /// A data payload placed and checksummed at the consumer, waiting for the sender's sealed header.
 struct Placed {
     header: Header,
-    /// CRC-32C of the placed bytes; `None` when the engine said to discard them.
+    /// CRC-32C of the placed bytes; `None` when the engine said to discard them (or GPU to GPU).
     crc: Option<u32>,
+    /// The source is GPU memory, which the producer cannot checksum: its seal carries no CRC.
+    unsealed_source: bool,
 }
 
 fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, credit: &Credit) {
     let result = match frame {
         Frame::Data(header, memory, range) => {
-            let placed = place(&end.station, &header, &memory, range.clone());
+            let placed = place(end, &header, &memory, range.clone());
             credit.give(range.len() as u64);
             placed.map(|p| *pending = Some(p))
         }
@@ -288,6 +295,12 @@ fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, c
                 unsealed.crc = placed.header.crc;
                 if unsealed == placed.header {
                     let crc = placed.crc.unwrap_or(sealed.crc);
+                    // A GPU source was not checksummed by the producer: the engine gets the CRC of
+                    // what landed, so it checks the copy arrived whole (see loopback/gpu.rs).
+                    let mut sealed = sealed;
+                    if placed.unsealed_source {
+                        sealed.crc = crc;
+                    }
                     end.station
                         .engine()
                         .handle_data(Instant::now(), PRODUCER, &sealed, crc)
@@ -340,15 +353,17 @@ fn receive_control(
 }
 
 /// Places a data payload where the consumer's engine says, checksumming the placed bytes. The engine is
-/// locked only to decide; the copy runs outside it.
+/// locked only to decide; the copy runs outside it. Units from or to GPU memory go through the end's GPU
+/// placer.
 fn place(
-    station: &Station,
+    end: &LoopbackEnd,
     header: &[u8; HEADER_LEN],
     src_memory: &MemoryRegion,
     src_range: Range<usize>,
 ) -> Result<Placed, Error> {
     let header = Header::decode(header)?;
-    let target = station.engine().destination(PRODUCER, &header)?;
+    let unsealed_source = !src_memory.kind().is_host();
+    let target = end.station.engine().destination(PRODUCER, &header)?;
     let crc = match target {
         Some((dst_memory, dst_range)) => {
             if dst_memory.same_memory(src_memory) {
@@ -356,16 +371,25 @@ fn place(
                     "source and destination are the same memory".into(),
                 ));
             }
-            let payload = src_memory.read(src_range)?;
-            let mut dst = dst_memory.write(dst_range)?;
-            if dst.len() != payload.len() {
+            if src_range.len() != dst_range.len() {
                 return Err(Error::InvalidRequest(
                     "payload length differs from its placement".into(),
                 ));
             }
-            Some(transfer_engine::copy_and_crc32c(&mut dst, &payload))
+            if GpuPlacer::needed(src_memory, &dst_memory) {
+                end.gpu
+                    .place(src_memory, src_range, &dst_memory, dst_range)?
+            } else {
+                let payload = src_memory.read(src_range)?;
+                let mut dst = dst_memory.write(dst_range)?;
+                Some(transfer_engine::copy_and_crc32c(&mut dst, &payload))
+            }
         }
         None => None,
     };
-    Ok(Placed { header, crc })
+    Ok(Placed {
+        header,
+        crc,
+        unsealed_source,
+    })
 }

@@ -1,0 +1,78 @@
+//! Loopback units from GPU memory go through the GPU placer: without a CUDA driver (or without feature
+//! `cuda`) each is refused with a clear error and the blocks come back for recompute; nothing is placed.
+//!
+//! The moves themselves need a GPU: they are tested by `backends/tests/cuda.rs` (ignored here, run by
+//! `scripts/gpu-check.sh`). This test prints "not run" for them.
+#![allow(unsafe_code)] // one fixture below: host bytes presented as GPU memory, never dereferenced.
+
+use std::time::Duration;
+
+use backends::loopback::{CONSUMER, LoopbackPair};
+use transfer_engine::{Dtype, KvLayout, MemoryKind, MemoryRegion, RawMemory, TransferRequest};
+
+/// Host bytes that claim to be memory of GPU 0: the host side of the engine never reads memory of that
+/// kind, so the claim only decides how a driver routes the bytes.
+struct ClaimsToBeGpu(Box<[u8]>);
+
+// SAFETY: the pointer and length are the boxed slice's, which this value owns and never moves or frees
+// while it lives; nothing writes through the pointer (kind Device is never dereferenced by the host).
+unsafe impl RawMemory for ClaimsToBeGpu {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr().cast_mut()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Device { ordinal: 0 }
+    }
+}
+
+#[test]
+fn units_from_gpu_memory_without_a_driver_are_refused_and_recomputed() {
+    #[cfg(feature = "cuda")]
+    if backends::cuda::driver_present() {
+        // The fixture's bytes are host memory: a real driver would be handed a host pointer as a device one.
+        eprintln!(
+            "not run: this machine has a CUDA driver; the GPU moves are tested by tests/cuda.rs"
+        );
+        return;
+    }
+    let pair = LoopbackPair::with_defaults();
+    let l = KvLayout::new(2, 4, 64 << 10, 16, Dtype::Bf16).unwrap();
+    let len = l.total_bytes() as usize;
+    let gpu = MemoryRegion::from_raw_memory(ClaimsToBeGpu(vec![7u8; len].into_boxed_slice()));
+    let dst_memory = MemoryRegion::zeroed(len);
+    let src = pair.producer().register_kv_region(l, gpu).unwrap();
+    let dst = pair
+        .consumer()
+        .register_kv_region(l, dst_memory.clone())
+        .unwrap();
+    let req = TransferRequest::whole(CONSUMER, &src, &dst)
+        .unwrap()
+        .with_deadline(Duration::from_millis(300));
+    let out = pair.transfer(req, Duration::from_secs(20)).unwrap();
+    assert_eq!(out.recompute.len(), 8, "every block comes back: {out:?}");
+    assert!(
+        dst_memory.read(0..len).unwrap().iter().all(|&b| b == 0),
+        "nothing was placed"
+    );
+    let (refusals, _) = pair.consumer().refused();
+    let said = refusals
+        .iter()
+        .map(ToString::to_string)
+        .find(|e| e.contains("GPU"))
+        .unwrap_or_default();
+    if cfg!(feature = "cuda") {
+        assert!(said.contains("no CUDA driver"), "{said:?}");
+        say("not run: GPU placement itself (no CUDA driver); the refusal path was checked");
+    } else {
+        assert!(said.contains("feature `cuda`"), "{said:?}");
+    }
+}
+
+/// Writes a line to stderr past the test harness's capture, so "not run" shows in every run.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
