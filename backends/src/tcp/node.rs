@@ -178,12 +178,21 @@ impl TcpNode {
     // ---- commands ----
 
     /// Registers the caller's `memory` as a KV region of `layout`: lanes send from it and receive into it
-    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run).
+    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run). Host and pinned
+    /// host memory only: GPU memory is refused with a clear error (no staging on lanes yet).
     pub fn register_kv_region(
         &self,
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TcpError> {
+        if !memory.kind().is_host() {
+            // Lanes read and place bytes with the host's own calls; GPU bytes would have to be staged
+            // through pinned buffers (`backends::cuda::Stager`), which lanes do not do yet.
+            return Err(TcpError::Config(format!(
+                "TCP lanes cannot send or receive {} yet: register host or pinned host memory, and copy                  GPU KV through it",
+                memory.kind()
+            )));
+        }
         Ok(self.state.ctx.station.register_kv_region(layout, memory)?)
     }
 

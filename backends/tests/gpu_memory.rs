@@ -1,5 +1,6 @@
-//! Loopback units from GPU memory go through the GPU placer: without a CUDA driver (or without feature
-//! `cuda`) each is refused with a clear error and the blocks come back for recompute; nothing is placed.
+//! GPU memory on the host-only paths: loopback units from GPU memory go through the GPU placer (without a CUDA
+//! driver, or without feature `cuda`, each is refused with a clear error and the blocks come back for recompute;
+//! nothing is placed), and TCP refuses GPU regions at registration.
 //!
 //! The moves themselves need a GPU: they are tested by `backends/tests/cuda.rs` (ignored here, run by
 //! `scripts/gpu-check.sh`). This test prints "not run" for them.
@@ -75,4 +76,24 @@ fn units_from_gpu_memory_without_a_driver_are_refused_and_recomputed() {
 fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+#[test]
+fn tcp_refuses_gpu_memory_with_a_clear_error() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let node = backends::tcp::TcpNode::start(backends::tcp::TcpConfig::with_engine_id(9))
+            .await
+            .unwrap();
+        let l = KvLayout::new(1, 1, 4096, 16, Dtype::Bf16).unwrap();
+        let gpu = MemoryRegion::from_raw_memory(ClaimsToBeGpu(vec![0u8; 4096].into_boxed_slice()));
+        let err = node.register_kv_region(l, gpu).unwrap_err().to_string();
+        assert!(
+            err.contains("memory of GPU 0") && err.contains("TCP lanes cannot"),
+            "{err}"
+        );
+    });
 }
