@@ -10,6 +10,7 @@ mod gpu;
 mod load;
 mod net;
 mod overlap;
+mod pd;
 mod progress;
 mod replay;
 mod report;
@@ -64,6 +65,8 @@ enum Command {
     PeerDeath(death::PeerDeathArgs),
     /// Sweeps block sizes x modes x backends; writes sweep.json and throughput and latency plots.
     Sweep(sweep::SweepArgs),
+    /// Prefill and decode in two processes over TCP through the KV connector: TTFT against recompute.
+    Pd(pd::PdArgs),
     /// GPU copies (feature `cuda`): host to GPU, GPU to host, GPU to GPU beside a plain cuMemcpy.
     Gpu(gpu::GpuArgs),
 }
@@ -88,6 +91,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Connect(args) => net::connect_main(&args),
         Command::PeerDeath(args) => death::main(&args),
         Command::Load(args) => load::main(&args),
+        Command::Pd(args) => pd::main(&args),
         Command::Gpu(args) => gpu::main(&args),
     }
 }

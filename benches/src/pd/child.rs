@@ -1,0 +1,178 @@
+//! The prefill side of `te-bench pd`: the child process (a producer connector that computes, simulated,
+//! and saves layer by layer) and the decode's handle on it (one JSON line per command on its stdin, one
+//! reply line on its stdout).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use anyhow::{Context, bail};
+use backends::tcp::TcpConfig;
+use connector::{KvConnector, KvRequest, RequestExtras, Role};
+use serde::{Deserialize, Serialize};
+use transfer_engine::MemoryRegion;
+
+use super::{PdArgs, config, pool_blocks, pool_bytes, sleep_us, stamp};
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum ChildCommand {
+    Prefill { id: String, tokens: Vec<u32> },
+    Weights { version: u64 },
+    Stats,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub(super) struct ChildReply {
+    pub(super) computed_blocks: usize,
+    pub(super) store_peak_blocks: usize,
+    pub(super) saved_blocks: u64,
+    pub(super) save_dropped: u64,
+    pub(super) error: Option<String>,
+}
+
+/// The prefill process, driven over its stdin and stdout.
+pub(super) struct PrefillChild {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    pub(super) control: SocketAddr,
+}
+
+impl PrefillChild {
+    pub(super) fn spawn(args: &PdArgs) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe().context("finding te-bench's own path")?;
+        let mut child = Command::new(exe)
+            .args(["pd", "--prefill-child"])
+            .args(["--layers", &args.layers.to_string()])
+            .args(["--block-tokens", &args.block_tokens.to_string()])
+            .args(["--block-bytes", &args.block_bytes.to_string()])
+            .args(["--compute-us", &args.compute_us.to_string()])
+            .args(["--store-blocks", &args.store_blocks.to_string()])
+            .args(["--max-trace-blocks", &args.max_trace_blocks.to_string()])
+            .args(args.store_segments.then_some("--store-segments"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the prefill process")?;
+        let stdin = child.stdin.take();
+        let mut stdout = BufReader::new(child.stdout.take().context("no stdout")?);
+        let mut line = String::new();
+        stdout.read_line(&mut line)?;
+        let control = line
+            .trim()
+            .strip_prefix("prefill control on ")
+            .with_context(|| format!("the prefill process said {line:?}"))?
+            .parse()?;
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            control,
+        })
+    }
+
+    pub(super) fn call(&mut self, cmd: &ChildCommand) -> anyhow::Result<ChildReply> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .context("the prefill process is closed")?;
+        writeln!(stdin, "{}", serde_json::to_string(cmd)?)?;
+        stdin.flush()?;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            bail!("the prefill process ended");
+        }
+        let reply: ChildReply = serde_json::from_str(&line)?;
+        if let Some(e) = reply.error {
+            bail!("prefill: {e}");
+        }
+        Ok(reply)
+    }
+
+    pub(super) fn finish(mut self) {
+        self.stdin.take(); // EOF: the child exits
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrefillChild {
+    fn drop(&mut self) {
+        if self.stdin.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The prefill instance: a producer connector; computes (simulated) and saves layer by layer.
+pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
+    let tcp = TcpConfig {
+        listen: None,
+        ..TcpConfig::with_engine_id(1)
+    };
+    let prefill = KvConnector::tcp(config(args, Role::Producer), tcp, None, None)?;
+    let pool = MemoryRegion::zeroed(pool_bytes(args) as usize);
+    prefill.register_kv_caches(pool.clone(), pool_blocks(args))?;
+    let control = prefill
+        .control_addr()
+        .context("a producer serves control")?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "prefill control on {control}")?;
+    out.flush()?;
+    let bs = args.block_tokens as usize;
+    for line in std::io::stdin().lock().lines() {
+        let cmd: ChildCommand = serde_json::from_str(&line?)?;
+        let reply = match cmd {
+            ChildCommand::Weights { version } => {
+                prefill.set_weight_version(version);
+                ChildReply::default()
+            }
+            ChildCommand::Stats => ChildReply {
+                store_peak_blocks: prefill.store_usage().1,
+                saved_blocks: prefill.metrics().snapshot().saved_blocks,
+                save_dropped: prefill.metrics().snapshot().save_dropped,
+                ..ChildReply::default()
+            },
+            ChildCommand::Prefill { id, tokens } => {
+                let extras = RequestExtras::default();
+                let req = KvRequest {
+                    id: &id,
+                    tokens: &tokens,
+                    extras: &extras,
+                    external_keys: None,
+                    transfer_params: None,
+                };
+                let keys = prefill.request_keys(&req);
+                let cached = prefill.stored_prefix(&keys);
+                let total = tokens.len().div_ceil(bs);
+                let blocks: Vec<u32> = (0..total as u32).collect();
+                prefill.get_num_new_matched_tokens(&req, 0)?;
+                prefill.update_state_after_alloc(&id, &blocks, 0)?;
+                prefill.bind_connector_metadata(prefill.build_connector_meta());
+                let version = prefill.namespace().weight_version;
+                for layer in 0..args.layers {
+                    sleep_us(args.compute_us * (total - cached) as u64);
+                    for (b, key) in keys.iter().enumerate() {
+                        let at = ((u64::from(layer) * u64::from(pool_blocks(args)) + b as u64)
+                            * args.block_bytes) as usize;
+                        pool.copy_from(at, &stamp(version, key))?;
+                    }
+                    prefill.save_kv_layer(layer)?;
+                }
+                prefill.wait_for_save()?;
+                prefill.clear_connector_metadata();
+                prefill.request_finished(&id);
+                let _ = prefill.get_finished();
+                ChildReply {
+                    computed_blocks: total - cached,
+                    ..ChildReply::default()
+                }
+            }
+        };
+        writeln!(out, "{}", serde_json::to_string(&reply)?)?;
+        out.flush()?;
+    }
+    Ok(())
+}

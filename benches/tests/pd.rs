@@ -1,0 +1,50 @@
+//! `te-bench pd` runs prefill and decode as two processes and reports every figure the issue names, with
+//! no block of an old weight version served after the change.
+
+use std::process::Command;
+
+#[test]
+fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_te-bench"))
+        .args([
+            "pd",
+            "--requests",
+            "12",
+            "--layers",
+            "4",
+            "--max-trace-blocks",
+            "2",
+            "--compute-us",
+            "20",
+            "--json",
+        ])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("running te-bench pd");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    for key in [
+        "ttft_ms_engine",
+        "ttft_ms_recompute",
+        "hit_rate",
+        "bytes_loaded",
+        "peak_buffer_bytes",
+        "stale_blocks_served",
+    ] {
+        assert!(v[key].is_number(), "{key} missing in {v}");
+    }
+    assert_eq!(v["requests"], 12);
+    assert_eq!(v["stale_blocks_served"], 0);
+    assert_eq!(v["wrong_blocks"], 0);
+    assert_eq!(v["weight_change_at"], 6);
+    // The decode loaded what the prefill saved, including after the weight change.
+    assert!(v["hit_rate"].as_f64().unwrap() > 0.5, "{v}");
+    assert!(v["bytes_loaded"].as_u64().unwrap() > 0);
+    assert!(v["loaded_blocks_after_change"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["ttft_ms_engine"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,140 @@
+//! Roles and configuration.
+
+use std::time::Duration;
+
+use policy::Namespace;
+use transfer_engine::{Dtype, KvLayout, TrafficClass};
+
+use crate::error::ConnectorError;
+use crate::keys::{ExtraKeyLayout, VllmHasher, root_hash};
+
+/// What an instance does with KV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Saves KV (a prefill instance); never loads.
+    Producer,
+    /// Loads KV (a decode instance); never saves.
+    Consumer,
+    /// Both.
+    Both,
+}
+
+impl Role {
+    /// Whether this role saves.
+    #[must_use]
+    pub fn saves(self) -> bool {
+        matches!(self, Role::Producer | Role::Both)
+    }
+
+    /// Whether this role loads.
+    #[must_use]
+    pub fn loads(self) -> bool {
+        matches!(self, Role::Consumer | Role::Both)
+    }
+
+    /// The role's name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Consumer => "consumer",
+            Role::Both => "both",
+        }
+    }
+}
+
+/// A connector's settings.
+#[derive(Debug, Clone)]
+pub struct ConnectorConfig {
+    /// Producer, consumer or both.
+    pub role: Role,
+    /// Model id, weight version, block size (tokens) and dtype; keys live inside it.
+    pub namespace: Namespace,
+    /// `PYTHONHASHSEED` of the vLLM processes whose keys must match (`None`: unset, vLLM ≥ 0.29).
+    pub python_hash_seed: Option<String>,
+    /// Extra-key shape of the vLLM release in use.
+    pub extra_key_layout: ExtraKeyLayout,
+    /// Transformer layers of the KV cache.
+    pub layers: u32,
+    /// Bytes of one block of one layer (K and V together).
+    pub block_bytes: u64,
+    /// Blocks the local tier store keeps in host memory (producers; 0 for a consumer).
+    pub store_blocks: u32,
+    /// Rank the store's blocks with the tier manager's ARC-style segments instead of plain heat order
+    /// (see [`crate::TierStore::with_memory`]; off by default: a block just saved then stays loadable).
+    pub store_segments: bool,
+    /// Layers a load may run ahead of the consumer's compute.
+    pub prefetch_depth: u32,
+    /// Traffic class of loads a consumer waits on.
+    pub class: TrafficClass,
+    /// Time a load may take before its missing blocks are handed back for recompute (and a control
+    /// call to a producer before it fails).
+    pub load_timeout: Duration,
+}
+
+impl ConnectorConfig {
+    /// Defaults for `role` in `namespace`: 32 layers, 64 KiB blocks, a 1024-block store, prefetch 2.
+    #[must_use]
+    pub fn new(role: Role, namespace: Namespace) -> ConnectorConfig {
+        ConnectorConfig {
+            role,
+            namespace,
+            python_hash_seed: None,
+            extra_key_layout: ExtraKeyLayout::Tagged,
+            layers: 32,
+            block_bytes: 64 << 10,
+            store_blocks: if role.saves() { 1024 } else { 0 },
+            store_segments: false,
+            prefetch_depth: 2,
+            class: TrafficClass::UrgentKv,
+            load_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ConnectorError> {
+        if self.namespace.block_size == 0 {
+            return Err(ConnectorError::Config(
+                "namespace.block_size must be at least 1 token".into(),
+            ));
+        }
+        if self.role.saves() && self.store_blocks == 0 {
+            return Err(ConnectorError::Config(
+                "a producer needs store_blocks > 0 (the host-memory tier it saves into)".into(),
+            ));
+        }
+        self.kv_layout(1)?;
+        Ok(())
+    }
+
+    /// The KV layout of a pool of `blocks` blocks with these dimensions.
+    pub fn kv_layout(&self, blocks: u32) -> Result<KvLayout, ConnectorError> {
+        Ok(KvLayout::new(
+            self.layers,
+            blocks,
+            self.block_bytes,
+            self.namespace.block_size,
+            self.namespace.dtype,
+        )?)
+    }
+
+    /// The block hasher these settings imply.
+    #[must_use]
+    pub fn hasher(&self) -> VllmHasher {
+        VllmHasher::new(
+            root_hash(self.python_hash_seed.as_deref()),
+            self.namespace.block_size as usize,
+        )
+    }
+}
+
+/// A namespace for `model` at `weight_version` with `block_size`-token blocks of bf16.
+#[must_use]
+pub fn namespace(model: &str, weight_version: u64, block_size: u32) -> Namespace {
+    Namespace {
+        model: model.into(),
+        weight_version,
+        block_size,
+        dtype: Dtype::Bf16,
+    }
+}

@@ -1,0 +1,342 @@
+//! The connector object: its role, namespace, transport, local tier store and the two halves' state.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use backends::loopback::{CONSUMER, LoopbackPair};
+use backends::tcp::{TcpConfig, TcpNode};
+use policy::Namespace;
+use tokio::runtime::Runtime;
+use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle};
+
+use crate::config::{ConnectorConfig, Role};
+use crate::control::{self, ControlClient};
+use crate::error::ConnectorError;
+use crate::keys::VllmHasher;
+use crate::metrics::Metrics;
+use crate::producer::{ProducerCore, lock};
+use crate::scheduler::SchedulerState;
+use crate::store::TierStore;
+use crate::transport::Transport;
+use crate::worker::WorkerState;
+
+/// Where a consumer's KV comes from.
+#[derive(Debug)]
+pub(crate) enum Source {
+    /// No source: this connector does not load.
+    None,
+    /// A producer in this process (loopback), sending to peer `PeerId`.
+    Local(Arc<ProducerCore>, PeerId),
+    /// Producers reached over their control channels: the configured one, and any a request's
+    /// [`crate::KvTransferParams`] names.
+    Remote(Remotes),
+}
+
+/// Most producers a consumer keeps a control connection to (the oldest is closed beyond it).
+const MAX_PRODUCERS: usize = 256;
+
+/// A consumer's control connections, by producer address.
+#[derive(Debug)]
+pub(crate) struct Remotes {
+    /// The producer asked when a request names none.
+    pub(crate) default: Option<SocketAddr>,
+    timeout: std::time::Duration,
+    clients: Mutex<Vec<(SocketAddr, Arc<ControlClient>)>>,
+}
+
+impl Remotes {
+    pub(crate) fn new(default: Option<SocketAddr>, timeout: std::time::Duration) -> Remotes {
+        Remotes {
+            default,
+            timeout,
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The client of `producer` (or of the default producer), if there is one to ask.
+    pub(crate) fn client(&self, producer: Option<SocketAddr>) -> Option<Arc<ControlClient>> {
+        let addr = producer.or(self.default)?;
+        let mut clients = lock(&self.clients);
+        if let Some((_, c)) = clients.iter().find(|(a, _)| *a == addr) {
+            return Some(c.clone());
+        }
+        if clients.len() >= MAX_PRODUCERS {
+            clients.remove(0);
+        }
+        let c = Arc::new(ControlClient::new(addr, self.timeout));
+        clients.push((addr, c.clone()));
+        Some(c)
+    }
+}
+
+/// A KV connector: the scheduler-side calls ([`KvConnector::get_num_new_matched_tokens`], ...) and the
+/// worker-side calls ([`KvConnector::start_load_kv`], ...) of vLLM's v1 connector, one to one. See the
+/// crate docs for the mapping and an example.
+pub struct KvConnector {
+    pub(crate) cfg: ConnectorConfig,
+    pub(crate) namespace: Mutex<Namespace>,
+    pub(crate) hasher: VllmHasher,
+    pub(crate) rt: Arc<Runtime>,
+    pub(crate) transport: Transport,
+    pub(crate) producer: Option<Arc<ProducerCore>>,
+    pub(crate) source: Source,
+    pub(crate) control_addr: Option<SocketAddr>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) sched: Mutex<SchedulerState>,
+    pub(crate) worker: Mutex<WorkerState>,
+    /// The registered KV caches of a consumer, as its producer addresses them.
+    pub(crate) kv_handle: Mutex<Option<RegionHandle>>,
+}
+
+impl std::fmt::Debug for KvConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvConnector")
+            .field("role", &self.cfg.role)
+            .field("control_addr", &self.control_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn runtime() -> Result<Arc<Runtime>, ConnectorError> {
+    Ok(Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+    ))
+}
+
+impl KvConnector {
+    fn assemble(
+        cfg: ConnectorConfig,
+        rt: Arc<Runtime>,
+        transport: Transport,
+        source: Source,
+    ) -> Result<KvConnector, ConnectorError> {
+        cfg.validate()?;
+        let metrics = Arc::new(Metrics::default());
+        let producer = if cfg.role.saves() {
+            let layout: KvLayout = cfg.kv_layout(cfg.store_blocks)?;
+            let bytes = usize::try_from(layout.total_bytes())
+                .map_err(|_| ConnectorError::Config("the store does not fit in memory".into()))?;
+            let store =
+                TierStore::with_memory(layout, MemoryRegion::zeroed(bytes), cfg.store_segments)?;
+            let store_handle = transport.register(layout, store.memory().clone())?;
+            metrics.tier_capacity.store(
+                u64::from(cfg.store_blocks),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            Some(Arc::new(ProducerCore {
+                store: Mutex::new(store),
+                store_handle,
+                transport: transport.clone(),
+                namespace: Mutex::new(cfg.namespace.id()),
+                metrics: metrics.clone(),
+                started: Instant::now(),
+                prefetch_depth: cfg.prefetch_depth,
+                timeout: cfg.load_timeout,
+                runtime: rt.handle().clone(),
+            }))
+        } else {
+            None
+        };
+        if cfg.role.loads() {
+            rt.spawn(transport.clone().drain_incoming());
+        }
+        Ok(KvConnector {
+            namespace: Mutex::new(cfg.namespace.clone()),
+            hasher: cfg.hasher(),
+            cfg,
+            rt,
+            transport,
+            producer,
+            source,
+            control_addr: None,
+            metrics,
+            sched: Mutex::default(),
+            worker: Mutex::default(),
+            kv_handle: Mutex::new(None),
+        })
+    }
+
+    /// A connector over TCP. A producer (or `both`) serves lookups and loads on `control_listen`; a
+    /// consumer (or `both`) asks the producer whose control address is `producer`. `tcp` sets up the
+    /// transfer engine's node (its listen address, lanes, shaping, secret); a consumer's node must listen.
+    pub fn tcp(
+        cfg: ConnectorConfig,
+        mut tcp: TcpConfig,
+        control_listen: Option<SocketAddr>,
+        producer: Option<SocketAddr>,
+    ) -> Result<KvConnector, ConnectorError> {
+        let rt = runtime()?;
+        // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
+        // handshake checks the model and block size only.
+        tcp.namespace = Namespace {
+            weight_version: 0,
+            ..cfg.namespace.clone()
+        };
+        let node = rt.block_on(TcpNode::start(tcp))?;
+        let source = match (cfg.role.loads(), producer) {
+            (false, _) => Source::None,
+            // Without a default producer, only requests whose transfer parameters name one load
+            // (and a `both` connector's own tier store).
+            (true, default) => Source::Remote(Remotes::new(default, cfg.load_timeout)),
+        };
+        if cfg.role.loads() && node.local_addr().is_none() {
+            return Err(ConnectorError::Config(
+                "a consumer's TCP node must listen (set TcpConfig::listen): producers connect to it".into(),
+            ));
+        }
+        let mut c = Self::assemble(cfg, rt, Transport::Tcp(Arc::new(node)), source)?;
+        if let Some(core) = c.producer.clone() {
+            let addr = control_listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
+            let listener = c.rt.block_on(tokio::net::TcpListener::bind(addr))?;
+            c.control_addr = Some(listener.local_addr()?);
+            c.rt.spawn(control::serve(core, listener));
+        }
+        Ok(c)
+    }
+
+    /// A producer and a consumer in one process, joined by the loopback backend (tests, and tier moves
+    /// within one host).
+    pub fn loopback_pair(
+        producer: ConnectorConfig,
+        consumer: ConnectorConfig,
+    ) -> Result<(KvConnector, KvConnector), ConnectorError> {
+        if producer.role != Role::Producer || consumer.role != Role::Consumer {
+            return Err(ConnectorError::Config(
+                "a loopback pair is one producer and one consumer".into(),
+            ));
+        }
+        let pair = Arc::new(LoopbackPair::with_defaults());
+        let p = Self::assemble(
+            producer,
+            runtime()?,
+            Transport::LoopbackProducer(pair.clone()),
+            Source::None,
+        )?;
+        let core = p.producer.clone().expect("a producer has a store");
+        let c = Self::assemble(
+            consumer,
+            runtime()?,
+            Transport::LoopbackConsumer(pair),
+            Source::Local(core, CONSUMER),
+        )?;
+        Ok((p, c))
+    }
+
+    /// The role.
+    #[must_use]
+    pub fn role(&self) -> Role {
+        self.cfg.role
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &ConnectorConfig {
+        &self.cfg
+    }
+
+    /// The namespace keys are made in now.
+    #[must_use]
+    pub fn namespace(&self) -> Namespace {
+        lock(&self.namespace).clone()
+    }
+
+    /// Where a producer serves lookups and loads (pass it to consumers).
+    #[must_use]
+    pub fn control_addr(&self) -> Option<SocketAddr> {
+        self.control_addr
+    }
+
+    /// The connector's metrics.
+    #[must_use]
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Every metric as Prometheus text (see [`crate::metrics`] for the names).
+    #[must_use]
+    pub fn prometheus(&self) -> String {
+        self.refresh_gauges();
+        self.metrics.prometheus()
+    }
+
+    pub(crate) fn refresh_gauges(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(core) = &self.producer {
+            let used = lock(&core.store).used() as u64;
+            self.metrics.tier_blocks.store(used, Relaxed);
+        }
+        self.metrics
+            .retransmits
+            .fetch_max(self.transport.retransmits(), Relaxed);
+    }
+
+    /// Slots of the local tier store in use now, and the most ever in use (0, 0 without a store).
+    #[must_use]
+    pub fn store_usage(&self) -> (usize, usize) {
+        self.producer.as_ref().map_or((0, 0), |core| {
+            let s = lock(&core.store);
+            (s.used(), s.peak_used())
+        })
+    }
+
+    /// Bytes of one block across all layers.
+    #[must_use]
+    pub fn block_bytes_all_layers(&self) -> u64 {
+        self.cfg.block_bytes * u64::from(self.cfg.layers)
+    }
+
+    /// Switches to weight version `version`: keys are made in the new namespace from now on, and a
+    /// producer drops every stored block of the old one, so no KV of the old weights is served after it.
+    pub fn set_weight_version(&self, version: u64) {
+        let old = {
+            let mut ns = lock(&self.namespace);
+            let old = ns.id();
+            ns.weight_version = version;
+            old
+        };
+        if let Some(core) = &self.producer {
+            *lock(&core.namespace) = lock(&self.namespace).id();
+            lock(&core.store).drop_namespace(old);
+        }
+    }
+
+    /// Registers the worker's KV caches: `memory` holds `blocks` blocks per layer in the configured
+    /// layout (layer-major). A consumer's loads land in it in place; a producer saves out of it.
+    pub fn register_kv_caches(
+        &self,
+        memory: MemoryRegion,
+        blocks: u32,
+    ) -> Result<(), ConnectorError> {
+        let layout = self.cfg.kv_layout(blocks)?;
+        if (memory.len() as u64) < layout.total_bytes() {
+            return Err(ConnectorError::Config(format!(
+                "KV caches of {} bytes are smaller than {blocks} blocks of the layout ({} bytes)",
+                memory.len(),
+                layout.total_bytes()
+            )));
+        }
+        if self.cfg.role.loads() {
+            let handle = self.transport.register(layout, memory.clone())?;
+            if let Transport::Tcp(node) = &self.transport {
+                node.publish_segment(control::KV_SEGMENT, handle);
+            }
+            *lock(&self.kv_handle) = Some(handle);
+        }
+        lock(&self.worker).kv = Some((memory, layout));
+        Ok(())
+    }
+}
+
+impl Drop for KvConnector {
+    fn drop(&mut self) {
+        // The TCP node stops its tasks on drop, which needs its runtime.
+        let _guard = self.rt.enter();
+        if let Transport::Tcp(node) = &self.transport {
+            node.shutdown();
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The crate's one error type.
+
+use transfer_engine::SessionId;
+
+/// What can go wrong in a connector call. Every error is a value the caller handles; none yields wrong
+/// KV: a load that fails names the blocks to recompute ([`crate::KvConnector::failed_blocks`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectorError {
+    /// The configuration is not usable; the message says which field.
+    #[error("invalid connector configuration: {0}")]
+    Config(String),
+    /// The call is not allowed in this role (a producer never loads, a consumer never saves).
+    #[error("{call} is not available to a {role} connector")]
+    Role {
+        /// The call.
+        call: &'static str,
+        /// The connector's role.
+        role: &'static str,
+    },
+    /// The worker has not registered its KV caches yet.
+    #[error("register the KV caches (register_kv_caches) before {0}")]
+    NoKvCaches(&'static str),
+    /// A request id the connector does not know in this step.
+    #[error("unknown request {0:?}")]
+    UnknownRequest(String),
+    /// The block lists of a request do not fit the layout.
+    #[error("bad block list: {0}")]
+    Blocks(String),
+    /// The transfer engine refused a command.
+    #[error(transparent)]
+    Engine(#[from] transfer_engine::Error),
+    /// The TCP backend failed.
+    #[error(transparent)]
+    Tcp(#[from] backends::tcp::TcpError),
+    /// The loopback backend failed.
+    #[error(transparent)]
+    Loopback(#[from] backends::loopback::LoopbackError),
+    /// The tier manager refused its configuration.
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    /// The control connection to a producer failed or it answered with an error.
+    #[error("producer at {peer}: {message}")]
+    Control {
+        /// The producer's control address.
+        peer: String,
+        /// What happened.
+        message: String,
+    },
+    /// A load session ended without some of its layers.
+    #[error("load session {session} lost layer {layer}: its blocks must be recomputed")]
+    LayerLost {
+        /// The session.
+        session: SessionId,
+        /// The layer.
+        layer: u32,
+    },
+    /// A socket or runtime operation failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,321 @@
+//! Metrics with stable names, rendered as Prometheus text.
+//!
+//! Written by hand rather than through a metrics crate: the set is small and fixed, the counters are plain
+//! atomics updated on the hot path, and the text format for counters, gauges and one histogram is a few
+//! lines. Names never change between releases (dashboards depend on them):
+//!
+//! | name | type | what |
+//! | --- | --- | --- |
+//! | `kv_cache_hit_rate` | gauge | blocks found loadable / blocks looked up |
+//! | `kv_lookup_blocks_total` | counter | blocks looked up (scheduler side) |
+//! | `kv_lookup_hit_blocks_total` | counter | of which loadable |
+//! | `kv_transfer_bytes_total{direction,class}` | counter | KV bytes loaded (`in`) or served (`out`) |
+//! | `kv_local_tier_bytes_total` | counter | KV bytes copied from this instance's own tier store |
+//! | `kv_retransmits_total` | counter | data frames sent again by the engine |
+//! | `kv_recompute_blocks_total` | counter | blocks a load could not deliver (recomputed) |
+//! | `kv_saved_blocks_total` | counter | blocks saved whole into the local tier store |
+//! | `kv_save_dropped_blocks_total` | counter | blocks a save could not store (no free slot, or evicted while being saved) |
+//! | `kv_stale_lookups_total` | counter | lookups for a namespace other than the current one |
+//! | `kv_transfer_latency_seconds` | histogram | a load, from start to its last layer |
+//! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store |
+//! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity |
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use transfer_engine::TrafficClass;
+
+/// Upper bounds of the latency histogram's buckets, in seconds.
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0,
+];
+
+/// Which way KV bytes moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Loaded into this instance.
+    In,
+    /// Served to another instance.
+    Out,
+}
+
+/// The connector's counters (all atomics: any thread may update them).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    lookup_blocks: AtomicU64,
+    lookup_hits: AtomicU64,
+    bytes: [[AtomicU64; 3]; 2],
+    pub(crate) retransmits: AtomicU64,
+    local_tier_bytes: AtomicU64,
+    recompute_blocks: AtomicU64,
+    saved_blocks: AtomicU64,
+    save_dropped: AtomicU64,
+    stale_lookups: AtomicU64,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    pub(crate) tier_blocks: AtomicU64,
+    pub(crate) tier_capacity: AtomicU64,
+}
+
+/// A snapshot of [`Metrics`], for programs that read figures rather than text.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MetricsSnapshot {
+    /// Blocks looked up.
+    pub lookup_blocks: u64,
+    /// Blocks found loadable.
+    pub lookup_hits: u64,
+    /// Bytes loaded.
+    pub bytes_in: u64,
+    /// Bytes served.
+    pub bytes_out: u64,
+    /// Retransmitted frames.
+    pub retransmits: u64,
+    /// Blocks handed back for recompute.
+    pub recompute_blocks: u64,
+    /// Blocks saved whole.
+    pub saved_blocks: u64,
+    /// Blocks a save could not store.
+    pub save_dropped: u64,
+    /// Loads timed.
+    pub loads: u64,
+    /// Blocks resident in the store.
+    pub tier_blocks: u64,
+}
+
+impl MetricsSnapshot {
+    /// Hits over lookups (0 when nothing was looked up).
+    #[must_use]
+    pub fn hit_rate(&self) -> f64 {
+        if self.lookup_blocks == 0 {
+            0.0
+        } else {
+            self.lookup_hits as f64 / self.lookup_blocks as f64
+        }
+    }
+}
+
+const CLASSES: [(&str, TrafficClass); 3] = [
+    ("collective", TrafficClass::Collective),
+    ("urgent", TrafficClass::UrgentKv),
+    ("bulk", TrafficClass::BulkKv),
+];
+
+impl Metrics {
+    pub(crate) fn lookup(&self, asked: usize, hits: usize) {
+        self.lookup_blocks
+            .fetch_add(asked as u64, Ordering::Relaxed);
+        self.lookup_hits.fetch_add(hits as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn bytes(&self, dir: Direction, class: TrafficClass, n: u64) {
+        self.bytes[dir as usize][class.index()].fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn local_tier_bytes(&self, n: u64) {
+        self.local_tier_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn recompute(&self, blocks: usize) {
+        self.recompute_blocks
+            .fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn saved(&self, blocks: usize) {
+        self.saved_blocks
+            .fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn save_dropped(&self, blocks: usize) {
+        self.save_dropped
+            .fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stale_lookup(&self) {
+        self.stale_lookups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn latency(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            if s <= *le {
+                self.latency_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// A snapshot of the counters.
+    #[must_use]
+    pub fn snapshot(&self) -> MetricsSnapshot {
+        let sum = |d: usize| {
+            self.bytes[d]
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .sum()
+        };
+        MetricsSnapshot {
+            lookup_blocks: self.lookup_blocks.load(Ordering::Relaxed),
+            lookup_hits: self.lookup_hits.load(Ordering::Relaxed),
+            bytes_in: sum(0),
+            bytes_out: sum(1),
+            retransmits: self.retransmits.load(Ordering::Relaxed),
+            recompute_blocks: self.recompute_blocks.load(Ordering::Relaxed),
+            saved_blocks: self.saved_blocks.load(Ordering::Relaxed),
+            save_dropped: self.save_dropped.load(Ordering::Relaxed),
+            loads: self.latency_count.load(Ordering::Relaxed),
+            tier_blocks: self.tier_blocks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every metric in Prometheus text exposition format (version 0.0.4).
+    #[must_use]
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let snap = self.snapshot();
+        let mut metric = |name: &str, kind: &str, help: &str, lines: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in lines {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let one = |v: String| vec![(String::new(), v)];
+        metric(
+            "kv_cache_hit_rate",
+            "gauge",
+            "Blocks found loadable over blocks looked up.",
+            &one(format!("{}", snap.hit_rate())),
+        );
+        metric(
+            "kv_lookup_blocks_total",
+            "counter",
+            "Blocks looked up by the scheduler side.",
+            &one(snap.lookup_blocks.to_string()),
+        );
+        metric(
+            "kv_lookup_hit_blocks_total",
+            "counter",
+            "Blocks looked up that were loadable.",
+            &one(snap.lookup_hits.to_string()),
+        );
+        let mut bytes = Vec::new();
+        for (d, dir) in ["in", "out"].iter().enumerate() {
+            for (name, class) in CLASSES {
+                bytes.push((
+                    format!("{{direction=\"{dir}\",class=\"{name}\"}}"),
+                    load(&self.bytes[d][class.index()]).to_string(),
+                ));
+            }
+        }
+        metric(
+            "kv_transfer_bytes_total",
+            "counter",
+            "KV bytes loaded (in) or served (out), by traffic class.",
+            &bytes,
+        );
+        metric(
+            "kv_local_tier_bytes_total",
+            "counter",
+            "KV bytes copied from this instance's own tier store into its KV caches.",
+            &one(load(&self.local_tier_bytes).to_string()),
+        );
+        metric(
+            "kv_retransmits_total",
+            "counter",
+            "Data frames the transfer engine sent again.",
+            &one(snap.retransmits.to_string()),
+        );
+        metric(
+            "kv_recompute_blocks_total",
+            "counter",
+            "Blocks a load could not deliver intact; the engine recomputes them.",
+            &one(snap.recompute_blocks.to_string()),
+        );
+        metric(
+            "kv_saved_blocks_total",
+            "counter",
+            "Blocks saved whole (every layer) into the local tier store.",
+            &one(snap.saved_blocks.to_string()),
+        );
+        metric(
+            "kv_save_dropped_blocks_total",
+            "counter",
+            "Blocks a save could not store (no free slot, or evicted while being saved).",
+            &one(snap.save_dropped.to_string()),
+        );
+        metric(
+            "kv_stale_lookups_total",
+            "counter",
+            "Lookups that named a namespace other than the producer's current one.",
+            &one(load(&self.stale_lookups).to_string()),
+        );
+        let mut hist: Vec<(String, String)> = LATENCY_BUCKETS
+            .iter()
+            .zip(&self.latency_buckets)
+            .map(|(le, n)| (format!("_bucket{{le=\"{le}\"}}"), load(n).to_string()))
+            .collect();
+        hist.push((
+            "_bucket{le=\"+Inf\"}".into(),
+            load(&self.latency_count).to_string(),
+        ));
+        hist.push((
+            "_sum".into(),
+            format!("{}", load(&self.latency_sum_us) as f64 / 1e6),
+        ));
+        hist.push(("_count".into(), load(&self.latency_count).to_string()));
+        metric(
+            "kv_transfer_latency_seconds",
+            "histogram",
+            "Time from starting a load to its last layer arriving.",
+            &hist,
+        );
+        metric(
+            "kv_tier_blocks",
+            "gauge",
+            "Blocks resident in the local tier store.",
+            &[("{tier=\"host\"}".into(), snap.tier_blocks.to_string())],
+        );
+        metric(
+            "kv_tier_capacity_blocks",
+            "gauge",
+            "Blocks the local tier store can hold.",
+            &[(
+                "{tier=\"host\"}".into(),
+                load(&self.tier_capacity).to_string(),
+            )],
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_has_every_stable_name_and_counts() {
+        let m = Metrics::default();
+        m.lookup(4, 3);
+        m.bytes(Direction::In, TrafficClass::UrgentKv, 100);
+        m.latency(Duration::from_millis(3));
+        m.recompute(2);
+        let text = m.prometheus();
+        for name in [
+            "kv_cache_hit_rate 0.75",
+            "kv_transfer_bytes_total{direction=\"in\",class=\"urgent\"} 100",
+            "kv_transfer_bytes_total{direction=\"out\",class=\"bulk\"} 0",
+            "kv_retransmits_total 0",
+            "kv_recompute_blocks_total 2",
+            "kv_transfer_latency_seconds_bucket{le=\"0.002\"} 0",
+            "kv_transfer_latency_seconds_bucket{le=\"0.005\"} 1",
+            "kv_transfer_latency_seconds_count 1",
+            "kv_tier_blocks{tier=\"host\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The local tier store: blocks a producer saved, kept in host memory under the policy crate's
+//! [`TierManager`] and served to consumers by key.
+//!
+//! The store is one KV region of `capacity` slots (`layers x capacity x block_bytes`, registered with the
+//! transport so loads read straight from it). A block takes a slot when its layer 0 is saved and becomes
+//! loadable once every layer is in, in order. The tier manager ranks blocks by heat (decayed frequency,
+//! sharing degree, recency) and evicts chain tails before their parents; a block it evicts while a load
+//! reads it keeps its slot until that load ends, but is never served again. A lookup walks a request's
+//! keys and stops at the first block that is missing or incomplete.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use policy::{NamespaceId, TierCapacities, TierConfig, TierManager};
+use transfer_engine::policy::{BlockKey, Tier};
+use transfer_engine::{BlockId, KvLayout, MemoryRegion};
+
+use crate::error::ConnectorError;
+use crate::keys::ScopedKey;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    slot: u32,
+    /// Layers saved so far (layers arrive in order).
+    layers: u32,
+    /// Loads reading the slot now.
+    pins: u32,
+}
+
+/// What one layer's save did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SaveReport {
+    /// Blocks whose layer was copied in.
+    pub copied: usize,
+    /// Blocks that became loadable (their last layer arrived).
+    pub completed: usize,
+    /// Blocks already stored whole (a shared prefix): nothing to copy.
+    pub already_stored: usize,
+    /// Blocks that could not be stored (no free slot, or an earlier layer was missed).
+    pub dropped: usize,
+}
+
+/// Where a save reads from: blocks of the caller's KV caches.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceBlocks<'a> {
+    /// The KV caches' memory.
+    pub memory: &'a MemoryRegion,
+    /// Their layout.
+    pub layout: &'a KvLayout,
+    /// The blocks to save, paired with the keys.
+    pub blocks: &'a [u32],
+}
+
+/// Host-memory blocks under a tier manager. See the module docs.
+#[derive(Debug)]
+pub struct TierStore {
+    layout: KvLayout,
+    memory: MemoryRegion,
+    index: HashMap<ScopedKey, Entry>,
+    /// The full key behind each tier-manager key.
+    by_tier: HashMap<BlockKey, ScopedKey>,
+    /// Slots of evicted blocks still being read, with their pins.
+    zombies: HashMap<u32, u32>,
+    free: Vec<u32>,
+    /// The stored block each slot holds (`None` when free or held by an evicted block).
+    owners: Vec<Option<ScopedKey>>,
+    tiers: TierManager,
+    peak_used: usize,
+}
+
+impl TierStore {
+    /// A store of `layout.blocks_per_layer` slots over zeroed host memory (allocated zeroed, so the
+    /// operating system maps its pages on first touch: a large store does not stall start-up), ranked by
+    /// plain heat order (see [`TierStore::with_memory`]).
+    pub fn new(layout: KvLayout) -> Result<TierStore, ConnectorError> {
+        let bytes = usize::try_from(layout.total_bytes())
+            .map_err(|_| ConnectorError::Config("the store does not fit in memory".into()))?;
+        Self::with_memory(layout, MemoryRegion::zeroed(bytes), false)
+    }
+
+    /// A store over the caller's `memory` (at least `layout.total_bytes()` long). With `segments`, the
+    /// tier manager splits the store ARC-style into blocks one request used and blocks several used, and
+    /// evicts from the first while it is over its learned share: better reuse of shared prefixes, but a
+    /// block just saved can be evicted before any consumer loaded it (measured in `te-bench pd`: 6.5% of
+    /// saved blocks dropped at once). Without, plain heat order keeps the newest blocks until colder ones
+    /// are gone, which is what prefill-to-decode hand-off needs.
+    pub fn with_memory(
+        layout: KvLayout,
+        memory: MemoryRegion,
+        segments: bool,
+    ) -> Result<TierStore, ConnectorError> {
+        if (memory.len() as u64) < layout.total_bytes() {
+            return Err(ConnectorError::Config(format!(
+                "store memory of {} bytes is smaller than its layout ({} bytes)",
+                memory.len(),
+                layout.total_bytes()
+            )));
+        }
+        let capacity = layout.blocks_per_layer as usize;
+        let mut cfg = TierConfig::new(TierCapacities {
+            gpu: 0,
+            host: capacity,
+            remote: 0,
+        });
+        cfg.adaptive_segments = segments;
+        let tiers = TierManager::new(cfg)?;
+        Ok(TierStore {
+            layout,
+            memory,
+            index: HashMap::new(),
+            by_tier: HashMap::new(),
+            zombies: HashMap::new(),
+            free: (0..layout.blocks_per_layer).rev().collect(),
+            owners: vec![None; capacity],
+            tiers,
+            peak_used: 0,
+        })
+    }
+
+    /// The store's layout (its slots are the blocks).
+    #[must_use]
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// The memory behind the slots.
+    #[must_use]
+    pub fn memory(&self) -> &MemoryRegion {
+        &self.memory
+    }
+
+    /// Slots in use now (stored blocks, whole or partial, and evicted ones still being read).
+    #[must_use]
+    pub fn used(&self) -> usize {
+        self.layout.blocks_per_layer as usize - self.free.len()
+    }
+
+    /// The most slots ever in use at once.
+    #[must_use]
+    pub fn peak_used(&self) -> usize {
+        self.peak_used
+    }
+
+    /// Blocks the tier manager holds in host memory.
+    #[must_use]
+    pub fn resident(&self) -> usize {
+        self.tiers.len(Tier::Host)
+    }
+
+    /// Whether `key` is stored whole.
+    #[must_use]
+    pub fn contains(&self, key: &ScopedKey) -> bool {
+        self.index
+            .get(key)
+            .is_some_and(|e| e.layers == self.layout.layers)
+    }
+
+    /// How many leading keys are stored whole: the walk stops at the first missing or partial block.
+    #[must_use]
+    pub fn lookup(&self, keys: &[ScopedKey]) -> usize {
+        keys.iter().take_while(|k| self.contains(k)).count()
+    }
+
+    fn apply_evictions(&mut self, moves: Vec<transfer_engine::policy::TierMove>) {
+        for mv in moves {
+            if mv.to.is_some() {
+                continue;
+            }
+            let Some(key) = self.by_tier.remove(&mv.key) else {
+                continue;
+            };
+            self.release(&key);
+        }
+    }
+
+    /// Takes `key` out of the index; its slot is free at once, or when its last load ends.
+    fn release(&mut self, key: &ScopedKey) {
+        if let Some(e) = self.index.remove(key) {
+            self.owners[e.slot as usize] = None;
+            if e.pins == 0 {
+                self.free.push(e.slot);
+            } else {
+                self.zombies.insert(e.slot, e.pins);
+            }
+        }
+    }
+
+    /// Saves layer `layer` of blocks `keys`, read from `src` (the caller's KV caches), for request
+    /// `request` at time `now`. Layer 0 claims slots (the tier manager
+    /// may evict cold chain tails to make room); later layers fill the slots their block already holds.
+    pub fn save_layer(
+        &mut self,
+        keys: &[ScopedKey],
+        src: SourceBlocks<'_>,
+        layer: u32,
+        request: u64,
+        now: Duration,
+    ) -> Result<SaveReport, ConnectorError> {
+        let SourceBlocks {
+            memory: src,
+            layout: src_layout,
+            blocks: src_blocks,
+        } = src;
+        if keys.len() != src_blocks.len() {
+            return Err(ConnectorError::Blocks(format!(
+                "{} keys but {} blocks",
+                keys.len(),
+                src_blocks.len()
+            )));
+        }
+        if layer >= self.layout.layers || src_layout.block_bytes != self.layout.block_bytes {
+            return Err(ConnectorError::Blocks(format!(
+                "layer {layer} of {}-byte blocks does not fit the store ({} layers of {}-byte blocks)",
+                src_layout.block_bytes, self.layout.layers, self.layout.block_bytes
+            )));
+        }
+        let mut report = SaveReport::default();
+        let mut parent: Option<ScopedKey> = None;
+        for (key, &block) in keys.iter().zip(src_blocks) {
+            let src_id = BlockId::new(layer, block);
+            if !src_layout.contains(src_id) {
+                return Err(ConnectorError::Blocks(format!(
+                    "block {block} of layer {layer} is outside the KV caches"
+                )));
+            }
+            let entry = self.index.get(key).copied();
+            let entry = match entry {
+                Some(e) if e.layers == self.layout.layers => {
+                    report.already_stored += 1;
+                    parent = Some(*key);
+                    continue;
+                }
+                Some(e) if e.layers == layer => e,
+                Some(_) => {
+                    report.dropped += 1;
+                    parent = Some(*key);
+                    continue;
+                }
+                None if layer == 0 => match self.claim(*key, parent, request, now) {
+                    Some(e) => e,
+                    None => {
+                        report.dropped += 1;
+                        parent = Some(*key);
+                        continue;
+                    }
+                },
+                None => {
+                    report.dropped += 1;
+                    parent = Some(*key);
+                    continue;
+                }
+            };
+            let at = src_layout.block_offset(src_id) as usize;
+            let bytes = src.read(at..at + self.layout.block_bytes as usize)?;
+            let to = self.layout.block_offset(BlockId::new(layer, entry.slot)) as usize;
+            self.memory.copy_from(to, &bytes)?;
+            let e = self.index.get_mut(key).expect("claimed above");
+            e.layers += 1;
+            report.copied += 1;
+            if e.layers == self.layout.layers {
+                report.completed += 1;
+            }
+            parent = Some(*key);
+        }
+        Ok(report)
+    }
+
+    /// Gives `key` a slot and a place in the tier manager, evicting if needed.
+    fn claim(
+        &mut self,
+        key: ScopedKey,
+        parent: Option<ScopedKey>,
+        request: u64,
+        now: Duration,
+    ) -> Option<Entry> {
+        let tier_key = key.tier_key();
+        if self.by_tier.get(&tier_key).is_some_and(|k| *k != key) {
+            return None; // a 64-bit collision with another stored block: not stored
+        }
+        let moves = self
+            .tiers
+            .insert(key.ns, tier_key, parent.map(|p| p.tier_key()), request, now);
+        self.by_tier.insert(tier_key, key);
+        self.apply_evictions(moves);
+        if !self.by_tier.contains_key(&tier_key) {
+            return None; // the manager evicted the newcomer itself
+        }
+        let slot = self.free.pop()?;
+        let e = Entry {
+            slot,
+            layers: 0,
+            pins: 0,
+        };
+        self.index.insert(key, e);
+        self.owners[slot as usize] = Some(key);
+        self.peak_used = self.peak_used.max(self.used());
+        Some(e)
+    }
+
+    /// Pins the leading stored blocks of `keys` for a load and returns their slots (as many as are stored
+    /// whole, in order), recording the use with the tier manager.
+    pub fn pin(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
+        let n = self.lookup(keys);
+        let mut slots = Vec::with_capacity(n);
+        for key in &keys[..n] {
+            let moves = self.tiers.access(key.tier_key(), request, now);
+            let Some(e) = self.index.get_mut(key) else {
+                break;
+            };
+            e.pins += 1;
+            slots.push(e.slot);
+            self.apply_evictions(moves);
+        }
+        slots
+    }
+
+    /// Ends a load's hold on `slots`.
+    pub fn unpin(&mut self, slots: &[u32]) {
+        for &slot in slots {
+            if let Some(p) = self.zombies.get_mut(&slot) {
+                *p -= 1;
+                if *p == 0 {
+                    self.zombies.remove(&slot);
+                    self.free.push(slot);
+                }
+                continue;
+            }
+            if let Some(key) = self.owners.get(slot as usize).copied().flatten()
+                && let Some(e) = self.index.get_mut(&key)
+            {
+                e.pins = e.pins.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Drops every block of namespace `ns` (after a weight update): none is served again.
+    pub fn drop_namespace(&mut self, ns: NamespaceId) -> usize {
+        let moves = self.tiers.drop_namespace(ns);
+        let n = moves.len();
+        self.apply_evictions(moves);
+        // Partial blocks the manager may not list are dropped too.
+        let stale: Vec<ScopedKey> = self.index.keys().filter(|k| k.ns == ns).copied().collect();
+        for key in stale {
+            self.by_tier.remove(&key.tier_key());
+            self.release(&key);
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::namespace;
+    use crate::keys::{BlockHash, scoped};
+    use transfer_engine::Dtype;
+
+    fn layout(blocks: u32) -> KvLayout {
+        KvLayout::new(2, blocks, 64, 16, Dtype::Bf16).unwrap()
+    }
+
+    fn keys(ns_version: u64, ids: &[u8]) -> Vec<ScopedKey> {
+        let hashes: Vec<BlockHash> = ids.iter().map(|&i| BlockHash([i; 32])).collect();
+        scoped(&namespace("m", ns_version, 16), &hashes)
+    }
+
+    fn save_all(store: &mut TierStore, keys: &[ScopedKey], src: &MemoryRegion, req: u64) {
+        let blocks: Vec<u32> = (0..keys.len() as u32).collect();
+        for layer in 0..2 {
+            store
+                .save_layer(
+                    keys,
+                    SourceBlocks {
+                        memory: src,
+                        layout: &layout(8),
+                        blocks: &blocks,
+                    },
+                    layer,
+                    req,
+                    Duration::ZERO,
+                )
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_block_is_loadable_only_once_every_layer_is_in() {
+        let mut store = TierStore::new(layout(4)).unwrap();
+        let src = MemoryRegion::from_vec((0..8 * 2 * 64).map(|i| i as u8).collect());
+        let k = keys(1, &[1, 2]);
+        let r = store
+            .save_layer(
+                &k,
+                SourceBlocks {
+                    memory: &src,
+                    layout: &layout(8),
+                    blocks: &[0, 1],
+                },
+                0,
+                1,
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!((r.copied, r.completed), (2, 0));
+        assert_eq!(store.lookup(&k), 0);
+        let r = store
+            .save_layer(
+                &k,
+                SourceBlocks {
+                    memory: &src,
+                    layout: &layout(8),
+                    blocks: &[0, 1],
+                },
+                1,
+                1,
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!((r.copied, r.completed), (2, 2));
+        assert_eq!(store.lookup(&k), 2);
+        // Bytes landed in the slots, layer by layer.
+        let slots = store.pin(&k, 2, Duration::ZERO);
+        let l = layout(4);
+        let at = l.block_offset(BlockId::new(1, slots[1])) as usize;
+        let src_at = layout(8).block_offset(BlockId::new(1, 1)) as usize;
+        assert_eq!(
+            &store.memory().read(at..at + 64).unwrap()[..],
+            &src.read(src_at..src_at + 64).unwrap()[..]
+        );
+    }
+
+    #[test]
+    fn lookup_stops_at_the_first_missing_block() {
+        let mut store = TierStore::new(layout(8)).unwrap();
+        let src = MemoryRegion::zeroed(8 * 2 * 64);
+        save_all(&mut store, &keys(1, &[1, 2]), &src, 1);
+        save_all(&mut store, &keys(1, &[4]), &src, 2);
+        assert_eq!(store.lookup(&keys(1, &[1, 2, 3, 4])), 2);
+        assert_eq!(store.lookup(&keys(1, &[3, 4])), 0);
+    }
+
+    #[test]
+    fn capacity_holds_and_tails_go_first() {
+        let mut store = TierStore::new(layout(3)).unwrap();
+        let src = MemoryRegion::zeroed(8 * 2 * 64);
+        save_all(&mut store, &keys(1, &[1, 2, 3]), &src, 1);
+        save_all(&mut store, &keys(1, &[9]), &src, 2);
+        assert!(store.used() <= 3);
+        // The chain's tail made room; its head and middle stay.
+        assert_eq!(store.lookup(&keys(1, &[1, 2, 3])), 2);
+        assert_eq!(store.lookup(&keys(1, &[9])), 1);
+    }
+
+    #[test]
+    fn a_pinned_block_keeps_its_slot_until_unpinned_but_is_not_served() {
+        let mut store = TierStore::new(layout(2)).unwrap();
+        let src = MemoryRegion::zeroed(8 * 2 * 64);
+        let old = keys(1, &[1]);
+        save_all(&mut store, &old, &src, 1);
+        let slots = store.pin(&old, 2, Duration::ZERO);
+        assert_eq!(store.drop_namespace(old[0].ns), 1);
+        assert_eq!(store.lookup(&old), 0, "dropped: never served again");
+        assert_eq!(store.used(), 1, "the load still reads its slot");
+        store.unpin(&slots);
+        assert_eq!(store.used(), 0);
+    }
+
+    #[test]
+    fn a_new_weight_version_never_sees_old_blocks() {
+        let mut store = TierStore::new(layout(8)).unwrap();
+        let src = MemoryRegion::zeroed(8 * 2 * 64);
+        save_all(&mut store, &keys(1, &[1, 2]), &src, 1);
+        assert_eq!(store.lookup(&keys(2, &[1, 2])), 0);
+        assert_eq!(store.lookup(&keys(1, &[1, 2])), 2);
+    }
+}

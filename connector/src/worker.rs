@@ -1,0 +1,313 @@
+//! Worker-side calls: start loads into given blocks, wait for a layer, save a layer, wait for saves,
+//! report finished requests and blocks that failed to load.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use transfer_engine::{KvLayout, MemoryRegion, SessionId};
+
+use crate::connector::{KvConnector, Source};
+use crate::error::ConnectorError;
+use crate::metrics::Direction;
+use crate::producer::lock;
+use crate::scheduler::{BlockSpec, ConnectorMetadata, request_number};
+use crate::store::SourceBlocks;
+use crate::transport::{LayerWait, Transport};
+
+#[derive(Debug)]
+struct ActiveLoad {
+    request: String,
+    session: SessionId,
+    blocks: Vec<u32>,
+    started: Instant,
+}
+
+/// The worker half's state.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerState {
+    pub(crate) kv: Option<(MemoryRegion, KvLayout)>,
+    meta: ConnectorMetadata,
+    loads: Vec<ActiveLoad>,
+    failed: BTreeSet<u32>,
+    finished_sending: Vec<String>,
+    finished_receiving: Vec<String>,
+    load_errors: Vec<ConnectorError>,
+}
+
+impl KvConnector {
+    /// vLLM's `bind_connector_metadata`: the scheduler's plan for this step.
+    pub fn bind_connector_metadata(&self, meta: ConnectorMetadata) {
+        lock(&self.worker).meta = meta;
+    }
+
+    /// vLLM's `clear_connector_metadata`: the step is over.
+    pub fn clear_connector_metadata(&self) {
+        lock(&self.worker).meta = ConnectorMetadata::default();
+    }
+
+    /// vLLM's `start_load_kv`: asks the producer for every planned load, straight into the given blocks
+    /// of the registered KV caches. Blocks the producer can no longer serve, or loads that cannot start
+    /// (see [`KvConnector::take_load_errors`]), are reported by [`KvConnector::failed_blocks`] at once;
+    /// the rest stream in layer by layer. Fails only when no KV caches are registered.
+    pub fn start_load_kv(&self) -> Result<(), ConnectorError> {
+        if !self.cfg.role.loads() {
+            return Ok(());
+        }
+        let loads = lock(&self.worker).meta.loads.clone();
+        if loads.is_empty() {
+            return Ok(());
+        }
+        let handle = (*lock(&self.kv_handle)).ok_or(ConnectorError::NoKvCaches("start_load_kv"))?;
+        for spec in loads {
+            let BlockSpec {
+                request,
+                keys,
+                blocks,
+                local,
+                producer,
+            } = spec;
+            let number = request_number(&request);
+            let started = Instant::now();
+            if local {
+                let copied = self.load_from_own_store(&keys, &blocks, number);
+                let mut w = lock(&self.worker);
+                let copied = copied.unwrap_or_else(|e| {
+                    w.load_errors.push(e);
+                    0
+                });
+                if copied < blocks.len() {
+                    w.failed.extend(&blocks[copied..]);
+                    self.metrics.recompute(blocks.len() - copied);
+                }
+                self.metrics.latency(started.elapsed());
+                w.finished_receiving.push(request);
+                continue;
+            }
+            let result = match &self.source {
+                Source::None => Ok((None, 0)),
+                Source::Local(core, peer) => core
+                    .load(&keys, *peer, &handle, &blocks, self.cfg.class, number)
+                    .map(|s| (s.session, s.served)),
+                Source::Remote(remotes) => {
+                    let client = remotes.client(producer).ok_or(ConnectorError::Config(
+                        "no producer to load from: configure one or pass transfer_params".into(),
+                    ));
+                    let addr = match &self.transport {
+                        Transport::Tcp(node) => node.local_addr(),
+                        _ => None,
+                    }
+                    .ok_or(ConnectorError::Config(
+                        "the consumer's TCP node does not listen".into(),
+                    ));
+                    match (client, addr) {
+                        (Ok(client), Ok(addr)) => self.rt.block_on(client.load(
+                            &keys,
+                            addr,
+                            &blocks,
+                            self.cfg.class,
+                            number,
+                        )),
+                        (Err(e), _) | (_, Err(e)) => Err(e),
+                    }
+                }
+            };
+            let mut w = lock(&self.worker);
+            // A load that could not start at all is recompute, never an error that loses the request.
+            let (session, served) = match result {
+                Ok(r) => r,
+                Err(e) => {
+                    w.load_errors.push(e);
+                    (None, 0)
+                }
+            };
+            if served < blocks.len() {
+                w.failed.extend(&blocks[served..]);
+                self.metrics.recompute(blocks.len() - served);
+            }
+            match session {
+                Some(session) => w.loads.push(ActiveLoad {
+                    request,
+                    session,
+                    blocks: blocks[..served].to_vec(),
+                    started,
+                }),
+                None => w.finished_receiving.push(request),
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the leading stored blocks of `keys` from this connector's own tier store into `blocks` of
+    /// the KV caches, every layer; returns how many were copied.
+    fn load_from_own_store(
+        &self,
+        keys: &[crate::keys::ScopedKey],
+        blocks: &[u32],
+        request: u64,
+    ) -> Result<usize, ConnectorError> {
+        let Some(core) = &self.producer else {
+            return Ok(0);
+        };
+        let (memory, layout) = lock(&self.worker)
+            .kv
+            .clone()
+            .ok_or(ConnectorError::NoKvCaches("start_load_kv"))?;
+        let mut store = lock(&core.store);
+        let slots = store.pin(keys, request, core.now());
+        let store_layout = store.layout();
+        let bytes = layout.block_bytes as usize;
+        let copy = || -> Result<(), ConnectorError> {
+            for layer in 0..layout.layers {
+                for (&slot, &block) in slots.iter().zip(blocks) {
+                    let from = store_layout.block_offset(transfer_engine::BlockId::new(layer, slot))
+                        as usize;
+                    let to =
+                        layout.block_offset(transfer_engine::BlockId::new(layer, block)) as usize;
+                    let data = store.memory().read(from..from + bytes)?;
+                    memory.copy_from(to, &data)?;
+                }
+            }
+            Ok(())
+        };
+        let result = copy();
+        store.unpin(&slots);
+        result?;
+        self.metrics
+            .local_tier_bytes((slots.len() * bytes) as u64 * u64::from(layout.layers));
+        Ok(slots.len())
+    }
+
+    /// vLLM's `wait_for_layer_load`: blocks until `layer` of every running load has arrived whole (or
+    /// its session ended without it: those blocks become failed blocks, to recompute). Tells the
+    /// transfers the consumer is at `layer`, so they keep up to the prefetch depth ahead.
+    pub fn wait_for_layer_load(&self, layer: u32) -> Result<(), ConnectorError> {
+        let sessions: Vec<(SessionId, Vec<u32>)> = lock(&self.worker)
+            .loads
+            .iter()
+            .map(|l| (l.session, l.blocks.clone()))
+            .collect();
+        let last = layer + 1 == self.cfg.layers;
+        for (session, blocks) in sessions {
+            let wait = self.rt.block_on(async {
+                tokio::time::timeout(
+                    self.cfg.load_timeout,
+                    self.transport.wait_layer(session, layer),
+                )
+                .await
+            });
+            let lost: Option<Vec<u32>> = match wait {
+                Ok(Ok(LayerWait::Arrived)) => None,
+                // The session ended without this layer: every block that is not whole in every layer
+                // is recomputed (the session's final report names them; without it, all of them).
+                Ok(Ok(LayerWait::Lost(ids))) => {
+                    let report = self.rt.block_on(
+                        self.transport
+                            .unfinished_blocks(session, Duration::from_secs(1)),
+                    );
+                    let mut b: Vec<u32> = match report {
+                        Some(all) => all.iter().chain(&ids).map(|id| id.block).collect(),
+                        None => blocks.clone(),
+                    };
+                    b.sort_unstable();
+                    b.dedup();
+                    Some(b)
+                }
+                // Timed out or the transport failed: nothing of this load can be trusted.
+                Ok(Err(_)) | Err(_) => Some(blocks.clone()),
+            };
+            let mut w = lock(&self.worker);
+            let Some(pos) = w.loads.iter().position(|l| l.session == session) else {
+                continue;
+            };
+            if let Some(lost) = lost {
+                // A block with any layer missing is recomputed whole; the load ends here.
+                let load = w.loads.remove(pos);
+                self.metrics.recompute(lost.len());
+                w.failed.extend(lost);
+                w.finished_receiving.push(load.request);
+            } else if last {
+                let load = w.loads.remove(pos);
+                self.metrics.latency(load.started.elapsed());
+                self.metrics.bytes(
+                    Direction::In,
+                    self.cfg.class,
+                    load.blocks.len() as u64 * self.block_bytes_all_layers(),
+                );
+                w.finished_receiving.push(load.request);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every layer of every running load (a worker that does not stream layer by layer).
+    pub fn wait_for_all_loads(&self) -> Result<(), ConnectorError> {
+        for layer in 0..self.cfg.layers {
+            self.wait_for_layer_load(layer)?;
+        }
+        Ok(())
+    }
+
+    /// vLLM's `save_kv_layer`: copies `layer` of every planned save from the KV caches into the local
+    /// tier store (blocks already stored whole are skipped: a shared prefix is saved once).
+    pub fn save_kv_layer(&self, layer: u32) -> Result<(), ConnectorError> {
+        let Some(core) = &self.producer else {
+            return Err(ConnectorError::Role {
+                call: "save_kv_layer",
+                role: self.cfg.role.name(),
+            });
+        };
+        let w = lock(&self.worker);
+        let (memory, layout) =
+            w.kv.clone()
+                .ok_or(ConnectorError::NoKvCaches("save_kv_layer"))?;
+        let saves = w.meta.saves.clone();
+        drop(w);
+        let now = core.now();
+        let mut store = lock(&core.store);
+        for spec in &saves {
+            let src = SourceBlocks {
+                memory: &memory,
+                layout: &layout,
+                blocks: &spec.blocks,
+            };
+            let r = store.save_layer(&spec.keys, src, layer, request_number(&spec.request), now)?;
+            self.metrics.saved(r.completed);
+            self.metrics.save_dropped(r.dropped);
+        }
+        Ok(())
+    }
+
+    /// vLLM's `wait_for_save`: every planned save is in the store once its last layer was saved (the
+    /// copies are made during `save_kv_layer`), so this only marks the step's requests as sent.
+    pub fn wait_for_save(&self) -> Result<(), ConnectorError> {
+        let mut w = lock(&self.worker);
+        let done: Vec<String> = w.meta.saves.iter().map(|s| s.request.clone()).collect();
+        w.finished_sending.extend(done);
+        Ok(())
+    }
+
+    /// vLLM's `get_finished`: requests whose saves ended and requests whose loads ended since the last
+    /// call, as `(finished_sending, finished_receiving)`.
+    pub fn get_finished(&self) -> (Vec<String>, Vec<String>) {
+        let mut w = lock(&self.worker);
+        (
+            std::mem::take(&mut w.finished_sending),
+            std::mem::take(&mut w.finished_receiving),
+        )
+    }
+
+    /// Why loads could not start since the last call (their blocks are in
+    /// [`KvConnector::failed_blocks`]): a producer that cannot be reached, say.
+    pub fn take_load_errors(&self) -> Vec<ConnectorError> {
+        std::mem::take(&mut lock(&self.worker).load_errors)
+    }
+
+    /// vLLM's `get_block_ids_with_load_errors`: blocks whose load failed since the last call. Their KV
+    /// is not valid: the engine must recompute them. Every other loaded block holds the producer's bytes,
+    /// verified by checksum.
+    pub fn failed_blocks(&self) -> Vec<u32> {
+        std::mem::take(&mut lock(&self.worker).failed)
+            .into_iter()
+            .collect()
+    }
+}

@@ -1,0 +1,145 @@
+//! Producer and consumer connectors in one process over the loopback backend: the local tier store's
+//! eviction between a lookup and the load hands back exactly the blocks that are gone.
+
+use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use transfer_engine::MemoryRegion;
+
+const LAYERS: u32 = 2;
+const BLOCK: u64 = 4096;
+const POOL: u32 = 16;
+
+fn pair(store_blocks: u32) -> (KvConnector, KvConnector) {
+    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, store_blocks);
+    let c = ConnectorConfig {
+        role: Role::Consumer,
+        store_blocks: 0,
+        ..p.clone()
+    };
+    KvConnector::loopback_pair(p, c).unwrap()
+}
+
+fn request<'a>(id: &'a str, tokens: &'a [u32], extras: &'a RequestExtras) -> KvRequest<'a> {
+    KvRequest {
+        id,
+        tokens,
+        extras,
+        external_keys: None,
+        transfer_params: None,
+    }
+}
+
+fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+    let extras = RequestExtras::default();
+    p.get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
+        .unwrap();
+    p.update_state_after_alloc(id, blocks, 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+    for layer in 0..LAYERS {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+}
+
+#[test]
+fn blocks_evicted_after_the_lookup_are_recomputed_the_rest_load() {
+    let (p, c) = pair(4);
+    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096) as u8).collect());
+    let dst = MemoryRegion::zeroed(bytes);
+    p.register_kv_caches(src.clone(), POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let a: Vec<u32> = (0..16 * 4 + 1).collect();
+    save(&p, "a", &a, &[0, 1, 2, 3]);
+
+    let extras = RequestExtras::default();
+    let (n, _) = c
+        .get_num_new_matched_tokens(&request("a", &a, &extras), 0)
+        .unwrap();
+    assert_eq!(n, 64);
+    c.update_state_after_alloc("a", &[8, 9, 10, 11], n).unwrap();
+    // Before the worker starts the load, other traffic pushes the chain's tail out of the 4-block store.
+    let b: Vec<u32> = (500..500 + 16 * 2 + 1).collect();
+    save(&p, "b", &b, &[4, 5]);
+    c.bind_connector_metadata(c.build_connector_meta());
+    c.start_load_kv().unwrap();
+    c.wait_for_all_loads().unwrap();
+    let failed = c.failed_blocks();
+    assert_eq!(
+        failed,
+        vec![10, 11],
+        "the tail went first; the head still loads"
+    );
+    let layer_bytes = POOL as usize * BLOCK as usize;
+    for layer in 0..LAYERS as usize {
+        for (i, d) in [8usize, 9].iter().enumerate() {
+            let at = layer * layer_bytes + d * BLOCK as usize;
+            let from = layer * layer_bytes + i * BLOCK as usize;
+            assert!(
+                dst.read(at..at + BLOCK as usize).unwrap()[..]
+                    == src.read(from..from + BLOCK as usize).unwrap()[..]
+            );
+        }
+    }
+    assert_eq!(c.metrics().snapshot().recompute_blocks, 2);
+    assert!(c.prometheus().contains("kv_recompute_blocks_total 2"));
+}
+
+#[test]
+fn a_serving_engines_own_keys_are_used_as_they_are() {
+    let (p, c) = pair(16);
+    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    p.register_kv_caches(MemoryRegion::from_vec(vec![3; bytes]), POOL)
+        .unwrap();
+    let dst = MemoryRegion::zeroed(bytes);
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    // Keys from the engine's own hashing (KV-event u64s, say); the tokens are not hashed at all.
+    let own: Vec<connector::BlockHash> = [11u64, 12, 13]
+        .iter()
+        .map(|&k| connector::BlockHash::external_u64(k))
+        .collect();
+    let tokens: Vec<u32> = vec![0; 16 * 3 + 1];
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "e",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: Some(&own),
+        transfer_params: None,
+    };
+    assert_eq!(
+        p.request_keys(&req)
+            .iter()
+            .map(|k| k.hash)
+            .collect::<Vec<_>>(),
+        own
+    );
+    p.get_num_new_matched_tokens(&req, 0).unwrap();
+    p.update_state_after_alloc("e", &[0, 1, 2, 3], 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+    for layer in 0..LAYERS {
+        p.save_kv_layer(layer).unwrap();
+    }
+    let (n, _) = c.get_num_new_matched_tokens(&req, 0).unwrap();
+    assert_eq!(n, 48);
+    // Other keys for the same tokens find nothing.
+    let other = [connector::BlockHash::external_u64(99)];
+    let req2 = KvRequest {
+        external_keys: Some(&other),
+        id: "f",
+        ..req
+    };
+    assert_eq!(c.get_num_new_matched_tokens(&req2, 0).unwrap().0, 0);
+    c.update_state_after_alloc("e", &[5, 6, 7], n).unwrap();
+    c.bind_connector_metadata(c.build_connector_meta());
+    c.start_load_kv().unwrap();
+    c.wait_for_all_loads().unwrap();
+    assert!(c.failed_blocks().is_empty());
+    let at = 5 * BLOCK as usize;
+    assert!(
+        dst.read(at..at + 3 * BLOCK as usize)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 3)
+    );
+}

@@ -1,0 +1,456 @@
+//! Producer and consumer connectors over TCP (two nodes on loopback sockets): save layer by layer, load
+//! layer by layer into other blocks, weight updates, failures handed back for recompute.
+
+use std::time::Duration;
+
+use backends::tcp::TcpConfig;
+use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use transfer_engine::MemoryRegion;
+
+const LAYERS: u32 = 4;
+const BLOCK: u64 = 8192;
+const POOL: u32 = 32;
+
+fn config(role: Role) -> ConnectorConfig {
+    let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
+    (c.layers, c.block_bytes, c.prefetch_depth) = (LAYERS, BLOCK, 1);
+    c.store_blocks = if role.saves() { 64 } else { 0 };
+    c.load_timeout = Duration::from_secs(3);
+    c
+}
+
+fn pair() -> (KvConnector, KvConnector) {
+    let producer = KvConnector::tcp(
+        config(Role::Producer),
+        TcpConfig {
+            listen: None,
+            ..TcpConfig::with_engine_id(1)
+        },
+        None,
+        None,
+    )
+    .unwrap();
+    let consumer = KvConnector::tcp(
+        config(Role::Consumer),
+        TcpConfig::with_engine_id(2),
+        None,
+        producer.control_addr(),
+    )
+    .unwrap();
+    (producer, consumer)
+}
+
+fn pool_bytes() -> usize {
+    (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize
+}
+
+fn block_range(layer: u32, block: u32) -> std::ops::Range<usize> {
+    let at = ((u64::from(layer) * u64::from(POOL) + u64::from(block)) * BLOCK) as usize;
+    at..at + BLOCK as usize
+}
+
+/// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.
+fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id,
+        tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    assert_eq!(p.get_num_new_matched_tokens(&req, 0).unwrap(), (0, false));
+    p.update_state_after_alloc(id, blocks, 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+    for layer in 0..LAYERS {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    let (sent, _) = p.get_finished();
+    assert_eq!(sent, vec![id.to_string()]);
+    p.clear_connector_metadata();
+    let (delay_free, params) = p.request_finished(id);
+    assert!(!delay_free);
+    assert_eq!(params.map(|x| x.producer), p.control_addr());
+}
+
+/// Plans and starts the consumer's load for `id` into `blocks`; returns the tokens it loads.
+fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id,
+        tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    let (n, _) = c.get_num_new_matched_tokens(&req, 0).unwrap();
+    c.update_state_after_alloc(id, blocks, n).unwrap();
+    c.bind_connector_metadata(c.build_connector_meta());
+    n
+}
+
+#[test]
+fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
+    let (p, c) = pair();
+    let src = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
+    let dst = MemoryRegion::zeroed(pool_bytes());
+    p.register_kv_caches(src.clone(), POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let tokens: Vec<u32> = (1000..1000 + 16 * 5 + 3).collect();
+    produce(&p, "a", &tokens, &[3, 4, 5, 6, 7, 8]);
+
+    let dst_blocks = [20, 11, 12, 30, 31, 9];
+    assert_eq!(
+        plan_load(&c, "a", &tokens, &dst_blocks),
+        80,
+        "5 full blocks"
+    );
+    c.start_load_kv().unwrap();
+    assert!(
+        c.take_load_errors().is_empty(),
+        "{:?}",
+        c.take_load_errors()
+    );
+    for layer in 0..LAYERS {
+        c.wait_for_layer_load(layer).unwrap();
+        // Layer `layer` is whole now: the consumer could compute it.
+        for (i, &b) in dst_blocks[..5].iter().enumerate() {
+            assert!(
+                dst.read(block_range(layer, b)).unwrap()[..]
+                    == src.read(block_range(layer, 3 + i as u32)).unwrap()[..],
+                "layer {layer} block {b}"
+            );
+        }
+    }
+    assert!(c.failed_blocks().is_empty());
+    assert_eq!(c.get_finished().1, vec!["a".to_string()]);
+    assert!(
+        dst.read(block_range(0, 9)).unwrap().iter().all(|&b| b == 0),
+        "block 5 was not loaded"
+    );
+    let snap = c.metrics().snapshot();
+    assert_eq!((snap.lookup_blocks, snap.lookup_hits), (5, 5));
+    assert_eq!(snap.bytes_in, 5 * u64::from(LAYERS) * BLOCK);
+    // The producer counts what it served once its sending session is over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while p.metrics().snapshot().bytes_out < snap.bytes_in && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(p.metrics().snapshot().bytes_out, snap.bytes_in);
+    assert!(p.prometheus().contains("kv_tier_blocks{tier=\"host\"} 5"));
+    let text = c.prometheus();
+    assert!(
+        text.contains("kv_transfer_bytes_total{direction=\"in\",class=\"urgent\"} 163840"),
+        "{text}"
+    );
+    // The shared prefix is found for a longer prompt, up to where it differs.
+    let mut longer = tokens[..64].to_vec();
+    longer.extend(5000..5040);
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "b",
+        tokens: &longer,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    assert_eq!(
+        c.get_num_new_matched_tokens(&req, 16).unwrap().0,
+        48,
+        "blocks 1..4 beyond the computed one"
+    );
+}
+
+#[test]
+fn after_a_weight_update_no_old_block_is_found_or_served() {
+    let (p, c) = pair();
+    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    let tokens: Vec<u32> = (0..40).collect();
+    produce(&p, "old", &tokens, &[0, 1]);
+    assert_eq!(p.store_usage().0, 2);
+
+    // The consumer planned a load under version 1; then the producer's weights change.
+    assert_eq!(plan_load(&c, "old", &tokens, &[5, 6]), 32);
+    p.set_weight_version(2);
+    assert_eq!(p.store_usage().0, 0, "old blocks dropped");
+    c.start_load_kv().unwrap();
+    c.wait_for_all_loads().unwrap();
+    assert_eq!(
+        c.failed_blocks(),
+        vec![5, 6],
+        "old KV is recomputed, never served"
+    );
+
+    // Under version 2 nothing old matches; new saves do.
+    c.set_weight_version(2);
+    assert_eq!(plan_load(&c, "x", &tokens, &[5, 6]), 0);
+    produce(&p, "new", &tokens, &[0, 1]);
+    assert_eq!(plan_load(&c, "y", &tokens, &[5, 6]), 32);
+    c.start_load_kv().unwrap();
+    c.wait_for_all_loads().unwrap();
+    assert!(c.failed_blocks().is_empty());
+}
+
+#[test]
+fn a_producer_that_dies_mid_load_yields_recompute_not_wrong_kv() {
+    let (p, c) = pair();
+    let src = MemoryRegion::from_vec(vec![0xAB; pool_bytes()]);
+    let dst = MemoryRegion::zeroed(pool_bytes());
+    p.register_kv_caches(src, POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let tokens: Vec<u32> = (0..16 * 8 + 1).collect();
+    let blocks: Vec<u32> = (0..8).collect();
+    produce(&p, "r", &tokens, &blocks);
+    let dst_blocks: Vec<u32> = (10..18).collect();
+    assert_eq!(plan_load(&c, "r", &tokens, &dst_blocks), 128);
+    c.start_load_kv().unwrap();
+    c.wait_for_layer_load(0).unwrap();
+    drop(p); // the prefill instance goes away with layers still to send
+    for layer in 1..LAYERS {
+        c.wait_for_layer_load(layer).unwrap();
+    }
+    let failed = c.failed_blocks();
+    // Whatever did not arrive is handed back; every block not handed back holds the producer's bytes.
+    for b in dst_blocks.iter().filter(|b| !failed.contains(b)) {
+        for layer in 0..LAYERS {
+            assert!(
+                dst.read(block_range(layer, *b))
+                    .unwrap()
+                    .iter()
+                    .all(|&x| x == 0xAB)
+            );
+        }
+    }
+    assert!(failed.iter().all(|b| dst_blocks.contains(b)), "{failed:?}");
+    // Layers beyond the prefetch window never left the dead producer: those blocks are handed back.
+    assert!(!failed.is_empty());
+    assert_eq!(c.get_finished().1, vec!["r".to_string()]);
+}
+
+#[test]
+fn roles_refuse_what_they_never_do() {
+    let (p, c) = pair();
+    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    assert!(
+        c.save_kv_layer(0)
+            .unwrap_err()
+            .to_string()
+            .contains("consumer")
+    );
+    let tokens: Vec<u32> = (0..40).collect();
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "p",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    assert_eq!(
+        p.get_num_new_matched_tokens(&req, 0).unwrap().0,
+        0,
+        "a producer never loads"
+    );
+    assert!(c.update_state_after_alloc("unknown", &[1], 16).is_err());
+    // KV caches smaller than the layout say so.
+    assert!(
+        p.register_kv_caches(MemoryRegion::zeroed(10), POOL)
+            .is_err()
+    );
+}
+
+#[test]
+fn a_control_peer_sending_garbage_gets_an_error_and_the_producer_keeps_serving() {
+    use std::io::{BufRead, BufReader, Write};
+    let (p, c) = pair();
+    let addr = p.control_addr().unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"{not json}\n{\"op\":\"lookup\",\"ns\":1,\"keys\":[\"zz\"]}\n")
+        .unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    for _ in 0..2 {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.contains("\"reply\":\"error\""), "{line}");
+    }
+    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    let tokens: Vec<u32> = (0..33).collect();
+    produce(&p, "ok", &tokens, &[0, 1]);
+    assert_eq!(plan_load(&c, "ok", &tokens, &[2, 3]), 32);
+}
+
+#[test]
+fn a_consumer_finds_its_producer_through_discovery() {
+    use backends::discovery::{Discovery, Embedded};
+    let registry = Embedded::new();
+    let p = KvConnector::tcp(
+        config(Role::Producer),
+        TcpConfig {
+            listen: None,
+            ..TcpConfig::with_engine_id(1)
+        },
+        None,
+        None,
+    )
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = rt.block_on(async {
+        let lease = registry.grant(Duration::from_secs(30)).await.unwrap();
+        p.announce(&registry, 1, lease).await.unwrap();
+        assert!(
+            connector::discovery::find_producer(&registry, 9)
+                .await
+                .is_err()
+        );
+        connector::discovery::find_producer(&registry, 1)
+            .await
+            .unwrap()
+    });
+    assert_eq!(Some(addr), p.control_addr());
+    let c = KvConnector::tcp(
+        config(Role::Consumer),
+        TcpConfig::with_engine_id(2),
+        None,
+        Some(addr),
+    )
+    .unwrap();
+    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    let tokens: Vec<u32> = (0..17).collect();
+    produce(&p, "d", &tokens, &[0, 1]);
+    assert_eq!(plan_load(&c, "d", &tokens, &[4, 5]), 16);
+}
+
+#[test]
+fn a_both_connector_loads_from_its_own_tier_store() {
+    let both =
+        KvConnector::tcp(config(Role::Both), TcpConfig::with_engine_id(3), None, None).unwrap();
+    let kv = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i % 249) as u8).collect());
+    both.register_kv_caches(kv.clone(), POOL).unwrap();
+    let tokens: Vec<u32> = (0..16 * 3 + 2).collect();
+    produce(&both, "first", &tokens, &[0, 1, 2]);
+    // The engine freed blocks 0..2; a later request with the same prefix gets it back from the store.
+    assert_eq!(plan_load(&both, "again", &tokens, &[20, 21, 22]), 48);
+    both.start_load_kv().unwrap();
+    both.wait_for_all_loads().unwrap();
+    assert!(both.failed_blocks().is_empty());
+    for layer in 0..LAYERS {
+        for (from, to) in [(0, 20), (2, 22)] {
+            assert!(
+                kv.read(block_range(layer, to)).unwrap()[..]
+                    == kv.read(block_range(layer, from)).unwrap()[..]
+            );
+        }
+    }
+    assert!(both.prometheus().contains(&format!(
+        "kv_local_tier_bytes_total {}",
+        3 * u64::from(LAYERS) * BLOCK
+    )));
+}
+
+#[test]
+fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
+    let (p, _) = pair();
+    let c = KvConnector::tcp(
+        config(Role::Consumer),
+        TcpConfig::with_engine_id(5),
+        None,
+        None,
+    )
+    .unwrap();
+    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        .unwrap();
+    let tokens: Vec<u32> = (0..33).collect();
+    produce(&p, "t", &tokens, &[0, 1]);
+    let extras = RequestExtras::default();
+    let mut req = KvRequest {
+        id: "t",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    assert_eq!(
+        c.get_num_new_matched_tokens(&req, 0).unwrap().0,
+        0,
+        "no producer named"
+    );
+    let params = connector::KvTransferParams {
+        producer: p.control_addr().unwrap(),
+    };
+    // The proxy carries the producer's answer as JSON, as vLLM's kv_transfer_params.
+    let carried: connector::KvTransferParams =
+        serde_json::from_str(&serde_json::to_string(&params).unwrap()).unwrap();
+    req.transfer_params = Some(&carried);
+    let (n, _) = c.get_num_new_matched_tokens(&req, 0).unwrap();
+    assert_eq!(n, 32);
+    c.update_state_after_alloc("t", &[3, 4, 5], n).unwrap();
+    c.bind_connector_metadata(c.build_connector_meta());
+    c.start_load_kv().unwrap();
+    c.wait_for_all_loads().unwrap();
+    assert!(c.failed_blocks().is_empty());
+    assert_eq!(
+        c.metrics().snapshot().bytes_in,
+        2 * u64::from(LAYERS) * BLOCK
+    );
+}
+
+#[test]
+fn an_endless_control_line_loses_its_connection_not_memory() {
+    use std::io::{Read, Write};
+    let (p, _) = pair();
+    let mut s = std::net::TcpStream::connect(p.control_addr().unwrap()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    let mut sent = 0u64;
+    while sent <= connector::control::MAX_LINE {
+        if s.write_all(&chunk).is_err() {
+            break; // closed by the producer
+        }
+        sent += chunk.len() as u64;
+    }
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(s.read(&mut buf), Ok(0) | Err(_)),
+        "the producer closed the connection"
+    );
+}
+
+#[test]
+fn a_producer_that_never_answers_is_an_error_not_a_hang() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
+    let mut cfg = config(Role::Consumer);
+    cfg.load_timeout = Duration::from_millis(300);
+    let c = KvConnector::tcp(cfg, TcpConfig::with_engine_id(2), None, Some(addr)).unwrap();
+    let tokens: Vec<u32> = (0..40).collect();
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "s",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    let started = std::time::Instant::now();
+    let err = c.get_num_new_matched_tokens(&req, 0).unwrap_err();
+    assert!(err.to_string().contains("no answer"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(hold.join());
+}
