@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use transfer_engine::{
     Backoff, Counters, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
-    RegionId, SessionId, TransferRequest,
+    RegionId, SessionId, ShapingConfig, TransferRequest,
 };
 
 use crate::board::{IncomingSession, Outcome, Received, WaitError};
@@ -114,6 +114,14 @@ impl LoopbackEnd {
         memory: MemoryRegion,
     ) -> Result<RegionHandle, LoopbackError> {
         Ok(self.station.register_kv_region(layout, memory)?)
+    }
+
+    /// Sets this end's traffic shaping (link rate, KV share of it, per-class rates, bursts): a KV bandwidth
+    /// cap. Takes effect for every frame from now on.
+    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), LoopbackError> {
+        self.station.engine().set_shaping(shaping)?;
+        self.wake();
+        Ok(())
     }
 
     /// Registers a KV region of `layout` over zeroed host memory the engine allocates.

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use policy::Namespace;
-use transfer_engine::{Dtype, KvLayout, TrafficClass};
+use transfer_engine::{Dtype, KvLayout, ShapingConfig, TrafficClass};
 
 use crate::error::ConnectorError;
 use crate::keys::{ExtraKeyLayout, VllmHasher, root_hash};
@@ -67,6 +67,9 @@ pub struct ConnectorConfig {
     pub prefetch_depth: u32,
     /// Traffic class of loads a consumer waits on.
     pub class: TrafficClass,
+    /// Traffic shaping of this connector's engine: the KV bandwidth cap (link rate and KV share of it,
+    /// per-class rates). `None` leaves the engine's default (KV unshaped).
+    pub shaping: Option<ShapingConfig>,
     /// Time a load may take before its missing blocks are handed back for recompute (and a control
     /// call to a producer before it fails).
     pub load_timeout: Duration,
@@ -87,6 +90,7 @@ impl ConnectorConfig {
             store_segments: false,
             prefetch_depth: 2,
             class: TrafficClass::UrgentKv,
+            shaping: None,
             load_timeout: Duration::from_secs(10),
         }
     }

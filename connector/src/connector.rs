@@ -115,6 +115,9 @@ impl KvConnector {
         source: Source,
     ) -> Result<KvConnector, ConnectorError> {
         cfg.validate()?;
+        if let Some(shaping) = cfg.shaping.clone() {
+            transport.set_shaping(shaping)?;
+        }
         let metrics = Arc::new(Metrics::default());
         let producer = if cfg.role.saves() {
             let layout: KvLayout = cfg.kv_layout(cfg.store_blocks)?;

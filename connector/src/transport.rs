@@ -7,7 +7,9 @@ use std::time::Duration;
 use backends::board::{Outcome, WaitError};
 use backends::loopback::{LoopbackError, LoopbackPair};
 use backends::tcp::{TcpError, TcpNode};
-use transfer_engine::{BlockId, KvLayout, MemoryRegion, RegionHandle, SessionId, TransferRequest};
+use transfer_engine::{
+    BlockId, KvLayout, MemoryRegion, RegionHandle, SessionId, ShapingConfig, TransferRequest,
+};
 
 use crate::error::ConnectorError;
 
@@ -51,6 +53,16 @@ impl Transport {
             Transport::LoopbackProducer(p) => p.producer().register_kv_region(layout, memory)?,
             Transport::LoopbackConsumer(p) => p.consumer().register_kv_region(layout, memory)?,
         })
+    }
+
+    /// Sets this end's traffic shaping (the KV bandwidth cap).
+    pub(crate) fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), ConnectorError> {
+        match self {
+            Transport::Tcp(n) => n.set_shaping(shaping)?,
+            Transport::LoopbackProducer(p) => p.producer().set_shaping(shaping)?,
+            Transport::LoopbackConsumer(p) => p.consumer().set_shaping(shaping)?,
+        }
+        Ok(())
     }
 
     /// Starts a transfer from this end.

@@ -143,3 +143,38 @@ fn a_serving_engines_own_keys_are_used_as_they_are() {
             .all(|&b| b == 3)
     );
 }
+
+#[test]
+fn the_kv_bandwidth_cap_reaches_the_engine() {
+    use transfer_engine::ShapingConfig;
+    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, 8);
+    let c = ConnectorConfig {
+        role: Role::Consumer,
+        store_blocks: 0,
+        ..p.clone()
+    };
+    // A cap the engine accepts: a 10 Gb/s link, KV at most 40% of it.
+    let cap = ShapingConfig {
+        link_bytes_per_sec: Some(1_250_000_000),
+        ..ShapingConfig::default()
+    };
+    let capped = ConnectorConfig {
+        shaping: Some(cap.clone()),
+        ..p.clone()
+    };
+    assert!(KvConnector::loopback_pair(capped, c.clone()).is_ok());
+    // One it refuses (KV share above the whole link) fails the connector with the engine's reason.
+    let bad = ConnectorConfig {
+        shaping: Some(ShapingConfig {
+            kv_share: 1.5,
+            ..cap
+        }),
+        ..p
+    };
+    let Err(err) = KvConnector::loopback_pair(bad, c) else {
+        panic!("a KV share of 1.5 was accepted");
+    };
+    let err = err.to_string();
+    assert!(err.contains("1.5"), "{err}");
+}

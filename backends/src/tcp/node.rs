@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use transfer_engine::{
-    Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
+    Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, ShapingConfig,
+    TransferRequest,
 };
 
 use super::accept;
@@ -201,6 +202,14 @@ impl TcpNode {
         let len = usize::try_from(layout.total_bytes())
             .map_err(|_| TcpError::Config("the layout does not fit in memory".into()))?;
         self.register_kv_region(layout, MemoryRegion::zeroed(len))
+    }
+
+    /// Sets the engine's traffic shaping (link rate, KV share of it, per-class rates, bursts): a KV
+    /// bandwidth cap that leaves room for collectives. Takes effect for every frame from now on.
+    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), TcpError> {
+        self.state.ctx.station.engine().set_shaping(shaping)?;
+        self.state.ctx.wake.notify_one();
+        Ok(())
     }
 
     /// Unregisters a region no live session uses and hands back its memory.
