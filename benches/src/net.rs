@@ -194,7 +194,7 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     let dst = *info
         .segment("served")
         .context("the server offered no region: is it a `te-bench serve`?")?;
-    // The raw limit: a plain tokio socket copy of the same bytes over loopback on this machine.
+    // The raw limit: a plain socket copy of the same bytes over loopback on this machine.
     let limit_gbps = if args.no_limit {
         0.0
     } else {

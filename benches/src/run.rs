@@ -30,7 +30,7 @@ pub(crate) const RUN_COLUMNS: [&str; 10] = [
 pub(crate) enum Backend {
     /// Two engines in one process; the limit is a plain memcpy of the same blocks.
     Loopback,
-    /// Two TCP nodes over real loopback sockets; the limit is a plain tokio socket copy of the same bytes.
+    /// Two TCP nodes over real loopback sockets; the limit is a plain socket copy of the same bytes.
     Tcp,
 }
 

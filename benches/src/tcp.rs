@@ -16,8 +16,9 @@ const LIMIT_WRITE_BYTES: usize = 4 << 20;
 pub(crate) struct TcpRun {
     /// Seconds of each measured transfer (submit until the sender learned every block was applied).
     pub(crate) seconds: Vec<f64>,
-    /// GB/s of a plain tokio socket copy of the same bytes, over as many connections as the lane pool
-    /// holds, with 4 MiB writes: the median of one copy before each transfer of the run.
+    /// GB/s of a plain socket copy of the same bytes (a blocking thread per end), over as many
+    /// connections as the lane pool holds, with 4 MiB writes: the median of one copy before each transfer
+    /// of the run.
     pub(crate) limit_gbps: f64,
     /// Slices sent again, over every transfer.
     pub(crate) retransmits: u64,
