@@ -317,6 +317,17 @@ impl LoopbackPair {
         Ok(id)
     }
 
+    /// The producer of sending session `session` has written every layer below `until`: those layers may
+    /// go out (for requests made with `TransferRequest::with_layers_written`).
+    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), LoopbackError> {
+        self.producer
+            .station
+            .engine()
+            .layers_written(session, until)?;
+        self.producer.wake();
+        Ok(())
+    }
+
     /// Runs one transfer to completion; see [`LoopbackPair::transfer_all`].
     pub fn transfer(
         &self,

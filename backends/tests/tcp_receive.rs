@@ -158,3 +158,39 @@ async fn a_dead_peer_ends_its_sessions_promptly_and_new_transfers_fail_at_once()
         other => panic!("a new transfer to a dead peer must fail at once, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_go_out_as_the_producer_writes_them() {
+    let l = layout(3, 8, 64 << 10);
+    let (tx, rx, src_memory, dst_memory, req) = nodes(l, 21).await;
+    // Nothing is written yet: the session opens, and no byte moves until the producer says so.
+    let session = tx.submit(req.with_layers_written(0)).unwrap();
+    let incoming = timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    for layer in 0..3u32 {
+        // The producer "computes" the layer, then releases it.
+        tx.layers_written(session, layer + 1).unwrap();
+        timeout(LIMIT, rx.wait_layer(incoming.session, layer))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            layer_bytes(&dst_memory, l, layer) == layer_bytes(&src_memory, l, layer),
+            "layer {layer} arrived whole"
+        );
+        if layer < 2 {
+            // The next layer is not released: not one of its bytes was sent.
+            assert!(
+                layer_bytes(&dst_memory, l, layer + 1)
+                    .iter()
+                    .all(|&b| b == 0),
+                "layer {} arrived before it was written",
+                layer + 1
+            );
+        }
+    }
+    let out = timeout(LIMIT, tx.wait(session, LIMIT))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.recompute.is_empty(), "{out:?}");
+}

@@ -51,6 +51,10 @@ pub struct TransferRequest {
     /// Layer-wise streaming: keep at most this many layers beyond the one the consumer is computing in
     /// flight (see [`crate::Engine::consume_layer`]); `None` sends every layer as fast as allowed.
     pub prefetch_depth: Option<u32>,
+    /// Producer-side streaming: only layers below this one are written so far, so only they are sent;
+    /// [`crate::Engine::layers_written`] releases more as the producer computes them (the consumer's load
+    /// then overlaps the producer's compute). `None`: every layer is ready.
+    pub written_until: Option<u32>,
 }
 
 impl TransferRequest {
@@ -116,6 +120,7 @@ impl TransferRequest {
             class: None,
             deadline: None,
             prefetch_depth: None,
+            written_until: None,
         }
     }
 
@@ -154,6 +159,14 @@ impl TransferRequest {
     #[must_use]
     pub fn with_prefetch_depth(mut self, depth: u32) -> Self {
         self.prefetch_depth = Some(depth);
+        self
+    }
+
+    /// The same request sent as the producer writes it: layers below `until` are written now; the rest go
+    /// out as [`crate::Engine::layers_written`] releases them (the session's deadline still applies).
+    #[must_use]
+    pub fn with_layers_written(mut self, until: u32) -> Self {
+        self.written_until = Some(until);
         self
     }
 

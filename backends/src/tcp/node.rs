@@ -267,6 +267,18 @@ impl TcpNode {
         Ok(id)
     }
 
+    /// The producer of sending session `session` has written every layer below `until`: those layers may
+    /// go out (for requests made with `TransferRequest::with_layers_written`).
+    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), TcpError> {
+        self.state
+            .ctx
+            .station
+            .engine()
+            .layers_written(session, until)?;
+        self.state.ctx.wake.notify_one();
+        Ok(())
+    }
+
     /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
     /// recompute).
     pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, TcpError> {

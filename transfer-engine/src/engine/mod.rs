@@ -314,10 +314,21 @@ impl Engine {
             open_payload: open.encode(),
             deadline: now + deadline,
             prefetch_depth: req.prefetch_depth,
+            written_until: req.written_until.unwrap_or(u32::MAX),
         };
         self.senders.insert(id, SenderSession::new(spec));
         self.ready.push_back(id);
         Ok(id)
+    }
+
+    /// The producer of sending session `session` has written every layer below `until`: those layers may
+    /// go out (for requests made [`TransferRequest::with_layers_written`]). Later calls only move it on.
+    pub fn layers_written(&mut self, session: SessionId, until: u32) -> Result<(), Error> {
+        self.senders
+            .get_mut(&session)
+            .ok_or(Error::UnknownSession(session))?
+            .layers_written(until);
+        Ok(())
     }
 
     /// Stops a session this engine is sending: every block not yet acknowledged is reported for recompute.

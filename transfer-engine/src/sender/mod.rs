@@ -65,6 +65,8 @@ pub(crate) struct SenderSpec {
     pub(crate) deadline: Instant,
     /// Layers sent ahead of the consumer's current one; `None`: no limit.
     pub(crate) prefetch_depth: Option<u32>,
+    /// Layers below this one are written by the producer (`u32::MAX`: all of them).
+    pub(crate) written_until: u32,
 }
 
 /// The sending end of one session.
@@ -144,6 +146,10 @@ impl SenderSession {
         } else if layer == self.consumer_layer {
             self.consumer_blocked = false;
         }
+    }
+    /// The producer has written every layer below `until` (never moves back).
+    pub(crate) fn layers_written(&mut self, until: u32) {
+        self.spec.written_until = self.spec.written_until.max(until);
     }
     pub(crate) fn src_region(&self) -> RegionId {
         self.spec.src_region
@@ -233,6 +239,9 @@ impl SenderSession {
         }
         let unit = self.next_new;
         let next = self.spec.plan.units.get(unit)?;
+        if next.layer >= self.spec.written_until {
+            return None;
+        }
         if let Some(depth) = self.spec.prefetch_depth
             && next.layer > self.consumer_layer.saturating_add(depth)
         {

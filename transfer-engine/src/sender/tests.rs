@@ -54,6 +54,7 @@ fn sender() -> SenderSession {
         open_payload: vec![1, 2, 3],
         deadline: epoch() + Duration::from_secs(10),
         prefetch_depth: None,
+        written_until: u32::MAX,
     })
 }
 
@@ -126,4 +127,26 @@ fn the_deadline_hands_back_exactly_the_unacknowledged_blocks() {
     });
     assert_eq!(blocks, Some(vec![BlockId::new(1, 0), BlockId::new(1, 1)]));
     assert_eq!(s.state, SenderState::Closing);
+}
+
+#[test]
+fn layers_go_out_only_as_the_producer_writes_them() {
+    let (mut s, mut w) = (sender(), World::new());
+    s.spec.written_until = 0;
+    kinds(&mut s, &mut w);
+    s.on_open_ack();
+    assert!(kinds(&mut s, &mut w).is_empty(), "nothing is written yet");
+    s.layers_written(1);
+    let layers = |s: &mut SenderSession, w: &mut World| -> Vec<u32> {
+        std::iter::from_fn(|| {
+            s.poll_transmit(epoch(), &mut w.ctx())
+                .map(|t| t.header.layer)
+        })
+        .collect()
+    };
+    assert_eq!(layers(&mut s, &mut w), vec![0, 0], "layer 0's two blocks");
+    s.layers_written(0); // never moves back
+    assert!(layers(&mut s, &mut w).is_empty());
+    s.layers_written(2);
+    assert_eq!(layers(&mut s, &mut w), vec![1, 1]);
 }
