@@ -10,7 +10,11 @@
 #     .proto files from libprotobuf-dev (protobuf-compiler alone does not carry them);
 #   - the etcd discovery tests start a real etcd server (etcd-server);
 #   - alloca's and other cc builds compile C against libc's headers (libc6-dev, with gcc);
-#   - pkg-config, which -sys build scripts use to find libraries.
+#   - pkg-config, which -sys build scripts use to find libraries;
+#   - the rdma backend (feature `rdma`) compiles a C shim against libfabric's headers (libfabric-dev) and runs
+#     bindgen over them, which loads libclang at build time (clang-sys, runtime loading): it looks for
+#     `libclang.so`, `libclang-*.so` or a versioned one in `llvm-config --libdir`, then in /usr/lib*/*/* and
+#     the like, which finds Debian 12's /usr/lib/llvm-14/lib/libclang.so from libclang-dev.
 set -euo pipefail
 
 NEEDS=(
@@ -21,6 +25,8 @@ NEEDS=(
   "gcc gcc"
   "libc6-dev /usr/include/stdint.h"
   "pkg-config pkg-config"
+  "libfabric-dev /usr/include/rdma/fabric.h"
+  "libclang-dev /usr/lib/llvm-14/lib/libclang.so"
 )
 
 missing() {

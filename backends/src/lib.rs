@@ -5,6 +5,8 @@
 //!   into the consumer's.
 //! - [`tcp`]: a tokio TCP node per engine: pooled lanes per peer, vectored writes, handshake with version,
 //!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
+//! - `rdma` (feature `rdma`): libfabric (OFI) nodes: one-sided RDMA writes with remote CQ data into the peer's
+//!   registered region, CRC verified in place; runs over `verbs`, `efa`, and here over `tcp` and `shm`.
 //! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
 //!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
 //! - `cuda` (feature `cuda`): GPU and pinned host memory as region memory (through `cudarc`, loaded at run
@@ -67,6 +69,8 @@ pub mod board;
 pub mod cuda;
 pub mod discovery;
 pub mod loopback;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 mod station;
 pub mod tcp;
 

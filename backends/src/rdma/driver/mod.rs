@@ -1,0 +1,457 @@
+//! The driver thread: owns the endpoint, carries out the engine's transmits (control frames as messages,
+//! data units as a header message plus RDMA writes), and hands it what arrives.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
+
+use super::ffi::{Completion, Endpoint, MrId};
+use super::message::Message;
+use super::node::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
+use super::wait::Waiter;
+
+mod receive;
+use super::{MAX_TAGS, RdmaError, token};
+
+/// Longest sleep on the completion queue while nothing is due (commands and submits wake it early).
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Most received units waiting for their other half (header or writes); beyond it new ones are refused.
+const MAX_PENDING: usize = 1 << 16;
+
+/// A unit in flight from here: its writes not all completed.
+struct Outgoing {
+    writes_left: u32,
+    bytes: u64,
+    posted: Instant,
+}
+
+/// A write not yet accepted by the provider (it asked to try again).
+struct QueuedWrite {
+    dest: u64,
+    src: MrId,
+    offset: usize,
+    len: usize,
+    addr: u64,
+    key: u64,
+    token: u32,
+    unit: u64,
+}
+
+/// A unit arriving here: its header message and its writes, in either order.
+#[derive(Default)]
+struct Incoming {
+    header: Option<(u32, u32, u32, u64, Header)>,
+    landed: u32,
+}
+
+struct Driver<'a> {
+    ep: Endpoint,
+    shared: &'a Shared,
+    out: HashMap<u64, Outgoing>,
+    queued: VecDeque<QueuedWrite>,
+    /// A transmit taken from the engine that could not be posted yet (no send slot).
+    stash: Option<Transmit>,
+    next_unit: u64,
+    counter: u32,
+    bytes_out: u64,
+    pending: HashMap<u32, Incoming>,
+    /// Pending connects by nonce: the tag we gave the dialed peer, and who waits.
+    connects: HashMap<
+        u64,
+        (
+            u16,
+            tokio::sync::oneshot::Sender<Result<PeerInfo, RdmaError>>,
+        ),
+    >,
+    /// Dialed addresses by nonce, until the welcome names the peer.
+    dialed: HashMap<u64, u64>,
+    next_tag: u16,
+    next_nonce: u64,
+    completions: Vec<Completion>,
+    waiter: Waiter,
+}
+
+/// Runs the driver until the node stops.
+pub(crate) fn run(ep: Endpoint, shared: &Shared) {
+    let mut d = Driver {
+        ep,
+        shared,
+        out: HashMap::new(),
+        queued: VecDeque::new(),
+        stash: None,
+        next_unit: 0,
+        counter: 0,
+        bytes_out: 0,
+        pending: HashMap::new(),
+        connects: HashMap::new(),
+        dialed: HashMap::new(),
+        next_tag: 1,
+        next_nonce: u64::from(shared.engine_id) << 32,
+        completions: Vec::with_capacity(256),
+        waiter: Waiter::default(),
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        if let Err(e) = d.step() {
+            shared.log(format!("driver: {e}"));
+        }
+    }
+}
+
+impl Driver<'_> {
+    fn step(&mut self) -> Result<(), RdmaError> {
+        self.commands();
+        let now = Instant::now();
+        let next = {
+            let mut engine = self.shared.station.engine();
+            if engine.poll_timeout().is_some_and(|t| t <= now) {
+                engine.handle_timeout(now);
+            }
+            self.shared.station.drain_events(&mut engine);
+            engine.poll_timeout()
+        };
+        self.abandon_stuck(now);
+        let posted = self.pump(now)?;
+        self.completions.clear();
+        let mut got = self.ep.poll(&mut self.completions)?;
+        if posted || got > 0 {
+            self.waiter.progressed();
+        } else {
+            let idle = next.map_or(IDLE_WAIT, |t| {
+                t.saturating_duration_since(Instant::now()).min(IDLE_WAIT)
+            });
+            let busy = !self.out.is_empty()
+                || !self.queued.is_empty()
+                || self.stash.is_some()
+                || !self.pending.is_empty()
+                || self.shared.station.engine().live_sessions() > 0;
+            got = self
+                .waiter
+                .wait(&mut self.ep, busy, idle, &mut self.completions)?;
+        }
+        if got > 0 {
+            let batch = std::mem::take(&mut self.completions);
+            for c in &batch {
+                self.completion(c.clone());
+            }
+            self.completions = batch;
+        }
+        Ok(())
+    }
+
+    fn commands(&mut self) {
+        loop {
+            let Some(cmd) = lock(&self.shared.commands).pop_front() else {
+                return;
+            };
+            match cmd {
+                Command::Register(memory, reply) => {
+                    let result = self.ep.register(&memory).and_then(|(mr, rkey)| {
+                        Ok(LocalRegion {
+                            mr,
+                            rkey,
+                            rma_base: self.ep.remote_base(mr)?,
+                        })
+                    });
+                    let _ = reply.send(result);
+                }
+                Command::Deregister(mr) => {
+                    if let Err(e) = self.ep.deregister(mr) {
+                        self.shared.log(format!("deregistering: {e}"));
+                    }
+                }
+                Command::Connect(name, reply) => {
+                    let result = self.ep.insert(&name).and_then(|addr| {
+                        self.next_nonce += 1;
+                        let nonce = self.next_nonce;
+                        let tag = self.assign_tag()?;
+                        let hello = Message::Hello {
+                            nonce,
+                            tag,
+                            name: self.shared.name.clone(),
+                            segments: lock(&self.shared.published).clone(),
+                        };
+                        self.send_now(addr, &hello)?;
+                        Ok((nonce, addr, tag))
+                    });
+                    match result {
+                        Ok((nonce, addr, tag)) => {
+                            self.dialed.insert(nonce, addr);
+                            self.connects.insert(nonce, (tag, reply));
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn assign_tag(&mut self) -> Result<u16, RdmaError> {
+        if self.next_tag >= MAX_TAGS {
+            return Err(RdmaError::Config(format!(
+                "more than {} peers have connected to this node",
+                MAX_TAGS - 1
+            )));
+        }
+        self.next_tag += 1;
+        Ok(self.next_tag - 1)
+    }
+
+    /// Sends a message, progressing the queue until a slot frees (handshakes only: rare and small).
+    fn send_now(&mut self, addr: u64, msg: &Message) -> Result<(), RdmaError> {
+        let bytes = msg.encode(self.shared.engine_id);
+        let give_up = Instant::now() + Duration::from_secs(2);
+        while !self.ep.send(addr, &bytes)? {
+            if Instant::now() > give_up {
+                return Err(RdmaError::Protocol("no send slot frees up".into()));
+            }
+            let mut done = Vec::new();
+            self.ep.poll(&mut done)?;
+            for c in done {
+                self.completion(c);
+            }
+        }
+        self.shared
+            .counters
+            .messages_sent
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn window_full(&self) -> bool {
+        self.out.len() >= self.shared.cfg.window_units
+            || self.bytes_out >= self.shared.cfg.window_bytes
+    }
+
+    /// Posts queued writes, the stashed transmit and new ones while the window allows. Returns whether
+    /// anything was posted.
+    fn pump(&mut self, now: Instant) -> Result<bool, RdmaError> {
+        let mut posted = false;
+        while let Some(w) = self.queued.pop_front() {
+            if !self.post_write(&w)? {
+                self.queued.push_front(w);
+                return Ok(posted);
+            }
+            posted = true;
+        }
+        loop {
+            if self.window_full() || self.ep.free_send_slots() == 0 {
+                return Ok(posted);
+            }
+            let t = match self.stash.take() {
+                Some(t) => t,
+                None => {
+                    let mut engine = self.shared.station.engine();
+                    match engine.poll_transmit(now) {
+                        Some(t) => t,
+                        None => return Ok(posted),
+                    }
+                }
+            };
+            if !self.transmit(t)? {
+                return Ok(posted);
+            }
+            posted = true;
+        }
+    }
+
+    fn route(&self, peer: PeerId) -> Option<Route> {
+        lock(&self.shared.routes).get(&peer).cloned()
+    }
+
+    /// Carries out one transmit; `false` when it was stashed for later.
+    fn transmit(&mut self, mut t: Transmit) -> Result<bool, RdmaError> {
+        let Some(route) = self.route(t.peer) else {
+            self.shared
+                .log(format!("no route to peer {:?}: a frame dropped", t.peer));
+            return Ok(true);
+        };
+        let p = match &t.body {
+            Body::Payload(p) => *p,
+            Body::Empty | Body::Control(_) => {
+                let payload = match &t.body {
+                    Body::Control(c) => c.as_slice(),
+                    _ => &[],
+                };
+                let mut frame = t.header.encode().to_vec();
+                frame.extend_from_slice(payload);
+                let bytes = Message::Frame(frame).encode(self.shared.engine_id);
+                if bytes.len() > self.ep.slot_bytes() {
+                    self.shared.log(format!(
+                        "a {:?} frame of {} bytes exceeds the {}-byte message slots: dropped",
+                        t.header.kind,
+                        bytes.len(),
+                        self.ep.slot_bytes()
+                    ));
+                    return Ok(true);
+                }
+                if !self.ep.send(route.addr, &bytes)? {
+                    self.stash = Some(t);
+                    return Ok(false);
+                }
+                self.shared
+                    .counters
+                    .messages_sent
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(true);
+            }
+        };
+        let session = SessionId(t.header.session);
+        let dst = lock(&self.shared.sessions).get(&session).copied();
+        let (Some((dst_region, layout)), Some(write_tag)) = (dst, route.write_tag) else {
+            self.shared.log(format!(
+                "session {session}: no destination known; a unit dropped"
+            ));
+            return Ok(true);
+        };
+        let Some(seg) = route.segments.iter().find(|s| s.handle.id == dst_region) else {
+            self.shared.log(format!(
+                "session {session}: peer {:?} does not offer region {dst_region}",
+                t.peer
+            ));
+            return Ok(true);
+        };
+        let (rkey, rbase) = (seg.rkey, seg.rma_base);
+        let Some(src) = lock(&self.shared.regions).get(&p.region).copied() else {
+            self.shared
+                .log(format!("region {} is not registered here", p.region));
+            return Ok(true);
+        };
+        let memory = self.shared.station.engine().memory(p.region)?.clone();
+        let crc = memory.crc32c(p.range())?;
+        t.header.crc = crc;
+        let dst_offset =
+            layout.block_offset(BlockId::new(t.header.layer, t.header.block)) + t.header.offset;
+        let tok = token(write_tag, self.counter);
+        let chunk = self
+            .shared
+            .cfg
+            .max_write_bytes
+            .min(self.ep.info().max_msg_size)
+            .max(1);
+        let len = p.len as usize;
+        let chunks = u32::try_from(len.div_ceil(chunk).max(1)).unwrap_or(u32::MAX);
+        let msg = Message::Data {
+            token: tok,
+            chunks,
+            region: dst_region.0,
+            offset: dst_offset,
+            header: t.header,
+        };
+        if !self
+            .ep
+            .send(route.addr, &msg.encode(self.shared.engine_id))?
+        {
+            t.header.crc = 0;
+            self.stash = Some(t);
+            return Ok(false);
+        }
+        self.shared
+            .counters
+            .messages_sent
+            .fetch_add(1, Ordering::Relaxed);
+        self.counter = self.counter.wrapping_add(1);
+        self.next_unit += 1;
+        let unit = self.next_unit;
+        self.out.insert(
+            unit,
+            Outgoing {
+                writes_left: chunks,
+                bytes: u64::from(p.len),
+                posted: Instant::now(),
+            },
+        );
+        self.bytes_out += u64::from(p.len);
+        let mut at = 0;
+        loop {
+            let n = chunk.min(len - at);
+            let w = QueuedWrite {
+                dest: route.addr,
+                src: src.mr,
+                offset: p.offset as usize + at,
+                len: n,
+                addr: rbase + dst_offset + at as u64,
+                key: rkey,
+                token: tok,
+                unit,
+            };
+            if self.queued.is_empty() && self.post_write(&w)? {
+            } else {
+                self.queued.push_back(w);
+            }
+            at += n;
+            if at >= len {
+                break;
+            }
+        }
+        Ok(true)
+    }
+
+    fn post_write(&mut self, w: &QueuedWrite) -> Result<bool, RdmaError> {
+        let posted = match self.ep.write(
+            w.dest,
+            w.src,
+            w.offset,
+            w.len,
+            w.addr,
+            w.key,
+            Some(u64::from(w.token)),
+            w.unit,
+            self.shared.cfg.delivery_complete,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                // Refused at posting (for example a range the provider rejects at once): the unit is
+                // lost like one refused at completion; the engine resends or gives it up.
+                self.shared
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                self.shared.log(format!("write refused: {e}"));
+                self.finish_write(w.unit);
+                return Ok(true);
+            }
+        };
+        if posted {
+            self.shared.counters.writes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(posted)
+    }
+
+    /// Frees the window of units whose writes have not completed within the configured time (a provider
+    /// that drops a refused write silently, a peer that vanished): the engine resends or gives them up.
+    fn abandon_stuck(&mut self, now: Instant) {
+        let limit = self.shared.cfg.write_timeout;
+        let stuck: Vec<u64> = self
+            .out
+            .iter()
+            .filter(|(_, o)| now.saturating_duration_since(o.posted) > limit)
+            .map(|(u, _)| *u)
+            .collect();
+        for unit in stuck {
+            if let Some(o) = self.out.remove(&unit) {
+                self.bytes_out -= o.bytes;
+                self.shared
+                    .counters
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                self.shared.log(format!(
+                    "a unit's writes did not complete within {limit:?}: its window share is freed"
+                ));
+            }
+        }
+    }
+
+    fn finish_write(&mut self, unit: u64) {
+        if let Some(o) = self.out.get_mut(&unit) {
+            o.writes_left = o.writes_left.saturating_sub(1);
+            if o.writes_left == 0 {
+                self.bytes_out -= o.bytes;
+                self.out.remove(&unit);
+            }
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The driver's receiving half: completions, messages from peers, and units handed to the engine once
+//! their header and their writes are both in.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use transfer_engine::wire::decode_frame;
+use transfer_engine::{FrameKind, PeerId, Placement};
+
+use super::super::ffi::Completion;
+use super::super::message::Message;
+use super::super::node::{PeerInfo, Route, lock};
+use super::super::{RdmaError, token_tag};
+use super::{Driver, Incoming, MAX_PENDING};
+
+impl Driver<'_> {
+    pub(super) fn completion(&mut self, c: Completion) {
+        match c {
+            Completion::Sent { error: None } => {}
+            Completion::Sent { error: Some(e) } => self.shared.log(format!("send failed: {e}")),
+            Completion::Written { ctx, error } => {
+                if let Some(e) = error {
+                    self.shared
+                        .counters
+                        .write_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.shared
+                        .log(format!("write refused by the provider: {e}"));
+                }
+                self.finish_write(ctx);
+            }
+            Completion::RemoteWrite { data } => {
+                self.shared
+                    .counters
+                    .remote_writes
+                    .fetch_add(1, Ordering::Relaxed);
+                let token = u32::try_from(data & u64::from(u32::MAX)).unwrap_or(0);
+                self.landed(token);
+            }
+            Completion::Received { slot, len, error } => {
+                let msg = match error {
+                    Some(e) => Err(RdmaError::Protocol(format!("a receive failed: {e}"))),
+                    None => self.ep.received(slot, len).and_then(Message::decode),
+                };
+                if let Err(e) = self.ep.repost(slot) {
+                    self.shared.log(format!("reposting a receive: {e}"));
+                }
+                self.shared
+                    .counters
+                    .messages_received
+                    .fetch_add(1, Ordering::Relaxed);
+                match msg {
+                    Ok((from, msg)) => {
+                        if let Err(e) = self.message(from, msg) {
+                            self.shared.log(format!("from engine {from}: {e}"));
+                        }
+                    }
+                    Err(e) => self.shared.log(format!("a message refused: {e}")),
+                }
+            }
+        }
+    }
+
+    fn message(&mut self, from: u32, msg: Message) -> Result<(), RdmaError> {
+        let peer = PeerId(u64::from(from));
+        match msg {
+            Message::Hello {
+                nonce,
+                tag,
+                name,
+                segments,
+            } => {
+                let addr = self.ep.insert(&name)?;
+                let existing = self.route(peer).map(|r| r.our_tag);
+                let our_tag = match existing {
+                    Some(t) => t,
+                    None => self.assign_tag()?,
+                };
+                lock(&self.shared.routes).insert(
+                    peer,
+                    Route {
+                        addr,
+                        write_tag: Some(tag),
+                        our_tag,
+                        segments,
+                    },
+                );
+                let welcome = Message::Welcome {
+                    nonce,
+                    tag: our_tag,
+                    segments: lock(&self.shared.published).clone(),
+                };
+                self.send_now(addr, &welcome)
+            }
+            Message::Welcome {
+                nonce,
+                tag,
+                segments,
+            } => {
+                let (Some(addr), Some((our_tag, reply))) =
+                    (self.dialed.remove(&nonce), self.connects.remove(&nonce))
+                else {
+                    return Err(RdmaError::Protocol(format!(
+                        "a welcome for an unknown hello {nonce:#x}"
+                    )));
+                };
+                lock(&self.shared.routes).insert(
+                    peer,
+                    Route {
+                        addr,
+                        write_tag: Some(tag),
+                        our_tag,
+                        segments: segments.clone(),
+                    },
+                );
+                let _ = reply.send(Ok(PeerInfo { peer, segments }));
+                Ok(())
+            }
+            Message::Frame(bytes) => {
+                let (header, payload) =
+                    decode_frame(&bytes).map_err(|e| RdmaError::Protocol(e.to_string()))?;
+                let mut engine = self.shared.station.engine();
+                let result = engine.handle_frame(Instant::now(), peer, &header, payload);
+                self.shared.station.drain_events(&mut engine);
+                drop(engine);
+                if header.kind == FrameKind::CloseAck {
+                    self.forget_finished();
+                }
+                result.map_err(RdmaError::from)
+            }
+            Message::Data {
+                token,
+                chunks,
+                region,
+                offset,
+                header,
+            } => {
+                let expected = self.route(peer).map(|r| r.our_tag);
+                if expected != Some(token_tag(token)) {
+                    return Err(RdmaError::Protocol(format!(
+                        "a data header with tag {} from a peer given tag {expected:?}",
+                        token_tag(token)
+                    )));
+                }
+                if header.kind != FrameKind::Data || chunks == 0 {
+                    return Err(RdmaError::Protocol("a malformed data header".into()));
+                }
+                if !self.pending.contains_key(&token) && self.pending.len() >= MAX_PENDING {
+                    return Err(RdmaError::Protocol(
+                        "too many units half-arrived: a header refused".into(),
+                    ));
+                }
+                let entry = self.pending.entry(token).or_default();
+                entry.header = Some((from, chunks, region, offset, header));
+                self.try_deliver(token);
+                Ok(())
+            }
+        }
+    }
+
+    fn landed(&mut self, token: u32) {
+        if !self.pending.contains_key(&token) && self.pending.len() >= MAX_PENDING {
+            self.shared
+                .log("too many units half-arrived: a write's completion dropped".into());
+            return;
+        }
+        self.pending.entry(token).or_default().landed += 1;
+        self.try_deliver(token);
+    }
+
+    /// Hands a unit to the engine once its header and every write are in: checks where the bytes landed
+    /// against the engine's placement, verifies the CRC in place.
+    fn try_deliver(&mut self, token: u32) {
+        let ready = self
+            .pending
+            .get(&token)
+            .is_some_and(|e| e.header.is_some_and(|(_, chunks, ..)| e.landed >= chunks));
+        if !ready {
+            return;
+        }
+        let Some(Incoming {
+            header: Some((from, _, region, offset, header)),
+            ..
+        }) = self.pending.remove(&token)
+        else {
+            return;
+        };
+        let peer = PeerId(u64::from(from));
+        let now = Instant::now();
+        let placed = {
+            let mut engine = self.shared.station.engine();
+            match engine.placement(peer, &header) {
+                Ok(Placement::Write {
+                    region: r,
+                    offset: o,
+                    len,
+                }) if r.0 == region && o == offset => engine
+                    .memory(r)
+                    .map(|m| Some((m.clone(), o as usize..o as usize + len as usize))),
+                Ok(Placement::Write {
+                    region: r,
+                    offset: o,
+                    ..
+                }) => Err(transfer_engine::Error::InvalidRequest(format!(
+                    "a unit written to region {region} at {offset}, where the plan says region {r} at {o}"
+                ))),
+                Ok(Placement::Discard) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        let crc = match placed {
+            Ok(Some((memory, range))) => match memory.crc32c(range) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.shared.log(format!("verifying a unit: {e}"));
+                    return;
+                }
+            },
+            Ok(None) => header.crc,
+            Err(e) => {
+                self.shared
+                    .log(format!("a unit from engine {from} refused: {e}"));
+                return;
+            }
+        };
+        let mut engine = self.shared.station.engine();
+        if let Err(e) = engine.handle_data(now, peer, &header, crc) {
+            self.shared
+                .log(format!("a unit from engine {from} refused: {e}"));
+        }
+        self.shared.station.drain_events(&mut engine);
+    }
+
+    /// Drops the destinations of sending sessions the engine no longer holds.
+    fn forget_finished(&mut self) {
+        let mut sessions = lock(&self.shared.sessions);
+        if sessions.is_empty() {
+            return;
+        }
+        let engine = self.shared.station.engine();
+        sessions.retain(|id, _| engine.session_stats(*id).is_some());
+    }
+}

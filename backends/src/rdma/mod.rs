@@ -1,0 +1,189 @@
+//! The RDMA backend over libfabric (OFI), behind feature `rdma`: one backend for InfiniBand and RoCE (the
+//! `verbs` provider), AWS EFA (`efa`), and, without a NIC, the `tcp` (through `ofi_rxm`) and `shm` providers.
+//!
+//! # Data path
+//! A node opens one reliable-datagram endpoint (`FI_EP_RDM`) with messages and RMA writes, and registers
+//! each region's memory once (`fi_mr_reg`), when the region is registered with the engine. Peers learn
+//! each other's endpoint address, published regions, their remote addresses and keys in a hello/welcome
+//! exchange over messages ([`RdmaNode::connect`]).
+//!
+//! A data unit the engine asks for is sent as two operations:
+//! - its payload by `fi_writedata`, straight from the sender's registered memory into the receiver's
+//!   registered region at the offset the plan gives (the virtual address under `FI_MR_VIRT_ADDR`, the
+//!   offset into the registration otherwise), with 32 bits of remote CQ data, the unit's *token*; a unit
+//!   larger than the provider's largest write goes as several writes with the same token;
+//! - its 48-byte frame header (session, sequence, layer, block, offset, length, CRC-32C of the payload),
+//!   by `fi_send` in a small message that names the token, the write count and where the bytes land.
+//!
+//! The receiver matches the two by token, in whichever order they complete (no provider ordering is
+//! assumed): when the header and every write's remote completion are in, it checks that the engine's
+//! placement for the header is where the bytes landed, verifies the CRC-32C over the bytes in place and
+//! calls [`transfer_engine::Engine::handle_data`]. Acks, nacks, retransmits and recompute run unchanged in
+//! the engine; control frames go as messages into pre-posted receive slots. A token is the tag the
+//! receiver gave the sending peer in the handshake (top 12 bits) and a counter (low 20 bits), so a write
+//! names its sender.
+//!
+//! The provider enforces the rest: a write with a wrong key, or beyond the registered region, is refused
+//! by it and completes with an error at the sender (logged as a refusal; the engine resends and, if the
+//! unit never arrives, hands its blocks back for recompute). A peer holding a region's key can write
+//! anywhere inside that region, as with any RDMA: the engine verifies every unit's CRC before calling it
+//! delivered, and a unit whose bytes land elsewhere than the receiver's plan says is refused. Unlike the
+//! TCP backend, a resent unit (its ack was late) is written again by the sender's NIC over bytes that may
+//! already have verified: the same source bytes, since the caller keeps a live session's source unchanged.
+//! Control frames larger than a message slot (64 KiB by default: an open with very long block lists, an
+//! ack with very many ranges) cannot be sent; they are logged as refusals.
+//!
+//! # Waiting
+//! One driver thread per node owns the endpoint. While work is outstanding it polls the completion queue,
+//! spinning briefly and then napping with a doubling backoff (the `tcp` and `shm` providers progress only
+//! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
+//! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
+
+mod driver;
+mod ffi;
+mod limit;
+mod message;
+mod node;
+mod provider;
+mod wait;
+
+use std::time::Duration;
+
+use transfer_engine::{EngineConfig, PeerId};
+
+pub use ffi::ProviderInfo;
+pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
+pub use message::RdmaSegment;
+pub use node::{NodeStats, PeerInfo, RdmaNode};
+pub use provider::{Provider, available_providers};
+
+/// Settings of one RDMA node.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// The engine's settings; `engine.engine_id` is the node's identity in messages.
+    pub engine: EngineConfig,
+    /// Which provider to use.
+    pub provider: Provider,
+    /// The provider's domain (device or interface) to use, e.g. `lo` for `tcp` on one host, `mlx5_0` for
+    /// verbs; `None` takes the first the provider lists.
+    pub domain: Option<String>,
+    /// Most data units in flight (posted and not yet completed locally).
+    pub window_units: usize,
+    /// Most payload bytes in flight.
+    pub window_bytes: u64,
+    /// Bytes of one message slot (control frames larger than this cannot be sent).
+    pub slot_bytes: usize,
+    /// Message slots for sends.
+    pub send_slots: usize,
+    /// Receive slots kept posted.
+    pub recv_slots: usize,
+    /// Largest single RDMA write; larger units go as several (capped by the provider's limit).
+    pub max_write_bytes: usize,
+    /// Time allowed for [`RdmaNode::connect`]'s hello/welcome exchange.
+    pub connect_timeout: Duration,
+    /// Ask for delivery completion on writes (`FI_DELIVERY_COMPLETE`): a write completes at the sender
+    /// only once its bytes are placed at the target, so a write the target's provider refuses (wrong key,
+    /// out of range) comes back as an error at once. Without it a refused write is only noticed when the
+    /// unit is never acknowledged.
+    pub delivery_complete: bool,
+    /// A unit whose writes have not completed after this long stops counting against the window (the
+    /// provider dropped a refused write without a completion, or the peer vanished).
+    pub write_timeout: Duration,
+}
+
+impl RdmaConfig {
+    /// Default settings for engine `engine_id` on `provider`.
+    #[must_use]
+    pub fn new(engine_id: u32, provider: Provider) -> Self {
+        Self {
+            engine: rdma_engine_config(engine_id),
+            provider,
+            domain: None,
+            window_units: 64,
+            window_bytes: 64 << 20,
+            slot_bytes: 64 << 10,
+            send_slots: 256,
+            recv_slots: 256,
+            max_write_bytes: 16 << 20,
+            connect_timeout: Duration::from_secs(5),
+            delivery_complete: true,
+            write_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The same settings on `domain`.
+    #[must_use]
+    pub fn with_domain(mut self, domain: &str) -> Self {
+        self.domain = Some(domain.to_owned());
+        self
+    }
+}
+
+/// Engine settings for RDMA: the transport is reliable, so (as for TCP) the retransmit floor starts at
+/// 100 ms and each process draws a fresh seed for its session ids.
+#[must_use]
+pub fn rdma_engine_config(engine_id: u32) -> EngineConfig {
+    crate::tcp::tcp_engine_config(engine_id)
+}
+
+/// Errors of the RDMA backend.
+#[derive(Debug, thiserror::Error)]
+pub enum RdmaError {
+    /// A libfabric call failed.
+    #[error("{call} failed: {message} ({code})")]
+    Fabric {
+        /// The call.
+        call: &'static str,
+        /// Its return code (a negative `FI_E*`).
+        code: i64,
+        /// libfabric's text for it.
+        message: String,
+    },
+    /// No provider fits; the text names what was found.
+    #[error("no usable libfabric provider: {0}")]
+    NoProvider(String),
+    /// The configuration is not usable.
+    #[error("invalid RDMA configuration: {0}")]
+    Config(String),
+    /// A peer sent something this node cannot use.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A registration id this endpoint does not hold.
+    #[error("unknown memory registration {0}")]
+    UnknownRegistration(u32),
+    /// The engine refused a command.
+    #[error(transparent)]
+    Engine(#[from] transfer_engine::Error),
+    /// A wait on the receiving or sending side ended without its answer.
+    #[error(transparent)]
+    Wait(#[from] crate::board::WaitError),
+    /// No hello/welcome exchange with this peer yet, or it does not offer the region.
+    #[error("no route to peer {0:?}: {1}")]
+    NoRoute(PeerId, String),
+    /// A wait ran out of time.
+    #[error("{what} did not finish within {waited:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// The node is shut down.
+    #[error("the node is shut down")]
+    Closed,
+}
+
+/// Bits of a token that count; the rest is the writer's tag.
+const TOKEN_COUNTER_BITS: u32 = 20;
+/// Most tags (peers writing into one node).
+const MAX_TAGS: u16 = 1 << (32 - TOKEN_COUNTER_BITS);
+
+/// The CQ data of a write: `tag` in the top bits, `counter` below.
+fn token(tag: u16, counter: u32) -> u32 {
+    (u32::from(tag) << TOKEN_COUNTER_BITS) | (counter & ((1 << TOKEN_COUNTER_BITS) - 1))
+}
+
+/// The tag in a token.
+fn token_tag(token: u32) -> u16 {
+    u16::try_from(token >> TOKEN_COUNTER_BITS).unwrap_or(u16::MAX)
+}
