@@ -12,6 +12,8 @@ mod net;
 mod overlap;
 mod pd;
 mod progress;
+#[cfg(feature = "rdma")]
+mod rdma;
 mod replay;
 mod report;
 mod run;

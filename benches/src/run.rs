@@ -32,6 +32,9 @@ pub(crate) enum Backend {
     Loopback,
     /// Two TCP nodes over real loopback sockets; the limit is a plain socket copy of the same bytes.
     Tcp,
+    /// Two libfabric nodes (feature `rdma`) on `--provider`; limits: the provider's own write loop, and
+    /// memcpy (`shm`) or the plain socket copy (`tcp`).
+    Rdma,
 }
 
 impl Backend {
@@ -88,6 +91,12 @@ pub(crate) struct RunArgs {
     /// Measured transfers per mode (after one warm-up); throughput is their median.
     #[arg(long, default_value_t = 5)]
     iterations: usize,
+    /// libfabric provider of `--backend rdma`: tcp, shm, verbs, efa, or a full name such as "tcp;ofi_rxm".
+    #[arg(long, default_value = "tcp")]
+    provider: String,
+    /// libfabric domain of `--backend rdma` (a NIC, or `lo`; the tcp provider defaults to `lo`).
+    #[arg(long)]
+    domain: Option<String>,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -103,6 +112,8 @@ impl RunArgs {
             total_bytes: 256 << 20,
             slice_bytes: 64 << 10,
             iterations: 2,
+            provider: "tcp".into(),
+            domain: None,
             json: false,
         }
     }
@@ -125,7 +136,33 @@ pub(crate) struct RunRow {
     pub(crate) p99_ms: f64,
     pub(crate) retransmits: u64,
     pub(crate) recompute_blocks: usize,
+    /// RDMA only: the libfabric provider that carried the bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) provider: Option<String>,
+    /// RDMA only: the provider's own ceiling (a plain loop of its writes, same unit size and window).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) provider_limit_gbps: Option<f64>,
+    /// RDMA only: `gbps / provider_limit_gbps`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) provider_ratio: Option<f64>,
 }
+
+/// Columns of the `run --backend rdma` table.
+const RDMA_COLUMNS: [&str; 13] = [
+    "backend",
+    "provider",
+    "mode",
+    "block",
+    "bytes",
+    "gbps",
+    "provider_limit_gbps",
+    "provider_ratio",
+    "limit_gbps",
+    "ratio",
+    "p50_ms",
+    "p99_ms",
+    "recompute_blocks",
+];
 
 pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
@@ -141,11 +178,50 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     for mode in modes {
         let mode = mode.with_slice(slice_bytes);
         progress.set_message(format!("{:?} {}", args.backend, mode.name()));
-        rows.push(measure(args.backend, layout, mode, args.iterations)?);
+        rows.push(match args.backend {
+            Backend::Rdma => measure_rdma(args, layout, mode)?,
+            backend => measure(backend, layout, mode, args.iterations)?,
+        });
         progress.inc(1);
     }
     progress.finish_and_clear();
-    print_rows(&rows, args.json, &RUN_COLUMNS)
+    let columns: &[&str] = if args.backend == Backend::Rdma {
+        &RDMA_COLUMNS
+    } else {
+        &RUN_COLUMNS
+    };
+    print_rows(&rows, args.json, columns)
+}
+
+/// One RDMA row: the transfers and both limits.
+#[cfg(feature = "rdma")]
+fn measure_rdma(args: &RunArgs, layout: KvLayout, mode: TransferMode) -> anyhow::Result<RunRow> {
+    let run = crate::rdma::run_rdma(
+        layout,
+        mode,
+        args.iterations,
+        &args.provider,
+        args.domain.as_deref(),
+    )?;
+    let mut r = row(
+        "rdma",
+        layout,
+        mode,
+        run.seconds,
+        run.limit_gbps,
+        run.retransmits,
+        run.recompute_blocks,
+    );
+    r.provider_ratio = Some(r.gbps / run.provider_limit_gbps);
+    r.provider_limit_gbps = Some(run.provider_limit_gbps);
+    r.provider = Some(run.provider);
+    Ok(r)
+}
+
+/// Without feature `rdma` there is no RDMA backend to run: a clear error.
+#[cfg(not(feature = "rdma"))]
+fn measure_rdma(_: &RunArgs, _: KvLayout, _: TransferMode) -> anyhow::Result<RunRow> {
+    bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
 }
 
 /// Measures `iterations` transfers of `layout` in `mode` over `backend`, beside the backend's raw limit.
@@ -156,6 +232,9 @@ pub(crate) fn measure(
     iterations: usize,
 ) -> anyhow::Result<RunRow> {
     match backend {
+        Backend::Rdma => {
+            bail!("RDMA runs need a provider: use `te-bench run --backend rdma --provider P`")
+        }
         Backend::Loopback => run_loopback(layout, mode, iterations),
         Backend::Tcp => {
             let run = crate::tcp::run_tcp(layout, mode, iterations)?;
@@ -200,6 +279,9 @@ pub(crate) fn row(
         p99_ms: quantile(&mut seconds, 0.99) * 1e3,
         retransmits,
         recompute_blocks,
+        provider: None,
+        provider_limit_gbps: None,
+        provider_ratio: None,
     }
 }
 
@@ -267,7 +349,7 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
 }
 
 /// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).
-fn memcpy_limit(src: &[u8], layout: KvLayout, iterations: usize) -> f64 {
+pub(crate) fn memcpy_limit(src: &[u8], layout: KvLayout, iterations: usize) -> f64 {
     let mut dst = vec![0u8; src.len()];
     let block = layout.block_bytes as usize;
     let mut seconds = Vec::new();

@@ -1,0 +1,131 @@
+//! `te-bench run --backend rdma --provider P`: two libfabric nodes in this process, beside two limits
+//! measured in the same run: the provider's own ceiling (a plain loop of `fi_writedata`s of the same unit
+//! size with the same window and no engine) and the machine's raw limit (memcpy for `shm`, the plain socket
+//! copy for `tcp`).
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use backends::rdma::{Provider, RdmaConfig, RdmaNode, provider_limit_gbps};
+use backends::tcp::SocketCopy;
+use transfer_engine::{KvLayout, MemoryRegion, TransferMode, TransferRequest};
+
+/// What an RDMA run measured.
+pub(crate) struct RdmaRun {
+    /// Seconds of each measured transfer (submit until the sender learned every block was applied).
+    pub(crate) seconds: Vec<f64>,
+    /// The machine's raw limit: memcpy of the same blocks (`shm`) or the plain socket copy (otherwise).
+    pub(crate) limit_gbps: f64,
+    /// The provider's own ceiling for units of this transfer's size.
+    pub(crate) provider_limit_gbps: f64,
+    /// The provider libfabric chose (for example `tcp;ofi_rxm` or `shm`).
+    pub(crate) provider: String,
+    /// Slices sent again, over every transfer.
+    pub(crate) retransmits: u64,
+    /// Blocks handed back for recompute, over every transfer.
+    pub(crate) recompute_blocks: usize,
+}
+
+/// Runs one warm-up and `iterations` measured transfers of a whole `layout` in `mode` between two nodes on
+/// `provider` (in `domain`, if named), checks the destination is byte-identical to the source, and measures
+/// both limits.
+pub(crate) fn run_rdma(
+    layout: KvLayout,
+    mode: TransferMode,
+    iterations: usize,
+    provider: &str,
+    domain: Option<&str>,
+) -> anyhow::Result<RdmaRun> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // libfabric's tcp provider on this machine's loopback needs the `lo` domain.
+    let domain = domain
+        .map(str::to_string)
+        .or_else(|| (provider == "tcp").then(|| "lo".to_string()));
+    let which = Provider::Named(provider.to_string());
+    let config = |id| {
+        let mut c = RdmaConfig::new(id, which.clone());
+        c.domain.clone_from(&domain);
+        c
+    };
+    let producer = RdmaNode::start(config(1))?;
+    let consumer = RdmaNode::start(config(2))?;
+    let bytes = crate::run::kv_len(layout)?;
+    let mut kv = vec![0u8; bytes];
+    crate::run::fill(&mut kv);
+    let src_memory = MemoryRegion::from_vec(kv);
+    let dst_memory = MemoryRegion::zeroed(bytes);
+    dst_memory.fill_with(|_, b| b.fill(0))?;
+    let src = producer.register_kv_region(layout, src_memory.clone())?;
+    let dst = consumer.register_kv_region(layout, dst_memory.clone())?;
+    consumer.publish_segment("kv", dst)?;
+    let peer = rt.block_on(producer.connect(consumer.address()))?;
+    let dst = *peer
+        .segment("kv")
+        .context("the consumer offered no region")?;
+
+    // The unit size the plan will use: whole blocks (exclusive, and auto for blocks of its threshold or
+    // more), otherwise slices.
+    let unit = match mode {
+        TransferMode::Exclusive => layout.block_bytes,
+        TransferMode::Auto {
+            exclusive_min_bytes,
+            ..
+        } if layout.block_bytes >= exclusive_min_bytes => layout.block_bytes,
+        TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
+            u64::from(slice_bytes).min(layout.block_bytes)
+        }
+    };
+    let cfg = config(1);
+    let window = cfg
+        .window_units
+        .min(usize::try_from(cfg.window_bytes / unit.max(1))?.max(1));
+    let provider_limit = provider_limit_gbps(
+        &which,
+        domain.as_deref(),
+        usize::try_from(unit)?,
+        window,
+        layout.total_bytes(),
+        cfg.delivery_complete,
+    )?;
+    let limit_gbps = if provider == "shm" {
+        crate::run::memcpy_limit(&src_memory.read(0..bytes)?, layout, iterations)
+    } else {
+        let mut copy = SocketCopy::new(layout.total_bytes(), 4 << 20, 1)?;
+        copy.run()?
+    };
+
+    let mut seconds = Vec::with_capacity(iterations);
+    let mut recompute_blocks = 0;
+    for i in 0..=iterations {
+        let req = TransferRequest::whole(peer.peer, &src, &dst)?
+            .with_mode(mode)
+            .with_deadline(Duration::from_secs(120));
+        let out = rt.block_on(producer.transfer(req, Duration::from_secs(300)))?;
+        if let Some(reason) = &out.reason {
+            bail!("the transfer was refused: {reason}");
+        }
+        rt.block_on(consumer.wait_received(out.session))?;
+        recompute_blocks += out.recompute.len();
+        if i > 0 {
+            seconds.push(out.elapsed.as_secs_f64());
+        }
+    }
+    if recompute_blocks == 0
+        && *src_memory.read(0..src_memory.len())? != *dst_memory.read(0..dst_memory.len())?
+    {
+        bail!(
+            "destination differs from source after the transfer: this is a bug, please report it"
+        );
+    }
+    Ok(RdmaRun {
+        seconds,
+        limit_gbps,
+        provider_limit_gbps: provider_limit,
+        provider: producer.provider().provider.clone(),
+        retransmits: producer.stats().engine.retransmits,
+        recompute_blocks,
+    })
+}
