@@ -1,0 +1,118 @@
+//! Memory registration through an [`Endpoint`]: a region's memory registered once, its key and remote
+//! base address, and deregistration once no write reads from it.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use transfer_engine::MemoryRegion;
+
+use super::info::check;
+use super::{Access, Endpoint, MrId, Registration, sys};
+use crate::rdma::RdmaError;
+
+impl Endpoint {
+    pub(super) fn register_raw(
+        &mut self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+        memory: Option<MemoryRegion>,
+    ) -> Result<MrId, RdmaError> {
+        self.next_mr += 1;
+        let id = MrId(self.next_mr);
+        let flags = match access {
+            Access::Region => sys::FI_WRITE | sys::FI_REMOTE_WRITE,
+            Access::Messages => sys::FI_SEND | sys::FI_RECV,
+        };
+        let bind = if self.info.mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
+            self.ep
+        } else {
+            ptr::null_mut()
+        };
+        let mut mr = ptr::null_mut();
+        // SAFETY: `ptr..ptr + len` is memory this endpoint keeps alive until the registration is closed
+        // (its own pools, or a region whose `MemoryRegion` clone is stored with the registration); the
+        // domain and endpoint are open.
+        let ret = unsafe {
+            sys::te_mr_reg(
+                self.domain,
+                bind,
+                ptr.cast(),
+                len,
+                u64::from(flags),
+                u64::from(id.0),
+                &mut mr,
+            )
+        };
+        check("fi_mr_reg", ret.into())?;
+        // SAFETY: `mr` was just opened successfully.
+        let (key, desc) = unsafe { (sys::te_mr_key(mr), sys::te_mr_desc(mr)) };
+        let memory = memory.unwrap_or_else(|| MemoryRegion::zeroed(0));
+        self.regs.insert(
+            id,
+            Registration {
+                mr,
+                memory,
+                key,
+                desc,
+                in_flight: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Registers host region memory for local writes from it and peers' writes into it; returns the
+    /// registration and its remote key. The memory is kept alive until [`Endpoint::deregister`].
+    pub(crate) fn register(&mut self, memory: &MemoryRegion) -> Result<(MrId, u64), RdmaError> {
+        if !memory.kind().is_host() || memory.is_empty() {
+            return Err(RdmaError::Config(format!(
+                "only non-empty host memory can be registered here, not {} of {} bytes",
+                memory.kind(),
+                memory.len()
+            )));
+        }
+        let ptr = memory.address() as *mut u8;
+        let id = self.register_raw(ptr, memory.len(), Access::Region, Some(memory.clone()))?;
+        Ok((id, self.regs[&id].key))
+    }
+
+    /// The address peers write to for byte `offset` of registration `id`: the virtual address under
+    /// `FI_MR_VIRT_ADDR`, the offset otherwise.
+    pub(crate) fn remote_base(&self, id: MrId) -> Result<u64, RdmaError> {
+        let reg = self
+            .regs
+            .get(&id)
+            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+        Ok(if self.info.virt_addr() {
+            reg.memory.address() as u64
+        } else {
+            0
+        })
+    }
+
+    /// Closes registration `id`; refused while writes from it are in flight.
+    pub(crate) fn deregister(&mut self, id: MrId) -> Result<(), RdmaError> {
+        let reg = self
+            .regs
+            .get(&id)
+            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+        if reg.in_flight > 0 {
+            return Err(RdmaError::Config(format!(
+                "registration {} has {} writes in flight",
+                id.0, reg.in_flight
+            )));
+        }
+        let reg = self
+            .regs
+            .remove(&id)
+            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+        // SAFETY: the registration was opened by this endpoint and is closed once, here.
+        let ret = unsafe { sys::te_close_mr(reg.mr) };
+        check("fi_close(mr)", ret.into())
+    }
+
+    pub(super) fn desc(&self, mr: Option<MrId>) -> *mut c_void {
+        mr.and_then(|m| self.regs.get(&m))
+            .map_or(ptr::null_mut(), |r| r.desc)
+    }
+}
