@@ -14,6 +14,8 @@ mod pd;
 mod progress;
 #[cfg(feature = "rdma")]
 mod rdma;
+#[cfg(feature = "rdma")]
+mod rdma_net;
 mod replay;
 mod report;
 mod run;

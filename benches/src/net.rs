@@ -20,12 +20,28 @@ use crate::run::{ModeArg, RUN_COLUMNS, layout_for, row};
 /// Arguments of `te-bench serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// Backend: tcp, or rdma (feature `rdma`; serves one region of --block-bytes x --total-bytes and
+    /// prints the endpoint address clients pass as --peer-address).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub(crate) backend: NetBackend,
+    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, or a full name.
+    #[arg(long, default_value = "tcp")]
+    pub(crate) provider: String,
+    /// libfabric domain for --backend rdma (a NIC, or `lo`; the tcp provider defaults to `lo`).
+    #[arg(long)]
+    pub(crate) domain: Option<String>,
+    /// Bytes per KV block of the region served over RDMA, with a unit.
+    #[arg(long, value_parser = parse_size, default_value = "256KiB")]
+    pub(crate) block_bytes: u64,
+    /// Bytes of the region served over RDMA, with a unit (rounded down to whole blocks).
+    #[arg(long, value_parser = parse_size, default_value = "512MiB")]
+    pub(crate) total_bytes: u64,
     /// Address to listen on, e.g. 127.0.0.1:7400 (a non-loopback address needs --secret).
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: SocketAddr,
     /// This server's engine id; every client needs a different one.
     #[arg(long, default_value_t = 2)]
-    engine_id: u32,
+    pub(crate) engine_id: u32,
     /// Most bytes of KV regions allocated for clients, with a unit: 512MiB, 4GiB.
     #[arg(long, value_parser = parse_size, default_value = "4GiB")]
     serve_bytes: u64,
@@ -37,37 +53,49 @@ pub(crate) struct ServeArgs {
     lanes: usize,
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
-    seconds: u64,
+    pub(crate) seconds: u64,
     /// Check every finished session's region against the pattern its client fills (`te-bench connect`
     /// seeds it with its engine id) and print `verified` or `MISMATCH` for it.
     #[arg(long)]
-    verify: bool,
+    pub(crate) verify: bool,
 }
 
 /// Arguments of `te-bench connect`.
 #[derive(Debug, Args)]
 pub(crate) struct ConnectArgs {
-    /// Address of a `te-bench serve`, e.g. 127.0.0.1:7400.
+    /// Backend: tcp, or rdma (feature `rdma`; the server's endpoint address goes in --peer-address).
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub(crate) backend: NetBackend,
+    /// Address of a `te-bench serve` over TCP, e.g. 127.0.0.1:7400.
     #[arg(long)]
-    peer: SocketAddr,
+    peer: Option<SocketAddr>,
+    /// Endpoint address (hex) a `te-bench serve --backend rdma` printed.
+    #[arg(long)]
+    pub(crate) peer_address: Option<String>,
+    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, or a full name.
+    #[arg(long, default_value = "tcp")]
+    pub(crate) provider: String,
+    /// libfabric domain for --backend rdma (a NIC, or `lo`; the tcp provider defaults to `lo`).
+    #[arg(long)]
+    pub(crate) domain: Option<String>,
     /// Bytes per transfer, with a unit (layers x blocks x block bytes; rounded down to whole blocks).
     #[arg(long, value_parser = parse_size, default_value = "512MiB")]
-    total_bytes: u64,
+    pub(crate) total_bytes: u64,
     /// Bytes per KV block, with a unit: 64KiB, 1MiB, 4MiB.
     #[arg(long, value_parser = parse_size, default_value = "256KiB")]
-    block_bytes: u64,
+    pub(crate) block_bytes: u64,
     /// Wire mode; repeat or omit to run every mode.
     #[arg(long, value_enum)]
-    mode: Vec<ModeArg>,
+    pub(crate) mode: Vec<ModeArg>,
     /// Slice size of packetized and auto modes, in bytes (with a unit).
     #[arg(long, value_parser = parse_size, default_value = "64KiB")]
-    slice_bytes: u64,
+    pub(crate) slice_bytes: u64,
     /// Measured transfers per mode (after one warm-up); throughput is their median.
     #[arg(long, default_value_t = 5)]
-    iterations: usize,
+    pub(crate) iterations: usize,
     /// This client's engine id; must differ from the server's.
     #[arg(long, default_value_t = 1)]
-    engine_id: u32,
+    pub(crate) engine_id: u32,
     /// Shared secret, as configured on the server.
     #[arg(long)]
     secret: Option<String>,
@@ -76,15 +104,27 @@ pub(crate) struct ConnectArgs {
     lanes: usize,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
-    json: bool,
-    /// Skip measuring the local socket-copy limit (its ratio columns read 0); for many clients at once.
+    pub(crate) json: bool,
+    /// Skip measuring the local limits (their ratio columns read 0); for many clients at once.
     #[arg(long)]
-    no_limit: bool,
+    pub(crate) no_limit: bool,
+}
+
+/// The backends `serve` and `connect` run over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum NetBackend {
+    /// TCP nodes (lanes, handshake, regions served on request).
+    Tcp,
+    /// libfabric nodes (feature `rdma`).
+    Rdma,
 }
 
 /// Serves until killed (or `--seconds`): accepts clients, gives each the region it asks for, and prints a
 /// line per finished session.
 pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
+    if args.backend == NetBackend::Rdma {
+        return serve_rdma(args);
+    }
     let cfg = TcpConfig {
         listen: Some(args.listen),
         secret: args.secret.as_ref().map(|s| s.as_bytes().to_vec()),
@@ -175,6 +215,12 @@ async fn verify(server: &backends::tcp::TcpNode, session: transfer_engine::Sessi
 
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
 pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
+    if args.backend == NetBackend::Rdma {
+        return connect_rdma(args);
+    }
+    let peer = args
+        .peer
+        .context("--peer (the address a `te-bench serve` listens on) is required over TCP")?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let slice_bytes =
         u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
@@ -189,8 +235,8 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
     crate::tcp::fill(node.node(), &src, u64::from(args.engine_id))?;
     let info = node
-        .connect(args.peer, Some(layout))
-        .with_context(|| format!("connecting to {}", args.peer))?;
+        .connect(peer, Some(layout))
+        .with_context(|| format!("connecting to {peer}"))?;
     let dst = *info
         .segment("served")
         .context("the server offered no region: is it a `te-bench serve`?")?;
@@ -238,4 +284,26 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         ));
     }
     print_rows(&rows, args.json, &RUN_COLUMNS)
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(args: &ServeArgs) -> anyhow::Result<()> {
+    crate::rdma_net::serve(args)
+}
+
+#[cfg(feature = "rdma")]
+fn connect_rdma(args: &ConnectArgs) -> anyhow::Result<()> {
+    crate::rdma_net::connect(args)
+}
+
+/// Without feature `rdma` there is no RDMA backend: a clear error.
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(_: &ServeArgs) -> anyhow::Result<()> {
+    bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
+}
+
+/// Without feature `rdma` there is no RDMA backend: a clear error.
+#[cfg(not(feature = "rdma"))]
+fn connect_rdma(_: &ConnectArgs) -> anyhow::Result<()> {
+    bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
 }

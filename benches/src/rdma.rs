@@ -66,18 +66,7 @@ pub(crate) fn run_rdma(
         .segment("kv")
         .context("the consumer offered no region")?;
 
-    // The unit size the plan will use: whole blocks (exclusive, and auto for blocks of its threshold or
-    // more), otherwise slices.
-    let unit = match mode {
-        TransferMode::Exclusive => layout.block_bytes,
-        TransferMode::Auto {
-            exclusive_min_bytes,
-            ..
-        } if layout.block_bytes >= exclusive_min_bytes => layout.block_bytes,
-        TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
-            u64::from(slice_bytes).min(layout.block_bytes)
-        }
-    };
+    let unit = unit_bytes(layout, mode);
     let cfg = config(1);
     let window = cfg
         .window_units
@@ -128,4 +117,19 @@ pub(crate) fn run_rdma(
         retransmits: producer.stats().engine.retransmits,
         recompute_blocks,
     })
+}
+
+/// The unit size a plan of `layout` in `mode` uses: whole blocks (exclusive, and auto for blocks of its
+/// threshold or more), otherwise slices. The provider's own loop is measured with units of this size.
+pub(crate) fn unit_bytes(layout: KvLayout, mode: TransferMode) -> u64 {
+    match mode {
+        TransferMode::Exclusive => layout.block_bytes,
+        TransferMode::Auto {
+            exclusive_min_bytes,
+            ..
+        } if layout.block_bytes >= exclusive_min_bytes => layout.block_bytes,
+        TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
+            u64::from(slice_bytes).min(layout.block_bytes)
+        }
+    }
 }

@@ -148,7 +148,7 @@ pub(crate) struct RunRow {
 }
 
 /// Columns of the `run --backend rdma` table.
-const RDMA_COLUMNS: [&str; 13] = [
+pub(crate) const RDMA_COLUMNS: [&str; 13] = [
     "backend",
     "provider",
     "mode",
