@@ -213,15 +213,18 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
         let (mut child, addr) = Peer::spawn(provider, domain);
         let peer = rt.block_on(node.connect(&addr)).unwrap();
         let dst = *peer.segment("kv").unwrap();
-        // Slow enough that the kill lands mid-transfer: one layer ahead of a consumer that never comes.
+        // Only layer 0 is released at first, so the kill lands mid-transfer; the rest is released after
+        // it, so what comes back for recompute is what the dead receiver could not take (with the
+        // receiver alive, the whole GiB arrives well within the deadline: see the test above).
         let req = request(peer.peer, &src, &dst, TransferMode::packetized())
             .with_deadline(Duration::from_secs(3))
-            .with_prefetch_depth(1);
+            .with_layers_written(1);
         let started = Instant::now();
         let session = node.submit(req).unwrap();
         child.expect("LAYER ");
         child.child.kill().unwrap();
         child.child.wait().unwrap();
+        node.layers_written(session, layout().layers).unwrap();
         let out = rt
             .block_on(node.wait(session, Duration::from_secs(30)))
             .expect("the sender ends the session by its deadline");

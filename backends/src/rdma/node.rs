@@ -356,6 +356,17 @@ impl RdmaNode {
         Ok(id)
     }
 
+    /// The producer of sending session `session` has written every layer below `until`: those layers may
+    /// go out (for requests made with `TransferRequest::with_layers_written`; the driver picks them up on
+    /// its next poll).
+    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), RdmaError> {
+        self.shared
+            .station
+            .engine()
+            .layers_written(session, until)?;
+        Ok(())
+    }
+
     /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
     /// recompute).
     pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, RdmaError> {
