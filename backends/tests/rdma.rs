@@ -110,6 +110,7 @@ fn small_transfers_arrive_byte_identical_in_each_mode() {
             TransferMode::Packetized {
                 slice_bytes: 16 << 10,
             },
+            TransferMode::auto(),
         ] {
             whole_transfer(provider, domain, layout, mode);
         }
@@ -141,7 +142,11 @@ fn one_gib_arrives_byte_identical_in_each_mode() {
     // 8 layers x 32 blocks x 4 MiB.
     let layout = KvLayout::new(8, 32, 4 << 20, 16, Dtype::Bf16).unwrap();
     for (provider, domain) in PROVIDERS {
-        for mode in [TransferMode::Exclusive, TransferMode::packetized()] {
+        for mode in [
+            TransferMode::Exclusive,
+            TransferMode::packetized(),
+            TransferMode::auto(),
+        ] {
             whole_transfer(provider, domain, layout, mode);
         }
     }

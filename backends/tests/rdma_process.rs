@@ -178,7 +178,11 @@ fn one_gib_between_two_processes_arrives_byte_identical_in_each_mode() {
         let (mut child, addr) = Peer::spawn(provider, domain);
         let peer = rt.block_on(node.connect(&addr)).unwrap();
         let dst = *peer.segment("kv").unwrap();
-        for mode in [TransferMode::Exclusive, TransferMode::packetized()] {
+        for mode in [
+            TransferMode::Exclusive,
+            TransferMode::packetized(),
+            TransferMode::auto(),
+        ] {
             let req = request(peer.peer, &src, &dst, mode).with_deadline(Duration::from_secs(60));
             let started = Instant::now();
             let out = rt
