@@ -16,6 +16,9 @@ use transfer_engine::{
 
 const PROVIDERS: [(&str, &str); 2] = [("tcp", "lo"), ("shm", "")];
 
+/// The killed-receiver test's session deadline: the sender must find the peer dead well before it.
+const DEADLINE_S: u64 = 20;
+
 /// 8 layers x 32 blocks x 4 MiB: 1 GiB.
 fn layout() -> KvLayout {
     KvLayout::new(8, 32, 4 << 20, 16, Dtype::Bf16).unwrap()
@@ -221,7 +224,7 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
         // it, so what comes back for recompute is what the dead receiver could not take (with the
         // receiver alive, the whole GiB arrives well within the deadline: see the test above).
         let req = request(peer.peer, &src, &dst, TransferMode::packetized())
-            .with_deadline(Duration::from_secs(3))
+            .with_deadline(Duration::from_secs(DEADLINE_S))
             .with_layers_written(1);
         let started = Instant::now();
         let session = node.submit(req).unwrap();
@@ -233,12 +236,22 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
             .block_on(node.wait(session, Duration::from_secs(30)))
             .expect("the sender ends the session by its deadline");
         let total = layout().layers as usize * layout().blocks_per_layer as usize;
-        assert!(
-            !out.recompute.is_empty() && out.recompute.len() <= total,
+        let per_layer = layout().blocks_per_layer as usize;
+        assert_eq!(
+            out.recompute.len(),
+            total - per_layer,
             "{provider}: {out:?}"
         );
+        // Found dead by its failing writes, not by the session's deadline.
+        let reason = out.reason.clone().unwrap_or_default();
+        assert!(reason.contains("unreachable"), "{provider}: {reason:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(DEADLINE_S),
+            "{provider}: {:?}",
+            started.elapsed()
+        );
         println!(
-            "{provider}: receiver killed; {} of {total} blocks to recompute after {:?}; {} write errors",
+            "{provider}: receiver killed; {} of {total} blocks to recompute after {:?}; {} write errors; {reason}",
             out.recompute.len(),
             started.elapsed(),
             node.stats().write_errors

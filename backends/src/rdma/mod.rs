@@ -89,6 +89,9 @@ pub struct RdmaConfig {
     /// A unit whose writes have not completed after this long stops counting against the window (the
     /// provider dropped a refused write without a completion, or the peer vanished).
     pub write_timeout: Duration,
+    /// A peer whose writes all fail (error completions, or writes that never complete) for this long, none
+    /// succeeding, is declared unreachable: its sessions end at once with recompute and a reason (1 s).
+    pub unreachable_after: Duration,
 }
 
 impl RdmaConfig {
@@ -108,6 +111,7 @@ impl RdmaConfig {
             connect_timeout: Duration::from_secs(5),
             delivery_complete: true,
             write_timeout: Duration::from_secs(5),
+            unreachable_after: Duration::from_secs(1),
         }
     }
 

@@ -12,6 +12,7 @@ use super::message::Message;
 use super::node::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
 use super::wait::Waiter;
 
+mod reach;
 mod receive;
 use super::{MAX_TAGS, RdmaError, token};
 
@@ -22,6 +23,7 @@ const MAX_PENDING: usize = 1 << 16;
 
 /// A unit in flight from here: its writes not all completed.
 struct Outgoing {
+    peer: PeerId,
     writes_left: u32,
     bytes: u64,
     posted: Instant,
@@ -71,6 +73,7 @@ struct Driver<'a> {
     next_nonce: u64,
     completions: Vec<Completion>,
     waiter: Waiter,
+    reach: reach::Reach,
 }
 
 /// Runs the driver until the node stops.
@@ -91,6 +94,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         next_nonce: u64::from(shared.engine_id) << 32,
         completions: Vec::with_capacity(256),
         waiter: Waiter::default(),
+        reach: reach::Reach::default(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
         if let Err(e) = d.step() {
@@ -112,6 +116,13 @@ impl Driver<'_> {
             engine.poll_timeout()
         };
         self.abandon_stuck(now);
+        for (peer, reason) in self
+            .reach
+            .unreachable(now, self.shared.cfg.unreachable_after)
+        {
+            let ended = self.shared.station.engine().abort_peer(peer, &reason);
+            self.shared.log(format!("{reason}: {ended} sessions ended"));
+        }
         let posted = self.pump(now)?;
         self.completions.clear();
         let mut got = self.ep.poll(&mut self.completions)?;
@@ -359,6 +370,7 @@ impl Driver<'_> {
         self.out.insert(
             unit,
             Outgoing {
+                peer: t.peer,
                 writes_left: chunks,
                 bytes: u64::from(p.len),
                 posted: Instant::now(),
@@ -411,6 +423,9 @@ impl Driver<'_> {
                     .write_errors
                     .fetch_add(1, Ordering::Relaxed);
                 self.shared.log(format!("write refused: {e}"));
+                if let Some(o) = self.out.get(&w.unit) {
+                    self.reach.failed(o.peer, Instant::now(), &e.to_string());
+                }
                 self.finish_write(w.unit);
                 return Ok(true);
             }
@@ -434,6 +449,8 @@ impl Driver<'_> {
         for unit in stuck {
             if let Some(o) = self.out.remove(&unit) {
                 self.bytes_out -= o.bytes;
+                self.reach
+                    .failed(o.peer, now, "writes that never completed");
                 self.shared
                     .counters
                     .write_errors

@@ -19,6 +19,7 @@ impl Driver<'_> {
             Completion::Sent { error: None } => {}
             Completion::Sent { error: Some(e) } => self.shared.log(format!("send failed: {e}")),
             Completion::Written { ctx, error } => {
+                let peer = self.out.get(&ctx).map(|o| o.peer);
                 if let Some(e) = error {
                     self.shared
                         .counters
@@ -26,6 +27,11 @@ impl Driver<'_> {
                         .fetch_add(1, Ordering::Relaxed);
                     self.shared
                         .log(format!("write refused by the provider: {e}"));
+                    if let Some(peer) = peer {
+                        self.reach.failed(peer, Instant::now(), &e);
+                    }
+                } else if let Some(peer) = peer {
+                    self.reach.succeeded(peer);
                 }
                 self.finish_write(ctx);
             }
