@@ -9,13 +9,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, TcpConfig, socket_copy_gbps};
+use backends::{IncomingSession, Outcome, Received};
 use clap::Args;
 use tokio::sync::broadcast::error::RecvError;
-use transfer_engine::{Event, Role, TransferRequest};
+use transfer_engine::{
+    Event, KvLayout, MemoryRegion, RegionId, Role, SessionId, TransferMode, TransferRequest,
+};
 
 use crate::args::{fmt_size, parse_size};
 use crate::report::print_rows;
-use crate::run::{ModeArg, RUN_COLUMNS, layout_for, row};
+use crate::run::{ModeArg, RUN_COLUMNS, RunRow, layout_for, row};
 
 /// Arguments of `te-bench serve`.
 #[derive(Debug, Args)]
@@ -152,27 +155,20 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
             tokio::select! {
                 incoming = server.accept() => {
                     let Ok(s) = incoming else { return Ok(()) };
-                    println!(
-                        "session {} from engine {}: layers {:?} of {} blocks into region {}",
-                        s.session, s.peer.0, s.layers, s.blocks.len(), s.region
-                    );
+                    print_incoming(&s);
                 }
                 event = events.recv() => match event {
-                    Ok(Event::Completed { session, role: Role::Receiver, stats }) => {
-                        println!(
-                            "session {session}: {} received, {} blocks delivered, {} to recompute",
-                            fmt_size(stats.bytes_received),
-                            stats.blocks_delivered,
-                            stats.recompute_blocks
-                        );
-                        if args.verify {
-                            println!("session {session}: {}", verify(server, session).await);
+                    Ok(event) => {
+                        if let Some(session) = print_event(&event)
+                            && args.verify
+                        {
+                            let received = server.wait_received(session).await;
+                            let check = verdict(received.map_err(|e| e.to_string()), |r| {
+                                Ok(server.memory(r)?)
+                            });
+                            println!("session {session}: {check}");
                         }
                     }
-                    Ok(Event::Aborted { session, reason, .. }) => {
-                        println!("session {session} ended early: {reason}");
-                    }
-                    Ok(_) => {}
                     Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
                     Err(RecvError::Closed) => return Ok(()),
                 },
@@ -189,9 +185,52 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Checks a finished session's region against its client's pattern (seeded by the client's engine id).
-async fn verify(server: &backends::tcp::TcpNode, session: transfer_engine::SessionId) -> String {
-    let received = match server.wait_received(session).await {
+/// Prints the line a server gives a session it accepted.
+pub(crate) fn print_incoming(s: &IncomingSession) {
+    println!(
+        "session {} from engine {}: layers {:?} of {} blocks into region {}",
+        s.session,
+        s.peer.0,
+        s.layers,
+        s.blocks.len(),
+        s.region
+    );
+}
+
+/// Prints the line a server gives an engine event, if any; returns the session when a receiving session
+/// completed (the one to verify).
+pub(crate) fn print_event(event: &Event) -> Option<SessionId> {
+    match event {
+        Event::Completed {
+            session,
+            role: Role::Receiver,
+            stats,
+        } => {
+            println!(
+                "session {session}: {} received, {} blocks delivered, {} to recompute",
+                fmt_size(stats.bytes_received),
+                stats.blocks_delivered,
+                stats.recompute_blocks
+            );
+            Some(*session)
+        }
+        Event::Aborted {
+            session, reason, ..
+        } => {
+            println!("session {session} ended early: {reason}");
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Checks a finished session's region (read through `memory`) against its client's pattern (seeded by the
+/// client's engine id).
+pub(crate) fn verdict(
+    received: Result<Received, String>,
+    memory: impl FnOnce(RegionId) -> anyhow::Result<MemoryRegion>,
+) -> String {
+    let received = match received {
         Ok(r) => r,
         Err(e) => return format!("not checked: {e}"),
     };
@@ -202,15 +241,64 @@ async fn verify(server: &backends::tcp::TcpNode, session: transfer_engine::Sessi
         );
     }
     let seed = received.incoming.peer.0;
-    match server
-        .memory(received.incoming.region)
-        .map_err(anyhow::Error::from)
-        .and_then(|m| crate::tcp::holds_pattern(&m, seed))
-    {
+    match memory(received.incoming.region).and_then(|m| crate::tcp::holds_pattern(&m, seed)) {
         Ok(true) => format!("verified (engine {seed}'s pattern)"),
         Ok(false) => format!("MISMATCH: the region does not hold engine {seed}'s pattern"),
         Err(e) => format!("not checked: {e}"),
     }
+}
+
+/// The modes a `connect` runs, in order (every mode when none is named), with `--slice-bytes` slices.
+pub(crate) fn connect_modes(args: &ConnectArgs) -> anyhow::Result<Vec<TransferMode>> {
+    let slice_bytes =
+        u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
+    let modes = if args.mode.is_empty() {
+        ModeArg::ALL.to_vec()
+    } else {
+        args.mode.clone()
+    };
+    Ok(modes
+        .into_iter()
+        .map(|m| m.with_slice(slice_bytes))
+        .collect())
+}
+
+/// Runs every mode of `args` (one warm-up and `--iterations` measured transfers each, by `transfer`) and
+/// makes their rows; `retransmits` reads the sender's retransmit counter.
+pub(crate) fn measure_modes(
+    args: &ConnectArgs,
+    backend: &'static str,
+    layout: KvLayout,
+    limit_gbps: f64,
+    mut transfer: impl FnMut(TransferMode) -> anyhow::Result<Outcome>,
+    retransmits: impl Fn() -> u64,
+) -> anyhow::Result<Vec<RunRow>> {
+    let mut rows = Vec::new();
+    for mode in connect_modes(args)? {
+        let retransmits_before = retransmits();
+        let mut seconds = Vec::new();
+        let mut recompute = 0;
+        for i in 0..=args.iterations {
+            let out = transfer(mode)?;
+            if let Some(reason) = out.reason {
+                bail!("the server refused the transfer: {reason}");
+            }
+            recompute += out.recompute.len();
+            if i > 0 {
+                seconds.push(out.elapsed.as_secs_f64());
+            }
+        }
+        rows.push(row(
+            backend,
+            layout,
+            mode,
+            seconds,
+            limit_gbps,
+            retransmits() - retransmits_before,
+            recompute,
+        ));
+    }
+    Ok(rows)
 }
 
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
@@ -222,8 +310,6 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         .peer
         .context("--peer (the address a `te-bench serve` listens on) is required over TCP")?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
-    let slice_bytes =
-        u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
     let cfg = TcpConfig {
         listen: None,
         secret: args.secret.as_ref().map(|s| s.as_bytes().to_vec()),
@@ -250,39 +336,17 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
             args.lanes.max(1),
         ))?
     };
-    let modes = if args.mode.is_empty() {
-        ModeArg::ALL.to_vec()
-    } else {
-        args.mode.clone()
-    };
-    let mut rows = Vec::new();
-    for mode in modes {
-        let mode = mode.with_slice(slice_bytes);
-        let retransmits_before = node.node().stats().engine.retransmits;
-        let mut seconds = Vec::new();
-        let mut recompute = 0;
-        for i in 0..=args.iterations {
+    let rows = measure_modes(
+        args,
+        "tcp",
+        layout,
+        limit_gbps,
+        |mode| {
             let req = TransferRequest::whole(info.peer, &src, &dst)?.with_mode(mode);
-            let out = node.transfer(req, Duration::from_secs(600))?;
-            if let Some(reason) = out.reason {
-                bail!("the server refused the transfer: {reason}");
-            }
-            recompute += out.recompute.len();
-            if i > 0 {
-                seconds.push(out.elapsed.as_secs_f64());
-            }
-        }
-        let retransmits = node.node().stats().engine.retransmits - retransmits_before;
-        rows.push(row(
-            "tcp",
-            layout,
-            mode,
-            seconds,
-            limit_gbps,
-            retransmits,
-            recompute,
-        ));
-    }
+            Ok(node.transfer(req, Duration::from_secs(600))?)
+        },
+        || node.node().stats().engine.retransmits,
+    )?;
     print_rows(&rows, args.json, &RUN_COLUMNS)
 }
 

@@ -36,20 +36,8 @@ pub(crate) fn run_rdma(
     provider: &str,
     domain: Option<&str>,
 ) -> anyhow::Result<RdmaRun> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    // libfabric's tcp provider on this machine's loopback needs the `lo` domain.
-    let domain = domain
-        .map(str::to_string)
-        .or_else(|| (provider == "tcp").then(|| "lo".to_string()));
-    let which = Provider::Named(provider.to_string());
-    let config = |id| {
-        let mut c = RdmaConfig::new(id, which.clone());
-        c.domain.clone_from(&domain);
-        c
-    };
+    let rt = runtime()?;
+    let config = |id| node_config(id, provider, domain);
     let producer = RdmaNode::start(config(1))?;
     let consumer = RdmaNode::start(config(2))?;
     let bytes = crate::run::kv_len(layout)?;
@@ -66,25 +54,8 @@ pub(crate) fn run_rdma(
         .segment("kv")
         .context("the consumer offered no region")?;
 
-    let unit = unit_bytes(layout, mode);
-    let cfg = config(1);
-    let window = cfg
-        .window_units
-        .min(usize::try_from(cfg.window_bytes / unit.max(1))?.max(1));
-    let provider_limit = provider_limit_gbps(
-        &which,
-        domain.as_deref(),
-        usize::try_from(unit)?,
-        window,
-        layout.total_bytes(),
-        cfg.delivery_complete,
-    )?;
-    let limit_gbps = if provider == "shm" {
-        crate::run::memcpy_limit(&src_memory.read(0..bytes)?, layout, iterations)
-    } else {
-        let mut copy = SocketCopy::new(layout.total_bytes(), 4 << 20, 1)?;
-        copy.run()?
-    };
+    let provider_limit = provider_ceiling(&config(1), layout, mode)?;
+    let limit_gbps = raw_limit(provider, &src_memory, layout, iterations)?;
 
     let mut seconds = Vec::with_capacity(iterations);
     let mut recompute_blocks = 0;
@@ -119,9 +90,66 @@ pub(crate) fn run_rdma(
     })
 }
 
+/// The runtime the RDMA commands drive their nodes' async calls on.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?)
+}
+
+/// A node's settings on `provider` (in `domain`; libfabric's tcp provider on this machine's loopback needs
+/// the `lo` domain, so it is the default there).
+pub(crate) fn node_config(engine_id: u32, provider: &str, domain: Option<&str>) -> RdmaConfig {
+    let mut cfg = RdmaConfig::new(engine_id, Provider::Named(provider.to_string()));
+    cfg.domain = domain
+        .map(str::to_string)
+        .or_else(|| (provider == "tcp").then(|| "lo".to_string()));
+    cfg
+}
+
+/// The provider's own ceiling for a transfer of `layout` in `mode` by a node of `cfg`: a plain loop of its
+/// writes of the plan's unit size, with the node's window.
+pub(crate) fn provider_ceiling(
+    cfg: &RdmaConfig,
+    layout: KvLayout,
+    mode: TransferMode,
+) -> anyhow::Result<f64> {
+    let unit = unit_bytes(layout, mode);
+    let window = cfg
+        .window_units
+        .min(usize::try_from(cfg.window_bytes / unit.max(1))?.max(1));
+    Ok(provider_limit_gbps(
+        &cfg.provider,
+        cfg.domain.as_deref(),
+        usize::try_from(unit)?,
+        window,
+        layout.total_bytes(),
+        cfg.delivery_complete,
+    )?)
+}
+
+/// The machine's raw limit for `src`'s bytes: memcpy for `shm`, the plain socket copy otherwise.
+pub(crate) fn raw_limit(
+    provider: &str,
+    src: &MemoryRegion,
+    layout: KvLayout,
+    iterations: usize,
+) -> anyhow::Result<f64> {
+    if provider == "shm" {
+        Ok(crate::run::memcpy_limit(
+            &src.read(0..src.len())?,
+            layout,
+            iterations,
+        ))
+    } else {
+        Ok(SocketCopy::new(layout.total_bytes(), 4 << 20, 1)?.run()?)
+    }
+}
+
 /// The unit size a plan of `layout` in `mode` uses: whole blocks (exclusive, and auto for blocks of its
 /// threshold or more), otherwise slices. The provider's own loop is measured with units of this size.
-pub(crate) fn unit_bytes(layout: KvLayout, mode: TransferMode) -> u64 {
+fn unit_bytes(layout: KvLayout, mode: TransferMode) -> u64 {
     match mode {
         TransferMode::Exclusive => layout.block_bytes,
         TransferMode::Auto {

@@ -6,31 +6,22 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use backends::rdma::{Provider, RdmaConfig, RdmaNode, provider_limit_gbps};
-use backends::tcp::SocketCopy;
-use tokio::runtime::Runtime;
+use backends::rdma::RdmaNode;
 use tokio::sync::broadcast::error::RecvError;
-use transfer_engine::{Event, MemoryRegion, Role, TransferRequest};
+use transfer_engine::{MemoryRegion, TransferRequest};
 
 use crate::args::fmt_size;
-use crate::net::{ConnectArgs, ServeArgs};
+use crate::net::{
+    ConnectArgs, ServeArgs, connect_modes, measure_modes, print_event, print_incoming, verdict,
+};
+use crate::rdma::{node_config, provider_ceiling, raw_limit, runtime};
 use crate::report::print_rows;
-use crate::run::{ModeArg, RDMA_COLUMNS, layout_for, memcpy_limit, row};
+use crate::run::{RDMA_COLUMNS, layout_for};
 
-fn runtime() -> anyhow::Result<Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?)
-}
-
-/// A node on `provider` (in `domain`; libfabric's tcp provider on one host defaults to `lo`).
+/// A node on `provider` (in `domain`, as [`node_config`] defaults it).
 fn start(engine_id: u32, provider: &str, domain: Option<&str>) -> anyhow::Result<RdmaNode> {
-    let mut cfg = RdmaConfig::new(engine_id, Provider::Named(provider.to_string()));
-    cfg.domain = domain
-        .map(str::to_string)
-        .or_else(|| (provider == "tcp").then(|| "lo".to_string()));
-    RdmaNode::start(cfg).with_context(|| format!("starting an RDMA node on provider {provider}"))
+    RdmaNode::start(node_config(engine_id, provider, domain))
+        .with_context(|| format!("starting an RDMA node on provider {provider}"))
 }
 
 /// Lowercase hex of an endpoint address (written by hand: two short functions, not worth a dependency).
@@ -75,27 +66,20 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             tokio::select! {
                 incoming = node.accept() => {
                     let Ok(s) = incoming else { return Ok(()) };
-                    println!(
-                        "session {} from engine {}: layers {:?} of {} blocks into region {}",
-                        s.session, s.peer.0, s.layers, s.blocks.len(), s.region
-                    );
+                    print_incoming(&s);
                 }
                 event = events.recv() => match event {
-                    Ok(Event::Completed { session, role: Role::Receiver, stats }) => {
-                        println!(
-                            "session {session}: {} received, {} blocks delivered, {} to recompute",
-                            fmt_size(stats.bytes_received),
-                            stats.blocks_delivered,
-                            stats.recompute_blocks
-                        );
-                        if args.verify {
-                            println!("session {session}: {}", verify(&node, session).await);
+                    Ok(event) => {
+                        if let Some(session) = print_event(&event)
+                            && args.verify
+                        {
+                            let received = node.wait_received(session).await;
+                            let check = verdict(received.map_err(|e| e.to_string()), |r| {
+                                Ok(node.memory(r)?)
+                            });
+                            println!("session {session}: {check}");
                         }
                     }
-                    Ok(Event::Aborted { session, reason, .. }) => {
-                        println!("session {session} ended early: {reason}");
-                    }
-                    Ok(_) => {}
                     Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
                     Err(RecvError::Closed) => return Ok(()),
                 },
@@ -103,30 +87,6 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             }
         }
     })
-}
-
-/// Checks a finished session's region against its client's pattern (seeded by the client's engine id).
-async fn verify(node: &RdmaNode, session: transfer_engine::SessionId) -> String {
-    let received = match node.wait_received(session).await {
-        Ok(r) => r,
-        Err(e) => return format!("not checked: {e}"),
-    };
-    if !received.recompute.is_empty() {
-        return format!(
-            "not checked: {} blocks to recompute",
-            received.recompute.len()
-        );
-    }
-    let seed = received.incoming.peer.0;
-    match node
-        .memory(received.incoming.region)
-        .map_err(anyhow::Error::from)
-        .and_then(|m| crate::tcp::holds_pattern(&m, seed))
-    {
-        Ok(true) => format!("verified (engine {seed}'s pattern)"),
-        Ok(false) => format!("MISMATCH: the region does not hold engine {seed}'s pattern"),
-        Err(e) => format!("not checked: {e}"),
-    }
 }
 
 /// Pushes KV to a `te-bench serve --backend rdma` and prints the `run --backend rdma` columns.
@@ -155,66 +115,28 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     }
     let limit_gbps = if args.no_limit {
         0.0
-    } else if args.provider == "shm" {
-        memcpy_limit(&src_memory.read(0..bytes)?, layout, args.iterations)
     } else {
-        SocketCopy::new(layout.total_bytes(), 4 << 20, 1)?.run()?
+        raw_limit(&args.provider, &src_memory, layout, args.iterations)?
     };
-    let slice_bytes =
-        u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
-    let modes = if args.mode.is_empty() {
-        ModeArg::ALL.to_vec()
-    } else {
-        args.mode.clone()
-    };
-    let mut rows = Vec::new();
-    for mode in modes {
-        let mode = mode.with_slice(slice_bytes);
-        let retransmits_before = node.stats().engine.retransmits;
-        let mut seconds = Vec::new();
-        let mut recompute = 0;
-        for i in 0..=args.iterations {
+    let mut rows = measure_modes(
+        args,
+        "rdma",
+        layout,
+        limit_gbps,
+        |mode| {
             let req = TransferRequest::whole(info.peer, &src, &dst)?.with_mode(mode);
-            let out = rt.block_on(node.transfer(req, Duration::from_secs(600)))?;
-            if let Some(reason) = out.reason {
-                bail!("the server refused the transfer: {reason}");
-            }
-            recompute += out.recompute.len();
-            if i > 0 {
-                seconds.push(out.elapsed.as_secs_f64());
-            }
-        }
-        let retransmits = node.stats().engine.retransmits - retransmits_before;
-        let mut r = row(
-            "rdma",
-            layout,
-            mode,
-            seconds,
-            limit_gbps,
-            retransmits,
-            recompute,
-        );
-        if !args.no_limit {
-            let unit = crate::rdma::unit_bytes(layout, mode);
-            let cfg = RdmaConfig::new(args.engine_id, Provider::Named(args.provider.clone()));
-            let window = cfg
-                .window_units
-                .min(usize::try_from(cfg.window_bytes / unit.max(1))?.max(1));
-            let provider_limit = provider_limit_gbps(
-                &Provider::Named(args.provider.clone()),
-                args.domain
-                    .as_deref()
-                    .or((args.provider == "tcp").then_some("lo")),
-                usize::try_from(unit)?,
-                window,
-                layout.total_bytes(),
-                cfg.delivery_complete,
-            )?;
-            r.provider_ratio = Some(r.gbps / provider_limit);
-            r.provider_limit_gbps = Some(provider_limit);
-        }
-        r.provider = Some(node.provider().provider.clone());
-        rows.push(r);
+            Ok(rt.block_on(node.transfer(req, Duration::from_secs(600)))?)
+        },
+        || node.stats().engine.retransmits,
+    )?;
+    let cfg = node_config(args.engine_id, &args.provider, args.domain.as_deref());
+    for (r, mode) in rows.iter_mut().zip(connect_modes(args)?) {
+        let provider_limit = if args.no_limit {
+            None
+        } else {
+            Some(provider_ceiling(&cfg, layout, mode)?)
+        };
+        r.set_provider(node.provider().provider.clone(), provider_limit);
     }
     print_rows(&rows, args.json, &RDMA_COLUMNS)
 }

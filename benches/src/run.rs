@@ -147,6 +147,16 @@ pub(crate) struct RunRow {
     pub(crate) provider_ratio: Option<f64>,
 }
 
+#[cfg(feature = "rdma")]
+impl RunRow {
+    /// RDMA rows: the provider that carried the bytes, and its own ceiling (when measured) with the ratio.
+    pub(crate) fn set_provider(&mut self, provider: String, provider_limit_gbps: Option<f64>) {
+        self.provider = Some(provider);
+        self.provider_ratio = provider_limit_gbps.map(|limit| self.gbps / limit);
+        self.provider_limit_gbps = provider_limit_gbps;
+    }
+}
+
 /// Columns of the `run --backend rdma` table.
 pub(crate) const RDMA_COLUMNS: [&str; 13] = [
     "backend",
@@ -212,9 +222,7 @@ fn measure_rdma(args: &RunArgs, layout: KvLayout, mode: TransferMode) -> anyhow:
         run.retransmits,
         run.recompute_blocks,
     );
-    r.provider_ratio = Some(r.gbps / run.provider_limit_gbps);
-    r.provider_limit_gbps = Some(run.provider_limit_gbps);
-    r.provider = Some(run.provider);
+    r.set_provider(run.provider, Some(run.provider_limit_gbps));
     Ok(r)
 }
 
