@@ -168,3 +168,58 @@ fn the_provider_limit_loop_moves_its_bytes() {
         }
     }
 }
+
+#[test]
+fn peers_find_each_other_through_the_discovery_registry() {
+    use backends::discovery::{Discovery, DiscoveryError, Embedded, SegmentRecord};
+    use backends::rdma::discovery;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (provider, domain) = ("shm", None);
+    let (Some(producer), Some(consumer)) = (start(1, provider, domain), start(2, provider, domain))
+    else {
+        return;
+    };
+    let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
+    let bytes = layout.total_bytes() as usize;
+    let src = producer
+        .register_kv_region(layout, MemoryRegion::from_vec(pattern(bytes, 5)))
+        .unwrap();
+    let pool = MemoryRegion::zeroed(bytes);
+    let dst = consumer.register_kv_region(layout, pool.clone()).unwrap();
+    consumer.publish_segment("kv", dst).unwrap();
+    rt.block_on(async {
+        let registry = Embedded::new();
+        let lease = registry.grant(Duration::from_secs(30)).await.unwrap();
+        discovery::announce(
+            &registry,
+            &consumer,
+            &transfer_engine::Namespace::default(),
+            lease,
+        )
+        .await
+        .unwrap();
+        let segment = SegmentRecord {
+            owner: 2,
+            name: "kv".into(),
+            handle: dst,
+        };
+        registry.put_segment(&segment, lease).await.unwrap();
+        // Found by engine id, then the segment by name; an engine nobody announced is a clear error.
+        let peer = discovery::connect(&registry, &producer, 2).await.unwrap();
+        let seg = registry.segment(2, "kv").await.unwrap().unwrap();
+        let req = TransferRequest::whole(peer.peer, &src, &seg.handle).unwrap();
+        let out = producer
+            .transfer(req, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(out.recompute.is_empty(), "{out:?}");
+        assert!(matches!(
+            discovery::connect(&registry, &producer, 9).await,
+            Err(DiscoveryError::NotFound(9))
+        ));
+    });
+    assert!(*pool.read(0..bytes).unwrap() == pattern(bytes, 5)[..]);
+}

@@ -46,6 +46,10 @@ pub enum DiscoveryError {
     /// Connecting to a discovered peer failed.
     #[error(transparent)]
     Tcp(#[from] TcpError),
+    /// Connecting to a discovered RDMA peer failed (feature `rdma`).
+    #[cfg(feature = "rdma")]
+    #[error(transparent)]
+    Rdma(#[from] crate::rdma::RdmaError),
     /// The peer is not registered (or its entries expired).
     #[error("engine {0} is not registered: is it running, and does it keep its lease alive?")]
     NotFound(u32),

@@ -39,6 +39,7 @@
 //! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
+pub mod discovery;
 mod driver;
 mod ffi;
 mod limit;
