@@ -1,12 +1,13 @@
 //! `te-bench serve --backend rdma` and `te-bench connect --backend rdma`: two processes moving KV over
 //! libfabric (feature `rdma`). RDMA has no region-on-request handshake, so the server registers one region of
-//! the layout it is given and publishes it as `kv`; it prints its endpoint address, which the client passes
-//! as `--peer-address`.
+//! the layout it is given and publishes it as `kv`; it prints its endpoint address (`ofi+<provider>:<hex>`,
+//! as the discovery registry stores it), which the client passes as `--peer-address`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::rdma::RdmaNode;
+use backends::rdma::discovery::{endpoint_text, parse_endpoint};
 use tokio::sync::broadcast::error::RecvError;
 use transfer_engine::{MemoryRegion, TransferRequest};
 
@@ -24,22 +25,6 @@ fn start(engine_id: u32, provider: &str, domain: Option<&str>) -> anyhow::Result
         .with_context(|| format!("starting an RDMA node on provider {provider}"))
 }
 
-/// Lowercase hex of an endpoint address (written by hand: two short functions, not worth a dependency).
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> anyhow::Result<Vec<u8>> {
-    let text = text.trim();
-    if !text.len().is_multiple_of(2) || !text.bytes().all(|c| c.is_ascii_hexdigit()) {
-        bail!("--peer-address must be the hex string `te-bench serve --backend rdma` printed");
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| Ok(u8::from_str_radix(&text[i..i + 2], 16)?))
-        .collect()
-}
-
 /// Serves one KV region over RDMA until `--seconds` pass (or forever), printing a line per session.
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
@@ -54,7 +39,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         node.provider().domain,
         fmt_size(layout.total_bytes()),
         fmt_size(layout.block_bytes),
-        hex(node.address())
+        endpoint_text(&node)
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
     rt.block_on(async {
@@ -91,9 +76,10 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 
 /// Pushes KV to a `te-bench serve --backend rdma` and prints the `run --backend rdma` columns.
 pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
-    let address = unhex(args.peer_address.as_deref().context(
+    let text = args.peer_address.as_deref().context(
         "--backend rdma needs --peer-address (printed by te-bench serve --backend rdma)",
-    )?)?;
+    )?;
+    let (provider, address) = parse_endpoint(text)?;
     let rt = runtime()?;
     let node = start(args.engine_id, &args.provider, args.domain.as_deref())?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
@@ -102,6 +88,12 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
     src_memory.fill_with(|offset, b| crate::tcp::pattern(u64::from(args.engine_id), offset, b))?;
     let src = node.register_kv_region(layout, src_memory.clone())?;
+    if provider != node.provider().provider {
+        bail!(
+            "the server is on provider {provider}, this client on {}: pass the server's --provider",
+            node.provider().provider
+        );
+    }
     let info = rt.block_on(node.connect(&address))?;
     let dst = *info
         .segment("kv")
