@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use transfer_engine::{EngineConfig, PeerId};
 
-pub use ffi::ProviderInfo;
+pub use ffi::{ProviderInfo, parked_endpoints};
 pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use message::RdmaSegment;
 pub use node::{NodeStats, PeerInfo, RdmaNode};
@@ -91,7 +91,8 @@ pub struct RdmaConfig {
     /// provider dropped a refused write without a completion, or the peer vanished).
     pub write_timeout: Duration,
     /// A peer whose writes all fail (error completions, or writes that never complete) for this long, none
-    /// succeeding, is declared unreachable: its sessions end at once with recompute and a reason (1 s).
+    /// succeeding, or that answers none of the frames asking it to (opens, units, closes) for this long, is
+    /// declared unreachable: its sessions end at once with recompute and a reason (1 s).
     pub unreachable_after: Duration,
 }
 

@@ -5,7 +5,9 @@
 //! (sends and pre-posted receives). Every buffer the provider may touch is owned or kept alive by the
 //! endpoint until the operation's completion is read or the endpoint is closed, so the safe methods cannot
 //! hand the provider a dangling pointer. Teardown closes in dependency order: registrations, endpoint,
-//! address vector, completion queue, domain, fabric; only then are buffers and region memory released.
+//! address vector, completion queue, domain, fabric; only then are buffers and region memory released. On
+//! providers that map in-process peers' memory directly (`shm`), the objects stay open, unpolled, until no
+//! open endpoint of this process can reach them ([`keeper`]).
 //!
 //! The declarations come from bindgen over `csrc/rdma_shim.h` (see build.rs); the shim turns libfabric's
 //! `static inline` calls into plain functions.
@@ -35,11 +37,13 @@ mod sys {
 
 mod info;
 mod io;
+mod keeper;
 mod registration;
 mod slots;
 
 pub use info::ProviderInfo;
 pub(crate) use info::providers;
+pub use keeper::parked_endpoints;
 pub(crate) use slots::guarded_region;
 
 use info::{InfoList, check};
@@ -121,6 +125,8 @@ pub(crate) struct Endpoint {
     /// Receive slots that completed and were not reposted yet.
     recv_out: Vec<bool>,
     scratch: Vec<sys::fi_cq_data_entry>,
+    /// Set when the provider maps in-process peers' memory directly (see [`keeper`]).
+    kept: Option<keeper::KeptId>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -181,6 +187,7 @@ impl Endpoint {
             recv: Slots::new(recv_slots, slot_bytes),
             recv_out: vec![false; recv_slots],
             scratch: Vec::with_capacity(64),
+            kept: None,
         };
         // SAFETY: each call gets a valid entry of `list` (alive until the end of this function: libfabric
         // copies what it keeps) or objects opened just before, and a valid place for its result; every
@@ -208,6 +215,9 @@ impl Endpoint {
         ep.recv.mr = Some(ep.register_raw(recv_ptr, recv_slots * bytes, Access::Messages, None)?);
         for slot in 0..recv_slots {
             ep.post_recv(slot)?;
+        }
+        if keeper::maps_peers_in_process(&ep.info.provider) {
+            ep.kept = Some(keeper::open(&ep.name()?));
         }
         Ok(ep)
     }
@@ -249,6 +259,9 @@ impl Endpoint {
                 name.len()
             )));
         }
+        if let Some(id) = self.kept {
+            keeper::link(id, name)?;
+        }
         let mut addr = 0;
         let mut padded = [0u8; 256];
         padded[..name.len()].copy_from_slice(name);
@@ -261,19 +274,28 @@ impl Endpoint {
     }
 }
 
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let mut regs: Vec<Registration> = self.regs.drain().map(|(_, r)| r).collect();
-        // SAFETY: each object was opened by this endpoint (or is null and skipped) and is closed once, in
-        // dependency order: endpoint (after which the provider starts no access to any buffer),
-        // registrations, address vector, queue, domain, fabric. Buffers and region memory are released
-        // only after that (`regs` at the end of this function, the pools when the fields drop).
+/// The libfabric objects under one endpoint.
+pub(super) struct Objects {
+    fabric: *mut sys::fid_fabric,
+    domain: *mut sys::fid_domain,
+    av: *mut sys::fid_av,
+    cq: *mut sys::fid_cq,
+    ep: *mut sys::fid_ep,
+}
+
+// SAFETY: the objects are owned by this value alone (taken out of their endpoint, which no longer uses
+// them) and the domain is opened with FI_THREAD_SAFE, so they may be closed from any thread.
+unsafe impl Send for Objects {}
+
+impl Objects {
+    /// Closes each object once, in dependency order: endpoint (after which the provider starts no access
+    /// to any buffer), address vector, queue, domain, fabric. Null ones (never opened) are skipped.
+    fn close(self) {
+        // SAFETY: each object was opened by one endpoint, taken from it by `Endpoint::take_objects` (which
+        // leaves nulls behind), and is closed once, here; registrations were closed before.
         unsafe {
             if !self.ep.is_null() {
                 sys::te_close_ep(self.ep);
-            }
-            for reg in &mut regs {
-                sys::te_close_mr(reg.mr);
             }
             if !self.av.is_null() {
                 sys::te_close_av(self.av);
@@ -288,6 +310,46 @@ impl Drop for Endpoint {
                 sys::te_close_fabric(self.fabric);
             }
         }
+    }
+}
+
+impl Endpoint {
+    fn take_objects(&mut self) -> Objects {
+        Objects {
+            fabric: std::mem::replace(&mut self.fabric, ptr::null_mut()),
+            domain: std::mem::replace(&mut self.domain, ptr::null_mut()),
+            av: std::mem::replace(&mut self.av, ptr::null_mut()),
+            cq: std::mem::replace(&mut self.cq, ptr::null_mut()),
+            ep: std::mem::replace(&mut self.ep, ptr::null_mut()),
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let regs: Vec<Registration> = self.regs.drain().map(|(_, r)| r).collect();
+        for reg in &regs {
+            // SAFETY: each registration was opened by this endpoint and is closed once, here. The memory
+            // it covers is released only below, after the close; a write still in flight from it fails.
+            unsafe { sys::te_close_mr(reg.mr) };
+        }
+        let objects = self.take_objects();
+        match self.kept {
+            // The pools stay with the parked objects: the provider may still hold posted receives.
+            Some(id) => keeper::close(
+                id,
+                keeper::Parked {
+                    objects,
+                    pools: [
+                        std::mem::replace(&mut self.send, Slots::new(0, 0)),
+                        std::mem::replace(&mut self.recv, Slots::new(0, 0)),
+                    ],
+                },
+            ),
+            None => objects.close(),
+        }
+        // Region memory is released only now, after its registration (and, when not kept, every object)
+        // is closed; the pools drop with the fields.
         drop(regs);
     }
 }

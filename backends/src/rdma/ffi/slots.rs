@@ -14,6 +14,10 @@ pub(super) struct Slots {
     pub(super) mr: Option<MrId>,
 }
 
+// SAFETY: a pool exclusively owns its allocation (freed once, in `Drop`); the raw pointer is only an
+// address the provider was given, so moving the owner to another thread is sound.
+unsafe impl Send for Slots {}
+
 impl Slots {
     pub(super) fn new(count: usize, slot_bytes: usize) -> Self {
         let bytes = vec![0u8; count * slot_bytes].into_boxed_slice();
