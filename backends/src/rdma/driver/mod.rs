@@ -280,6 +280,9 @@ impl Driver<'_> {
                 .log(format!("no route to peer {:?}: a frame dropped", t.peer));
             return Ok(true);
         };
+        if !t.header.kind.is_from_receiver() {
+            self.reach.asked(t.peer, Instant::now());
+        }
         let p = match &t.body {
             Body::Payload(p) => *p,
             Body::Empty | Body::Control(_) => {
@@ -449,8 +452,9 @@ impl Driver<'_> {
         for unit in stuck {
             if let Some(o) = self.out.remove(&unit) {
                 self.bytes_out -= o.bytes;
+                // A write that never completed has been failing since it was posted.
                 self.reach
-                    .failed(o.peer, now, "writes that never completed");
+                    .failed(o.peer, o.posted, "writes that never completed");
                 self.shared
                     .counters
                     .write_errors

@@ -1,7 +1,9 @@
 //! Fast failure on a dead peer: when every write to a peer fails (an error completion, or writes that never
-//! complete) and none succeeds for [`RdmaConfig::unreachable_after`](crate::rdma::RdmaConfig), its sessions
-//! end at once with recompute and a reason, instead of at their deadline. One write that completes clears
-//! the peer's record.
+//! complete) and none succeeds, or a frame that asks for an answer (an open, a unit, a close) gets none,
+//! for [`RdmaConfig::unreachable_after`](crate::rdma::RdmaConfig), its sessions end at once with recompute
+//! and a reason, instead of at their deadline. One write that completes, or any message from the peer,
+//! clears the peer's record. (A peer's process that closed or died does not always fail writes: on `shm`
+//! they stay queued for it, unanswered.)
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -15,10 +17,12 @@ struct Failing {
     last: String,
 }
 
-/// Failing peers, by the time their writes started failing.
+/// Failing peers, by the time their writes started failing, and peers owing an answer, by the time the
+/// oldest unanswered frame left.
 #[derive(Default)]
 pub(super) struct Reach {
     failing: HashMap<PeerId, Failing>,
+    awaiting: HashMap<PeerId, Instant>,
 }
 
 impl Reach {
@@ -33,22 +37,48 @@ impl Reach {
         why.clone_into(&mut f.last);
     }
 
-    /// A write to `peer` completed: it is reachable.
+    /// A write to `peer` completed, or a message from it arrived: it is reachable.
     pub(super) fn succeeded(&mut self, peer: PeerId) {
         self.failing.remove(&peer);
+        self.awaiting.remove(&peer);
+    }
+
+    /// A frame that asks `peer` for an answer left at `now`.
+    pub(super) fn asked(&mut self, peer: PeerId, now: Instant) {
+        self.awaiting.entry(peer).or_insert(now);
     }
 
     /// The peers whose writes have failed, with none succeeding, for `after` or longer (taken out of the
     /// record), each with the reason to give their sessions.
     pub(super) fn unreachable(&mut self, now: Instant, after: Duration) -> Vec<(PeerId, String)> {
-        let dead: Vec<PeerId> = self
+        let silent: Vec<PeerId> = self
+            .awaiting
+            .iter()
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= after)
+            .map(|(p, _)| *p)
+            .collect();
+        let mut dead: Vec<(PeerId, String)> = silent
+            .into_iter()
+            .filter_map(|p| {
+                let since = self.awaiting.remove(&p)?;
+                self.failing.remove(&p);
+                Some((
+                    p,
+                    format!(
+                        "peer {} unreachable: no answer for {:.1} s to the frames sent to it",
+                        p.0,
+                        now.saturating_duration_since(since).as_secs_f64()
+                    ),
+                ))
+            })
+            .collect();
+        let failed: Vec<PeerId> = self
             .failing
             .iter()
             .filter(|(_, f)| now.saturating_duration_since(f.since) >= after)
             .map(|(p, _)| *p)
             .collect();
-        dead.into_iter()
-            .filter_map(|p| {
+        dead.extend(failed.into_iter().filter_map(|p| {
                 let f = self.failing.remove(&p)?;
                 let reason = format!(
                     "peer {} unreachable: its writes failed for {:.1} s with none completing ({} errors, \
@@ -58,9 +88,10 @@ impl Reach {
                     f.errors,
                     f.last
                 );
+                self.awaiting.remove(&p);
                 Some((p, reason))
-            })
-            .collect()
+            }));
+        dead
     }
 }
 
@@ -89,6 +120,33 @@ mod tests {
         assert_eq!(dead.len(), 1);
         assert!(
             dead[0].1.contains("peer 2 unreachable") && dead[0].1.contains("canceled"),
+            "{}",
+            dead[0].1
+        );
+        assert!(
+            r.unreachable(t0 + Duration::from_secs(9), after).is_empty(),
+            "reported once"
+        );
+    }
+
+    #[test]
+    fn a_peer_that_answers_nothing_is_unreachable_and_one_answer_clears_it() {
+        let t0 = Instant::now();
+        let mut r = Reach::default();
+        let after = Duration::from_secs(1);
+        r.asked(PeerId(3), t0);
+        r.asked(PeerId(3), t0 + Duration::from_millis(900));
+        r.succeeded(PeerId(3));
+        r.asked(PeerId(3), t0 + Duration::from_millis(950));
+        assert!(
+            r.unreachable(t0 + Duration::from_millis(1900), after)
+                .is_empty(),
+            "the answer restarted the clock, and later frames do not"
+        );
+        let dead = r.unreachable(t0 + Duration::from_millis(1950), after);
+        assert_eq!(dead.len(), 1);
+        assert!(
+            dead[0].1.contains("peer 3 unreachable: no answer"),
             "{}",
             dead[0].1
         );

@@ -69,6 +69,7 @@ impl Driver<'_> {
 
     fn message(&mut self, from: u32, msg: Message) -> Result<(), RdmaError> {
         let peer = PeerId(u64::from(from));
+        self.reach.succeeded(peer);
         match msg {
             Message::Hello {
                 nonce,
