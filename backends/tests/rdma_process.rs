@@ -237,9 +237,11 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
             .expect("the sender ends the session by its deadline");
         let total = layout().layers as usize * layout().blocks_per_layer as usize;
         let per_layer = layout().blocks_per_layer as usize;
-        assert_eq!(
-            out.recompute.len(),
-            total - per_layer,
+        // Every block of layers 1-7 is to be recomputed; a block of layer 0 may be too, when the receiver
+        // verified it but died before its ack left.
+        assert!(
+            (total - per_layer..=total).contains(&out.recompute.len())
+                && out.recompute.iter().filter(|b| b.layer > 0).count() == total - per_layer,
             "{provider}: {out:?}"
         );
         // Found dead by its failing writes, not by the session's deadline.
