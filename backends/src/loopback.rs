@@ -328,6 +328,14 @@ impl LoopbackPair {
         Ok(())
     }
 
+    /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, at
+    /// both ends.
+    pub fn cancel(&self, session: SessionId) -> Result<(), LoopbackError> {
+        self.producer.station.engine().cancel(session)?;
+        self.producer.wake();
+        Ok(())
+    }
+
     /// Runs one transfer to completion; see [`LoopbackPair::transfer_all`].
     pub fn transfer(
         &self,

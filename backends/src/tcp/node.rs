@@ -279,6 +279,14 @@ impl TcpNode {
         Ok(())
     }
 
+    /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, here
+    /// and at the receiver.
+    pub fn cancel(&self, session: SessionId) -> Result<(), TcpError> {
+        self.state.ctx.station.engine().cancel(session)?;
+        self.state.ctx.wake.notify_one();
+        Ok(())
+    }
+
     /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
     /// recompute).
     pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, TcpError> {
