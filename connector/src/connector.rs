@@ -140,6 +140,7 @@ impl KvConnector {
                 prefetch_depth: cfg.prefetch_depth,
                 timeout: cfg.load_timeout,
                 runtime: rt.handle().clone(),
+                streams: Mutex::default(),
             }))
         } else {
             None

@@ -8,7 +8,8 @@
 //!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r} ->
 //!                                              <-  {"reply":"started","session":s,"served":n}
 //! ```
-//! A load's reply names the sending session; the consumer waits on it layer by layer. Lines longer than
+//! A lookup counts blocks stored whole and blocks being saved now (a load streams their layers as they
+//! are saved). A load's reply names the sending session; the consumer waits on it layer by layer. Lines longer than
 //! [`MAX_LINE`] end the connection (memory stays bounded); a malformed line is answered with an error.
 
 use std::collections::HashMap;
@@ -142,7 +143,7 @@ async fn answer(
     match req {
         Request::Lookup { ns, keys } => match parse_keys(ns, &keys) {
             Ok(keys) => Reply::Found {
-                blocks: core.lookup(&keys),
+                blocks: core.lookup_streaming(&keys),
             },
             Err(message) => Reply::Error { message },
         },

@@ -16,6 +16,8 @@
 //! | `kv_saved_blocks_total` | counter | blocks saved whole into the local tier store |
 //! | `kv_save_dropped_blocks_total` | counter | blocks a save could not store (no free slot, or evicted while being saved) |
 //! | `kv_stale_lookups_total` | counter | lookups for a namespace other than the current one |
+//! | `kv_streamed_loads_total` | counter | loads served while some of their layers were still being saved |
+//! | `kv_abandoned_blocks_total` | counter | blocks whose save ended before their last layer (never served) |
 //! | `kv_transfer_latency_seconds` | histogram | a load, from start to its last layer |
 //! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store |
 //! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity |
@@ -52,6 +54,8 @@ pub struct Metrics {
     saved_blocks: AtomicU64,
     save_dropped: AtomicU64,
     stale_lookups: AtomicU64,
+    streamed_loads: AtomicU64,
+    abandoned_blocks: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -80,6 +84,10 @@ pub struct MetricsSnapshot {
     pub save_dropped: u64,
     /// Loads timed.
     pub loads: u64,
+    /// Loads served while some of their layers were still being saved.
+    pub streamed_loads: u64,
+    /// Blocks whose save ended before their last layer.
+    pub abandoned_blocks: u64,
     /// Blocks resident in the store.
     pub tier_blocks: u64,
 }
@@ -136,6 +144,15 @@ impl Metrics {
         self.stale_lookups.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn streamed_load(&self) {
+        self.streamed_loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn abandoned(&self, blocks: usize) {
+        self.abandoned_blocks
+            .fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
     pub(crate) fn latency(&self, d: Duration) {
         let s = d.as_secs_f64();
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
@@ -167,6 +184,8 @@ impl Metrics {
             saved_blocks: self.saved_blocks.load(Ordering::Relaxed),
             save_dropped: self.save_dropped.load(Ordering::Relaxed),
             loads: self.latency_count.load(Ordering::Relaxed),
+            streamed_loads: self.streamed_loads.load(Ordering::Relaxed),
+            abandoned_blocks: self.abandoned_blocks.load(Ordering::Relaxed),
             tier_blocks: self.tier_blocks.load(Ordering::Relaxed),
         }
     }
@@ -252,6 +271,18 @@ impl Metrics {
             "counter",
             "Lookups that named a namespace other than the producer's current one.",
             &one(load(&self.stale_lookups).to_string()),
+        );
+        metric(
+            "kv_streamed_loads_total",
+            "counter",
+            "Loads served while some of their layers were still being saved (streamed as saved).",
+            &one(snap.streamed_loads.to_string()),
+        );
+        metric(
+            "kv_abandoned_blocks_total",
+            "counter",
+            "Blocks whose save ended before their last layer; never served.",
+            &one(snap.abandoned_blocks.to_string()),
         );
         let mut hist: Vec<(String, String)> = LATENCY_BUCKETS
             .iter()

@@ -1,4 +1,10 @@
 //! The producer's serving side: answers lookups from its tier store and starts loads out of it.
+//!
+//! A load may ask for blocks that are still being saved (a prefill computing them now): its session starts
+//! at once, gated to the layers saved so far, and each `save_kv_layer` releases the next layer to it
+//! ([`ProducerCore::advance_streams`]), so the transfer overlaps the prefill's compute. If a block it
+//! carries is abandoned or evicted before its last layer, the session is cancelled and the consumer
+//! recomputes what did not arrive.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -25,6 +31,15 @@ pub(crate) struct Started {
     pub(crate) served: usize,
 }
 
+/// A sending session carrying blocks that were still being saved when it started.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    session: SessionId,
+    keys: Vec<ScopedKey>,
+    /// Layers released to the session so far.
+    released: u32,
+}
+
 /// A producer's store, transport and current namespace, shared by its worker calls and its control server.
 #[derive(Debug)]
 pub(crate) struct ProducerCore {
@@ -37,6 +52,8 @@ pub(crate) struct ProducerCore {
     pub(crate) prefetch_depth: u32,
     pub(crate) timeout: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
+    /// Loads waiting for layers still to be saved. Locked after `store`, never before.
+    pub(crate) streams: Mutex<Vec<Stream>>,
 }
 
 impl ProducerCore {
@@ -61,8 +78,37 @@ impl ProducerCore {
         lock(&self.store).lookup(keys)
     }
 
-    /// Starts sending the leading stored blocks of `keys` into `dst_blocks` of `dst` on `peer`; the
-    /// slots stay pinned until the session ends.
+    /// Leading keys stored whole or being saved now: what [`ProducerCore::load`] can serve a consumer.
+    pub(crate) fn lookup_streaming(&self, keys: &[ScopedKey]) -> usize {
+        if keys.is_empty() || !keys.iter().all(|k| self.current(k.ns)) {
+            return 0;
+        }
+        lock(&self.store).lookup_streaming(keys)
+    }
+
+    /// Releases to each streaming load the layers saved since (after a `save_kv_layer`), and cancels those
+    /// whose blocks were abandoned or evicted before their last layer.
+    pub(crate) fn advance_streams(&self) {
+        let store = lock(&self.store);
+        let layers = store.layout().layers;
+        lock(&self.streams).retain_mut(|s| match store.layers_saved(&s.keys) {
+            None => {
+                // The session may be over already; then there is nothing to cancel.
+                let _ = self.transport.cancel(s.session);
+                false
+            }
+            Some(saved) => {
+                if saved > s.released && self.transport.layers_written(s.session, saved).is_ok() {
+                    s.released = saved;
+                }
+                s.released < layers
+            }
+        });
+    }
+
+    /// Starts sending the leading blocks of `keys` stored whole or being saved into `dst_blocks` of `dst`
+    /// on `peer` (layers still to be saved go out as they are saved); the slots stay pinned until the
+    /// session ends.
     pub(crate) fn load(
         self: &Arc<Self>,
         keys: &[ScopedKey],
@@ -85,10 +131,9 @@ impl ProducerCore {
                 served: 0,
             });
         }
-        let (slots, layers) = {
-            let mut store = lock(&self.store);
-            (store.pin(keys, request, self.now()), store.layout().layers)
-        };
+        // The store stays locked until the stream is recorded, so no layer saved meanwhile is missed.
+        let mut store = lock(&self.store);
+        let slots = store.pin_streaming(keys, request, self.now());
         if slots.is_empty() {
             return Ok(Started {
                 session: None,
@@ -96,6 +141,8 @@ impl ProducerCore {
             });
         }
         let served = slots.len();
+        let layers = store.layout().layers;
+        let saved = store.layers_saved(&keys[..served]).unwrap_or(0);
         let req = TransferRequest::blocks(
             peer,
             &self.store_handle,
@@ -105,9 +152,15 @@ impl ProducerCore {
             0..layers,
         )
         .map(|r| {
-            r.with_prefetch_depth(self.prefetch_depth)
+            let r = r
+                .with_prefetch_depth(self.prefetch_depth)
                 .with_class(class)
-                .with_deadline(self.timeout)
+                .with_deadline(self.timeout);
+            if saved < layers {
+                r.with_layers_written(saved)
+            } else {
+                r
+            }
         });
         let session = match req
             .map_err(ConnectorError::from)
@@ -115,10 +168,19 @@ impl ProducerCore {
         {
             Ok(s) => s,
             Err(e) => {
-                lock(&self.store).unpin(&slots);
+                store.unpin(&slots);
                 return Err(e);
             }
         };
+        if saved < layers {
+            lock(&self.streams).push(Stream {
+                session,
+                keys: keys[..served].to_vec(),
+                released: saved,
+            });
+            self.metrics.streamed_load();
+        }
+        drop(store);
         let bytes = served as u64
             * u64::from(layers)
             * self.store_handle.layout.map_or(0, |l| l.block_bytes);
@@ -138,7 +200,9 @@ impl ProducerCore {
                 core.transport.retransmits(),
                 std::sync::atomic::Ordering::Relaxed,
             );
-            lock(&core.store).unpin(&slots);
+            let mut store = lock(&core.store);
+            store.unpin(&slots);
+            lock(&core.streams).retain(|s| s.session != session);
         });
         Ok(Started {
             session: Some(session),

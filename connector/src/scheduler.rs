@@ -110,7 +110,7 @@ impl KvConnector {
     ) -> Result<usize, ConnectorError> {
         match &self.source {
             Source::None => Ok(0),
-            Source::Local(core, _) => Ok(core.lookup(keys)),
+            Source::Local(core, _) => Ok(core.lookup_streaming(keys)),
             Source::Remote(remotes) => match remotes.client(producer) {
                 Some(client) => self.rt.block_on(client.lookup(keys)),
                 None => Ok(0),
@@ -119,8 +119,8 @@ impl KvConnector {
     }
 
     /// vLLM's `get_num_new_matched_tokens`: how many tokens of `req` beyond the `num_computed` already in
-    /// the engine's own cache can be loaded from other instances, counting only blocks stored whole right
-    /// now, and whether the load is asynchronous (always `false`: loads stream layer by layer inside the
+    /// the engine's own cache can be loaded from other instances, counting blocks stored whole and blocks
+    /// a producer is saving now (their layers stream as they are saved), and whether the load is asynchronous (always `false`: loads stream layer by layer inside the
     /// forward pass). At least one prompt token is always left to compute. The connector tracks the
     /// request until [`KvConnector::request_finished`]: call it for every request. Asking a producer
     /// that does not answer within `load_timeout` is an error.

@@ -2,11 +2,13 @@
 //! [`TierManager`] and served to consumers by key.
 //!
 //! The store is one KV region of `capacity` slots (`layers x capacity x block_bytes`, registered with the
-//! transport so loads read straight from it). A block takes a slot when its layer 0 is saved and becomes
-//! loadable once every layer is in, in order. The tier manager ranks blocks by heat (decayed frequency,
-//! sharing degree, recency) and evicts chain tails before their parents; a block it evicts while a load
-//! reads it keeps its slot until that load ends, but is never served again. A lookup walks a request's
-//! keys and stops at the first block that is missing or incomplete.
+//! transport so loads read straight from it). A block takes a slot when its layer 0 is saved; its layers
+//! arrive in order. A block stored whole can be served at once; a block being saved can be served to a
+//! load that streams its layers as they are saved ([`TierStore::pin_streaming`]), and one whose save ended
+//! early is abandoned ([`TierStore::abandon_partial`]). The tier manager ranks blocks by heat (decayed
+//! frequency, sharing degree, recency) and evicts chain tails before their parents; a block it evicts
+//! while a load reads it keeps its slot until that load ends, but is never served again. A lookup walks a
+//! request's keys and stops at the first block that is missing (or, for [`TierStore::lookup`], not whole).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -161,6 +163,41 @@ impl TierStore {
         keys.iter().take_while(|k| self.contains(k)).count()
     }
 
+    /// How many leading keys are stored whole or being saved now: what a streaming load can carry.
+    #[must_use]
+    pub fn lookup_streaming(&self, keys: &[ScopedKey]) -> usize {
+        keys.iter()
+            .take_while(|k| self.index.contains_key(k))
+            .count()
+    }
+
+    /// The layers saved of every block of `keys` (the fewest of them), or `None` when one of them is no
+    /// longer stored (abandoned or evicted): a load of them can never complete.
+    #[must_use]
+    pub fn layers_saved(&self, keys: &[ScopedKey]) -> Option<u32> {
+        keys.iter()
+            .map(|k| self.index.get(k).map(|e| e.layers))
+            .try_fold(self.layout.layers, |least, l| Some(least.min(l?)))
+    }
+
+    /// Gives up the blocks of `keys` that are not stored whole (their save ended before the last layer):
+    /// they are never served again, and their slots free once no load reads them. Returns how many.
+    pub fn abandon_partial(&mut self, keys: &[ScopedKey]) -> usize {
+        let partial: Vec<ScopedKey> = keys
+            .iter()
+            .filter(|k| {
+                self.index
+                    .get(k)
+                    .is_some_and(|e| e.layers < self.layout.layers)
+            })
+            .copied()
+            .collect();
+        for key in &partial {
+            self.release(key);
+        }
+        partial.len()
+    }
+
     fn apply_evictions(&mut self, moves: Vec<transfer_engine::policy::TierMove>) {
         for mv in moves {
             if mv.to.is_some() {
@@ -301,8 +338,20 @@ impl TierStore {
     /// whole, in order), recording the use with the tier manager.
     pub fn pin(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
         let n = self.lookup(keys);
+        self.pin_leading(&keys[..n], request, now)
+    }
+
+    /// [`TierStore::pin`] for a load that streams layers as they are saved: blocks being saved are pinned
+    /// too (see [`TierStore::layers_saved`] for how far each is).
+    pub fn pin_streaming(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
+        let n = self.lookup_streaming(keys);
+        self.pin_leading(&keys[..n], request, now)
+    }
+
+    fn pin_leading(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
+        let n = keys.len();
         let mut slots = Vec::with_capacity(n);
-        for key in &keys[..n] {
+        for key in keys {
             let moves = self.tiers.access(key.tier_key(), request, now);
             let Some(e) = self.index.get_mut(key) else {
                 break;
@@ -463,6 +512,53 @@ mod tests {
         assert_eq!(store.used(), 1, "the load still reads its slot");
         store.unpin(&slots);
         assert_eq!(store.used(), 0);
+    }
+
+    #[test]
+    fn blocks_being_saved_stream_and_an_early_end_abandons_them() {
+        let mut store = TierStore::new(layout(8)).unwrap();
+        let src = MemoryRegion::zeroed(8 * 2 * 64);
+        let (k, l8) = (keys(1, &[1, 2, 3]), layout(8));
+        let src_blocks = SourceBlocks {
+            memory: &src,
+            layout: &l8,
+            blocks: &[0, 1, 2],
+        };
+        save_all(&mut store, &k[..1], &src, 1);
+        store
+            .save_layer(&k[1..], src_blocks_of(&src_blocks, 1), 0, 2, Duration::ZERO)
+            .unwrap();
+        assert_eq!(store.lookup(&k), 1, "whole only");
+        assert_eq!(store.lookup_streaming(&k), 3, "being saved counts");
+        assert_eq!(store.layers_saved(&k), Some(1));
+        let slots = store.pin_streaming(&k, 3, Duration::ZERO);
+        assert_eq!(slots.len(), 3);
+        store
+            .save_layer(&k[1..], src_blocks_of(&src_blocks, 1), 1, 2, Duration::ZERO)
+            .unwrap();
+        assert_eq!(store.layers_saved(&k), Some(2), "both layers in");
+        // A save that ends after layer 0 leaves its blocks partial: abandoned, never served.
+        let late = keys(1, &[7]);
+        store
+            .save_layer(&late, src_blocks_of(&src_blocks, 2), 0, 4, Duration::ZERO)
+            .unwrap();
+        assert_eq!(store.layers_saved(&late), Some(1));
+        assert_eq!(
+            store.abandon_partial(&[k[0], late[0]]),
+            1,
+            "the whole block stays"
+        );
+        assert_eq!(store.layers_saved(&late), None);
+        assert_eq!(store.lookup_streaming(&late), 0);
+        store.unpin(&slots);
+        assert_eq!(store.used(), 3);
+    }
+
+    fn src_blocks_of<'a>(s: &SourceBlocks<'a>, skip: usize) -> SourceBlocks<'a> {
+        SourceBlocks {
+            blocks: &s.blocks[skip..],
+            ..*s
+        }
     }
 
     #[test]

@@ -79,6 +79,37 @@ impl Transport {
         })
     }
 
+    /// The producer has saved every layer below `until` of the blocks sending session `session` carries.
+    pub(crate) fn layers_written(
+        &self,
+        session: SessionId,
+        until: u32,
+    ) -> Result<(), ConnectorError> {
+        match self {
+            Transport::Tcp(n) => n.layers_written(session, until)?,
+            Transport::LoopbackProducer(p) => p.layers_written(session, until)?,
+            Transport::LoopbackConsumer(_) => return Err(Self::not_sending()),
+        }
+        Ok(())
+    }
+
+    /// Stops sending session `session`; its unacknowledged blocks are recomputed.
+    pub(crate) fn cancel(&self, session: SessionId) -> Result<(), ConnectorError> {
+        match self {
+            Transport::Tcp(n) => n.cancel(session)?,
+            Transport::LoopbackProducer(p) => p.cancel(session)?,
+            Transport::LoopbackConsumer(_) => return Err(Self::not_sending()),
+        }
+        Ok(())
+    }
+
+    fn not_sending() -> ConnectorError {
+        ConnectorError::Role {
+            call: "sending KV",
+            role: "loopback consumer",
+        }
+    }
+
     /// Waits until sending session `session` is over.
     pub(crate) async fn wait_sent(
         &self,

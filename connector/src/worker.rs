@@ -248,7 +248,8 @@ impl KvConnector {
     }
 
     /// vLLM's `save_kv_layer`: copies `layer` of every planned save from the KV caches into the local
-    /// tier store (blocks already stored whole are skipped: a shared prefix is saved once).
+    /// tier store (blocks already stored whole are skipped: a shared prefix is saved once), then releases
+    /// the layer to loads already streaming those blocks to consumers.
     pub fn save_kv_layer(&self, layer: u32) -> Result<(), ConnectorError> {
         let Some(core) = &self.producer else {
             return Err(ConnectorError::Role {
@@ -274,15 +275,31 @@ impl KvConnector {
             self.metrics.saved(r.completed);
             self.metrics.save_dropped(r.dropped);
         }
+        drop(store);
+        core.advance_streams();
         Ok(())
     }
 
     /// vLLM's `wait_for_save`: every planned save is in the store once its last layer was saved (the
-    /// copies are made during `save_kv_layer`), so this only marks the step's requests as sent.
+    /// copies are made during `save_kv_layer`), so this marks the step's requests as sent. Blocks of the
+    /// step still missing layers (a save that ended early) are abandoned: never served, and loads
+    /// streaming them are cancelled, so their consumers recompute instead of waiting.
     pub fn wait_for_save(&self) -> Result<(), ConnectorError> {
         let mut w = lock(&self.worker);
         let done: Vec<String> = w.meta.saves.iter().map(|s| s.request.clone()).collect();
+        let saves = w.meta.saves.clone();
         w.finished_sending.extend(done);
+        drop(w);
+        if let Some(core) = &self.producer {
+            let abandoned: usize = {
+                let mut store = lock(&core.store);
+                saves.iter().map(|s| store.abandon_partial(&s.keys)).sum()
+            };
+            if abandoned > 0 {
+                self.metrics.abandoned(abandoned);
+                core.advance_streams();
+            }
+        }
         Ok(())
     }
 

@@ -178,3 +178,91 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
     let err = err.to_string();
     assert!(err.contains("1.5"), "{err}");
 }
+
+/// The producer's side of a save started for `blocks` of `tokens`, with no layer saved yet.
+fn begin_save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+    let extras = RequestExtras::default();
+    p.get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
+        .unwrap();
+    p.update_state_after_alloc(id, blocks, 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+}
+
+/// The consumer starts loading `tokens` into `blocks` while the producer may still be saving them; returns
+/// the tokens matched.
+fn begin_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
+    let extras = RequestExtras::default();
+    let (n, _) = c
+        .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
+        .unwrap();
+    c.update_state_after_alloc(id, blocks, n).unwrap();
+    c.bind_connector_metadata(c.build_connector_meta());
+    c.start_load_kv().unwrap();
+    n
+}
+
+fn block_bytes(m: &MemoryRegion, layer: u32, block: u32) -> Vec<u8> {
+    let at = (u64::from(layer) * u64::from(POOL) + u64::from(block)) as usize * BLOCK as usize;
+    m.read(at..at + BLOCK as usize).unwrap().to_vec()
+}
+
+#[test]
+fn a_load_streams_each_layer_as_the_producer_saves_it() {
+    let (p, c) = pair(16);
+    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
+    let dst = MemoryRegion::zeroed(bytes);
+    p.register_kv_caches(src.clone(), POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let a: Vec<u32> = (0..16 * 3 + 1).collect();
+    // The prefill has computed and saved layer 0 only; the consumer finds the blocks being saved.
+    begin_save(&p, "a", &a, &[0, 1, 2]);
+    p.save_kv_layer(0).unwrap();
+    assert_eq!(begin_load(&c, "a", &a, &[5, 6, 7]), 48);
+    c.wait_for_layer_load(0).unwrap();
+    for (s, d) in [(0, 5), (1, 6), (2, 7)] {
+        assert_eq!(block_bytes(&dst, 0, d), block_bytes(&src, 0, s));
+        // Layer 1 is not saved yet, so not one byte of it moved.
+        assert!(block_bytes(&dst, 1, d).iter().all(|&b| b == 0));
+    }
+    p.save_kv_layer(1).unwrap();
+    p.wait_for_save().unwrap();
+    c.wait_for_layer_load(1).unwrap();
+    assert!(c.failed_blocks().is_empty());
+    for (s, d) in [(0, 5), (1, 6), (2, 7)] {
+        assert_eq!(block_bytes(&dst, 1, d), block_bytes(&src, 1, s));
+    }
+    let snap = p.metrics().snapshot();
+    assert_eq!((snap.streamed_loads, snap.abandoned_blocks), (1, 0));
+    assert!(p.prometheus().contains("kv_streamed_loads_total 1"));
+}
+
+#[test]
+fn a_save_that_ends_early_cancels_its_streaming_load_and_the_rest_is_recomputed() {
+    let (p, c) = pair(16);
+    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
+    let dst = MemoryRegion::zeroed(bytes);
+    p.register_kv_caches(src.clone(), POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let a: Vec<u32> = (0..16 * 3 + 1).collect();
+    begin_save(&p, "a", &a, &[0, 1, 2]);
+    p.save_kv_layer(0).unwrap();
+    assert_eq!(begin_load(&c, "a", &a, &[5, 6, 7]), 48);
+    c.wait_for_layer_load(0).unwrap();
+    // The step ends without layer 1: its blocks are abandoned and the load is cancelled, so the consumer
+    // learns at once (not at its load timeout) that layer 1 of those blocks must be recomputed.
+    let started = std::time::Instant::now();
+    p.wait_for_save().unwrap();
+    c.wait_for_layer_load(1).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(c.failed_blocks(), vec![5, 6, 7]);
+    assert_eq!(p.metrics().snapshot().abandoned_blocks, 3);
+    // Never served again: a new lookup finds nothing.
+    let extras = RequestExtras::default();
+    let (n, _) = c
+        .get_num_new_matched_tokens(&request("b", &a, &extras), 0)
+        .unwrap();
+    assert_eq!(n, 0);
+    c.request_finished("b");
+}
