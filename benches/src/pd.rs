@@ -9,6 +9,10 @@
 //! 2. decode asks its connector how many tokens it can load, loads them layer by layer, waiting for each
 //!    layer and then spending the simulated compute of the blocks it did not load.
 //!
+//! By default the decode asks as soon as the prefill has saved layer 0 (a proxy that hands the request to
+//! both instances at once): the producer streams each later layer as it is saved, so the transfer overlaps
+//! the prefill's compute. With `--sequential` the decode asks only once the prefill has finished.
+//!
 //! Time to first token (prefill + load + the decode's own compute) is compared with recompute (the same
 //! stream, no engine: the decode computes every block itself). Midway the weight version changes on both
 //! sides; every loaded block's stamp is checked, and `stale_blocks_served` counts blocks of an old
@@ -78,6 +82,10 @@ pub(crate) struct PdArgs {
     /// lasts (e.g. 127.0.0.1:9464; any path answers).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Ask the decode only once the prefill has finished, instead of as soon as it saved layer 0 (no
+    /// overlap of the transfer with the prefill's compute).
+    #[arg(long)]
+    sequential: bool,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -90,14 +98,19 @@ pub(crate) struct PdArgs {
 #[derive(Debug, Serialize)]
 struct PdReport {
     requests: usize,
+    /// Whether the decode asked only after the prefill finished (`--sequential`).
+    sequential: bool,
     ttft_ms_engine: f64,
     ttft_ms_recompute: f64,
     ttft_ms_engine_p90: f64,
     ttft_ms_recompute_p90: f64,
-    /// p50 of the engine TTFT's first part: the prefill instance computing and saving.
+    /// p50 of the prefill instance computing and saving (as timed in its process).
     prefill_ms: f64,
-    /// p50 of its second part: the decode's lookup, layer-by-layer load and its own compute.
+    /// p50 of the decode's part: from asking (after the prefill, or after its layer 0) to its last layer
+    /// loaded and its own compute done.
     decode_ms: f64,
+    /// Loads the prefill served while some of their layers were still being saved.
+    streamed_loads: u64,
     /// Blocks the prefill found in its tier store (shared prefixes) over all prompt blocks.
     prefill_reuse: f64,
     hit_rate: f64,
@@ -208,13 +221,16 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
         let total_blocks = tokens.len().div_ceil(bs) as u64;
         let id = format!("r{i}");
         let started = Instant::now();
-        let reply = child.call(&ChildCommand::Prefill {
+        child.send(&ChildCommand::Prefill {
             id: id.clone(),
             tokens: tokens.clone(),
+            announce: !args.sequential,
         })?;
-        prefill_computed += reply.computed_blocks as u64;
+        let mut reply = child.reply()?;
+        if !args.sequential && !reply.started {
+            bail!("the prefill did not announce its layer 0");
+        }
         all_blocks += total_blocks;
-        prefill_ms.push(started.elapsed().as_secs_f64() * 1e3);
         let decode_started = Instant::now();
         let extras = RequestExtras::default();
         let kreq = KvRequest {
@@ -245,6 +261,11 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
         decode.clear_connector_metadata();
         decode.request_finished(&id);
         let _ = decode.get_finished();
+        if !args.sequential {
+            reply = child.reply()?;
+        }
+        prefill_computed += reply.computed_blocks as u64;
+        prefill_ms.push(reply.elapsed_us as f64 / 1e3);
         // Check every block that was loaded: its stamp names this weight version and this key.
         for (b, key) in keys.iter().enumerate().take(loaded as usize) {
             if failed.contains(&(b as u32)) {
@@ -277,6 +298,7 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
     let recompute_total: f64 = ttft_recompute.iter().sum::<f64>() / 1e3;
     let report = PdReport {
         requests: requests.len(),
+        sequential: args.sequential,
         ttft_ms_engine: quantile(&mut ttft_engine.clone(), 0.5),
         ttft_ms_recompute: quantile(&mut ttft_recompute.clone(), 0.5),
         ttft_ms_engine_p90: quantile(&mut ttft_engine, 0.9),
@@ -296,6 +318,7 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
         recompute_blocks: snap.recompute_blocks,
         prefill_computed_blocks: prefill_computed,
         prefill_save_dropped: stats.save_dropped,
+        streamed_loads: stats.streamed_loads,
         weight_change_at: change_at,
         loaded_blocks_after_change: after_change,
     };
@@ -334,10 +357,15 @@ fn print_human(args: &PdArgs, r: &PdReport, trace: &std::path::Path) {
         r.ttft_ms_recompute / r.ttft_ms_engine
     );
     println!(
-        "  engine TTFT parts (p50): prefill {:.2} ms (it found {:.1}% of blocks in its tier store), decode load and compute {:.2} ms",
+        "  engine TTFT parts (p50): prefill {:.2} ms (it found {:.1}% of blocks in its tier store), decode load and compute {:.2} ms ({})",
         r.prefill_ms,
         100.0 * r.prefill_reuse,
-        r.decode_ms
+        r.decode_ms,
+        if r.sequential {
+            "asked after the prefill finished"
+        } else {
+            "asked once the prefill saved layer 0, overlapping it"
+        }
     );
     println!(
         "  TTFT p90  engine {:.2} ms  recompute {:.2} ms",

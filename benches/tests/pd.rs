@@ -35,10 +35,14 @@ fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
         "bytes_loaded",
         "peak_buffer_bytes",
         "stale_blocks_served",
+        "streamed_loads",
     ] {
         assert!(v[key].is_number(), "{key} missing in {v}");
     }
     assert_eq!(v["requests"], 12);
+    // By default the decode asks as soon as the prefill saved layer 0 (how many loads catch layers still
+    // being saved depends on timing; the connector's tests check the streaming itself).
+    assert_eq!(v["sequential"], false);
     assert_eq!(v["stale_blocks_served"], 0);
     assert_eq!(v["wrong_blocks"], 0);
     assert_eq!(v["weight_change_at"], 6);

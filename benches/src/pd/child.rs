@@ -17,17 +17,29 @@ use super::{PdArgs, config, pool_blocks, pool_bytes, sleep_us, stamp};
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(super) enum ChildCommand {
-    Prefill { id: String, tokens: Vec<u32> },
-    Weights { version: u64 },
+    /// Compute and save a prompt; with `announce`, a first reply (`started`) follows layer 0's save.
+    Prefill {
+        id: String,
+        tokens: Vec<u32>,
+        announce: bool,
+    },
+    Weights {
+        version: u64,
+    },
     Stats,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 pub(super) struct ChildReply {
+    /// Layer 0 is saved; the rest follows (an announced prefill's first reply).
+    pub(super) started: bool,
+    /// How long the prefill took in the child, from the command to its last save.
+    pub(super) elapsed_us: u64,
     pub(super) computed_blocks: usize,
     pub(super) store_peak_blocks: usize,
     pub(super) saved_blocks: u64,
     pub(super) save_dropped: u64,
+    pub(super) streamed_loads: u64,
     pub(super) error: Option<String>,
 }
 
@@ -74,12 +86,21 @@ impl PrefillChild {
     }
 
     pub(super) fn call(&mut self, cmd: &ChildCommand) -> anyhow::Result<ChildReply> {
+        self.send(cmd)?;
+        self.reply()
+    }
+
+    pub(super) fn send(&mut self, cmd: &ChildCommand) -> anyhow::Result<()> {
         let stdin = self
             .stdin
             .as_mut()
             .context("the prefill process is closed")?;
         writeln!(stdin, "{}", serde_json::to_string(cmd)?)?;
         stdin.flush()?;
+        Ok(())
+    }
+
+    pub(super) fn reply(&mut self) -> anyhow::Result<ChildReply> {
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {
             bail!("the prefill process ended");
@@ -133,9 +154,15 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                 store_peak_blocks: prefill.store_usage().1,
                 saved_blocks: prefill.metrics().snapshot().saved_blocks,
                 save_dropped: prefill.metrics().snapshot().save_dropped,
+                streamed_loads: prefill.metrics().snapshot().streamed_loads,
                 ..ChildReply::default()
             },
-            ChildCommand::Prefill { id, tokens } => {
+            ChildCommand::Prefill {
+                id,
+                tokens,
+                announce,
+            } => {
+                let started = std::time::Instant::now();
                 let extras = RequestExtras::default();
                 let req = KvRequest {
                     id: &id,
@@ -160,6 +187,14 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                         pool.copy_from(at, &stamp(version, key))?;
                     }
                     prefill.save_kv_layer(layer)?;
+                    if layer == 0 && announce {
+                        let first = ChildReply {
+                            started: true,
+                            ..ChildReply::default()
+                        };
+                        writeln!(out, "{}", serde_json::to_string(&first)?)?;
+                        out.flush()?;
+                    }
                 }
                 prefill.wait_for_save()?;
                 prefill.clear_connector_metadata();
@@ -167,6 +202,7 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                 let _ = prefill.get_finished();
                 ChildReply {
                     computed_blocks: total - cached,
+                    elapsed_us: started.elapsed().as_micros() as u64,
                     ..ChildReply::default()
                 }
             }
