@@ -206,8 +206,15 @@ fn block_bytes(m: &MemoryRegion, layer: u32, block: u32) -> Vec<u8> {
     m.read(at..at + BLOCK as usize).unwrap().to_vec()
 }
 
-#[test]
-fn a_load_streams_each_layer_as_the_producer_saves_it() {
+/// A producer that has saved layer 0 of three blocks (the prefill still computing the rest), and a consumer
+/// that found them being saved, started loading them into blocks 5-7 and has layer 0.
+fn streaming_after_layer_0() -> (
+    KvConnector,
+    KvConnector,
+    MemoryRegion,
+    MemoryRegion,
+    Vec<u32>,
+) {
     let (p, c) = pair(16);
     let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
     let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
@@ -215,11 +222,16 @@ fn a_load_streams_each_layer_as_the_producer_saves_it() {
     p.register_kv_caches(src.clone(), POOL).unwrap();
     c.register_kv_caches(dst.clone(), POOL).unwrap();
     let a: Vec<u32> = (0..16 * 3 + 1).collect();
-    // The prefill has computed and saved layer 0 only; the consumer finds the blocks being saved.
     begin_save(&p, "a", &a, &[0, 1, 2]);
     p.save_kv_layer(0).unwrap();
     assert_eq!(begin_load(&c, "a", &a, &[5, 6, 7]), 48);
     c.wait_for_layer_load(0).unwrap();
+    (p, c, src, dst, a)
+}
+
+#[test]
+fn a_load_streams_each_layer_as_the_producer_saves_it() {
+    let (p, c, src, dst, _) = streaming_after_layer_0();
     for (s, d) in [(0, 5), (1, 6), (2, 7)] {
         assert_eq!(block_bytes(&dst, 0, d), block_bytes(&src, 0, s));
         // Layer 1 is not saved yet, so not one byte of it moved.
@@ -239,17 +251,7 @@ fn a_load_streams_each_layer_as_the_producer_saves_it() {
 
 #[test]
 fn a_save_that_ends_early_cancels_its_streaming_load_and_the_rest_is_recomputed() {
-    let (p, c) = pair(16);
-    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
-    let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
-    let dst = MemoryRegion::zeroed(bytes);
-    p.register_kv_caches(src.clone(), POOL).unwrap();
-    c.register_kv_caches(dst.clone(), POOL).unwrap();
-    let a: Vec<u32> = (0..16 * 3 + 1).collect();
-    begin_save(&p, "a", &a, &[0, 1, 2]);
-    p.save_kv_layer(0).unwrap();
-    assert_eq!(begin_load(&c, "a", &a, &[5, 6, 7]), 48);
-    c.wait_for_layer_load(0).unwrap();
+    let (p, c, _, _, a) = streaming_after_layer_0();
     // The step ends without layer 1: its blocks are abandoned and the load is cancelled, so the consumer
     // learns at once (not at its load timeout) that layer 1 of those blocks must be recomputed.
     let started = std::time::Instant::now();
