@@ -46,6 +46,7 @@ mod limit;
 mod message;
 mod node;
 mod provider;
+mod shared;
 mod wait;
 
 use std::time::Duration;
@@ -55,8 +56,9 @@ use transfer_engine::{EngineConfig, PeerId};
 pub use ffi::{ProviderInfo, parked_endpoints};
 pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use message::RdmaSegment;
-pub use node::{NodeStats, PeerInfo, RdmaNode};
+pub use node::RdmaNode;
 pub use provider::{Provider, available_providers};
+pub use shared::{NodeStats, PeerInfo};
 
 /// Settings of one RDMA node.
 #[derive(Debug, Clone)]

@@ -2,9 +2,8 @@
 //! owns it. The calls mirror [`crate::tcp::TcpNode`]'s: register caller memory, connect, submit and await
 //! transfers, accept incoming sessions, await them layer by layer, subscribe to events.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -13,131 +12,13 @@ use transfer_engine::{
     Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
 };
 
-use super::ffi::{Endpoint, MrId, ProviderInfo};
+use super::ffi::{Endpoint, ProviderInfo};
 use super::message::RdmaSegment;
 use super::provider::resolve;
+use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, lock};
 use super::{RdmaConfig, RdmaError, driver};
 use crate::board::{IncomingSession, Outcome, Received};
 use crate::station::Station;
-
-/// Refusal and log lines kept (oldest dropped first).
-const KEEP_LOG: usize = 1024;
-
-/// A peer reached by [`RdmaNode::connect`] (or that connected to this node).
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The peer (its engine id).
-    pub peer: PeerId,
-    /// Regions it offers.
-    pub segments: Vec<RdmaSegment>,
-}
-
-impl PeerInfo {
-    /// The offered segment called `name`.
-    #[must_use]
-    pub fn segment(&self, name: &str) -> Option<&RegionHandle> {
-        self.segments
-            .iter()
-            .find(|s| s.name == name)
-            .map(|s| &s.handle)
-    }
-}
-
-/// Data-path counters of a node, beside the engine's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeStats {
-    /// The engine's counters.
-    pub engine: transfer_engine::Counters,
-    /// RDMA writes posted.
-    pub writes: u64,
-    /// Writes the provider completed with an error (a refused key or range, a lost peer).
-    pub write_errors: u64,
-    /// Peers' writes that landed here.
-    pub remote_writes: u64,
-    /// Messages sent.
-    pub messages_sent: u64,
-    /// Messages received.
-    pub messages_received: u64,
-    /// Frames, messages or units refused (see [`RdmaNode::log`]).
-    pub refused: u64,
-}
-
-/// What the driver reports back through the node.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) writes: AtomicU64,
-    pub(crate) write_errors: AtomicU64,
-    pub(crate) remote_writes: AtomicU64,
-    pub(crate) messages_sent: AtomicU64,
-    pub(crate) messages_received: AtomicU64,
-    pub(crate) refused: AtomicU64,
-}
-
-/// A region registered with both the engine and the endpoint.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LocalRegion {
-    pub(crate) mr: MrId,
-    pub(crate) rkey: u64,
-    pub(crate) rma_base: u64,
-}
-
-/// A peer as the driver reaches it.
-#[derive(Debug, Clone)]
-pub(crate) struct Route {
-    /// Its address-vector handle.
-    pub(crate) addr: u64,
-    /// The tag it asked us to use in our writes to it (None until its welcome or hello arrives).
-    pub(crate) write_tag: Option<u16>,
-    /// The tag we gave it for its writes to us.
-    pub(crate) our_tag: u16,
-    /// What it offers.
-    pub(crate) segments: Vec<RdmaSegment>,
-}
-
-/// What API calls ask of the driver thread (which alone touches the endpoint).
-pub(crate) enum Command {
-    Register(MemoryRegion, mpsc::Sender<Result<LocalRegion, RdmaError>>),
-    Deregister(MrId),
-    Connect(Vec<u8>, oneshot::Sender<Result<PeerInfo, RdmaError>>),
-}
-
-/// State shared by the API and the driver thread.
-pub(crate) struct Shared {
-    pub(crate) station: Station,
-    pub(crate) engine_id: u32,
-    pub(crate) cfg: RdmaConfig,
-    pub(crate) info: ProviderInfo,
-    pub(crate) name: Vec<u8>,
-    pub(crate) commands: Mutex<VecDeque<Command>>,
-    pub(crate) stop: AtomicBool,
-    pub(crate) regions: Mutex<HashMap<RegionId, LocalRegion>>,
-    pub(crate) published: Mutex<Vec<RdmaSegment>>,
-    pub(crate) routes: Mutex<HashMap<PeerId, Route>>,
-    /// Each sending session's destination: its region and layout (for the remote offsets).
-    pub(crate) sessions: Mutex<HashMap<SessionId, (RegionId, KvLayout)>>,
-    pub(crate) counters: Counters,
-    log: Mutex<VecDeque<String>>,
-}
-
-impl Shared {
-    pub(crate) fn log(&self, line: String) {
-        self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        let mut log = lock(&self.log);
-        if log.len() == KEEP_LOG {
-            log.pop_front();
-        }
-        log.push_back(line);
-    }
-
-    fn command(&self, cmd: Command) {
-        // The driver sees it within its idle nap (1 ms) or at once when busy.
-        lock(&self.commands).push_back(cmd);
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// One RDMA node; stops its driver thread and closes its endpoint when dropped.
 pub struct RdmaNode {

@@ -9,7 +9,7 @@ use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
 
 use super::ffi::{Completion, Endpoint, MrId};
 use super::message::Message;
-use super::node::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
+use super::shared::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
 use super::wait::Waiter;
 
 mod reach;

@@ -9,7 +9,7 @@ use transfer_engine::{FrameKind, PeerId, Placement};
 
 use super::super::ffi::Completion;
 use super::super::message::Message;
-use super::super::node::{PeerInfo, Route, lock};
+use super::super::shared::{PeerInfo, Route, lock};
 use super::super::{RdmaError, token_tag};
 use super::{Driver, Incoming, MAX_PENDING};
 
