@@ -16,10 +16,9 @@ use crate::error::ConnectorError;
 use crate::keys::VllmHasher;
 use crate::metrics::Metrics;
 use crate::producer::{ProducerCore, lock};
-use crate::scheduler::SchedulerState;
+use crate::state::{SchedulerState, WorkerState};
 use crate::store::TierStore;
 use crate::transport::Transport;
-use crate::worker::WorkerState;
 
 /// Where a consumer's KV comes from.
 #[derive(Debug)]

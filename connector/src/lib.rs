@@ -90,7 +90,9 @@ pub mod error;
 pub mod keys;
 pub mod metrics;
 mod producer;
+mod request;
 mod scheduler;
+mod state;
 pub mod store;
 mod transport;
 mod worker;
@@ -102,5 +104,5 @@ pub use keys::{
     BlockHash, ExtraKeyLayout, Lora, MmItem, RequestExtras, ScopedKey, VllmHasher, root_hash,
 };
 pub use metrics::{Metrics, MetricsSnapshot};
-pub use scheduler::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
+pub use request::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
 pub use store::{SaveReport, SourceBlocks, TierStore};

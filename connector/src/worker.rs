@@ -1,38 +1,18 @@
 //! Worker-side calls: start loads into given blocks, wait for a layer, save a layer, wait for saves,
 //! report finished requests and blocks that failed to load.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use transfer_engine::{KvLayout, MemoryRegion, SessionId};
+use transfer_engine::SessionId;
 
 use crate::connector::{KvConnector, Source};
 use crate::error::ConnectorError;
 use crate::metrics::Direction;
 use crate::producer::lock;
-use crate::scheduler::{BlockSpec, ConnectorMetadata, request_number};
+use crate::request::{BlockSpec, ConnectorMetadata, request_number};
+use crate::state::ActiveLoad;
 use crate::store::SourceBlocks;
 use crate::transport::{LayerWait, Transport};
-
-#[derive(Debug)]
-struct ActiveLoad {
-    request: String,
-    session: SessionId,
-    blocks: Vec<u32>,
-    started: Instant,
-}
-
-/// The worker half's state.
-#[derive(Debug, Default)]
-pub(crate) struct WorkerState {
-    pub(crate) kv: Option<(MemoryRegion, KvLayout)>,
-    meta: ConnectorMetadata,
-    loads: Vec<ActiveLoad>,
-    failed: BTreeSet<u32>,
-    finished_sending: Vec<String>,
-    finished_receiving: Vec<String>,
-    load_errors: Vec<ConnectorError>,
-}
 
 impl KvConnector {
     /// vLLM's `bind_connector_metadata`: the scheduler's plan for this step.

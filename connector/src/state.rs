@@ -1,0 +1,50 @@
+//! The mutable state a connector keeps for each half: the scheduler's tracked requests and pending step
+//! metadata, the worker's KV caches, running loads, failed blocks and finished requests.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use transfer_engine::{KvLayout, MemoryRegion, SessionId};
+
+use crate::error::ConnectorError;
+use crate::keys::ScopedKey;
+use crate::request::ConnectorMetadata;
+
+/// A request the scheduler half follows until it finishes.
+#[derive(Debug, Clone)]
+pub(crate) struct Tracked {
+    pub(crate) keys: Vec<ScopedKey>,
+    pub(crate) computed_blocks: usize,
+    pub(crate) matched_blocks: usize,
+    pub(crate) local: bool,
+    pub(crate) producer: Option<SocketAddr>,
+}
+
+/// The scheduler half's state.
+#[derive(Debug, Default)]
+pub(crate) struct SchedulerState {
+    pub(crate) requests: HashMap<String, Tracked>,
+    pub(crate) pending: ConnectorMetadata,
+}
+
+/// A load the worker half started and waits on layer by layer.
+#[derive(Debug)]
+pub(crate) struct ActiveLoad {
+    pub(crate) request: String,
+    pub(crate) session: SessionId,
+    pub(crate) blocks: Vec<u32>,
+    pub(crate) started: Instant,
+}
+
+/// The worker half's state.
+#[derive(Debug, Default)]
+pub(crate) struct WorkerState {
+    pub(crate) kv: Option<(MemoryRegion, KvLayout)>,
+    pub(crate) meta: ConnectorMetadata,
+    pub(crate) loads: Vec<ActiveLoad>,
+    pub(crate) failed: BTreeSet<u32>,
+    pub(crate) finished_sending: Vec<String>,
+    pub(crate) finished_receiving: Vec<String>,
+    pub(crate) load_errors: Vec<ConnectorError>,
+}
