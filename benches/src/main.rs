@@ -4,6 +4,7 @@
 
 mod args;
 mod bucket;
+mod buffers;
 mod contention;
 mod death;
 mod gpu;
@@ -91,7 +92,9 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Contention(args) => contention::main(&args),
         Command::Overlap(args) => overlap::main(&args),
         Command::Bucket { json } => bucket::main(json),
+        Command::Serve(args) if args.backend == net::NetBackend::Rdma => serve_rdma(&args),
         Command::Serve(args) => net::serve_main(&args),
+        Command::Connect(args) if args.backend == net::NetBackend::Rdma => connect_rdma(&args),
         Command::Connect(args) => net::connect_main(&args),
         Command::PeerDeath(args) => death::main(&args),
         Command::Load(args) => load::main(&args),
@@ -183,4 +186,26 @@ fn demo_trace() -> Option<std::path::PathBuf> {
         candidates.extend(exe.ancestors().map(|a| a.join(name)));
     }
     candidates.into_iter().find(|p| p.is_file())
+}
+
+#[cfg(feature = "rdma")]
+fn serve_rdma(args: &net::ServeArgs) -> anyhow::Result<()> {
+    rdma_net::serve(args)
+}
+
+#[cfg(feature = "rdma")]
+fn connect_rdma(args: &net::ConnectArgs) -> anyhow::Result<()> {
+    rdma_net::connect(args)
+}
+
+/// Without feature `rdma` there is no RDMA backend: a clear error.
+#[cfg(not(feature = "rdma"))]
+fn serve_rdma(_: &net::ServeArgs) -> anyhow::Result<()> {
+    anyhow::bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
+}
+
+/// Without feature `rdma` there is no RDMA backend: a clear error.
+#[cfg(not(feature = "rdma"))]
+fn connect_rdma(_: &net::ConnectArgs) -> anyhow::Result<()> {
+    anyhow::bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
 }

@@ -126,7 +126,7 @@ pub(crate) enum NetBackend {
 /// line per finished session.
 pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     if args.backend == NetBackend::Rdma {
-        return serve_rdma(args);
+        bail!("serve over RDMA runs through `rdma_net::serve`");
     }
     let cfg = TcpConfig {
         listen: Some(args.listen),
@@ -304,7 +304,7 @@ pub(crate) fn measure_modes(
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
 pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     if args.backend == NetBackend::Rdma {
-        return connect_rdma(args);
+        bail!("connect over RDMA runs through `rdma_net::connect`");
     }
     let peer = args
         .peer
@@ -348,26 +348,4 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         || node.node().stats().engine.retransmits,
     )?;
     print_rows(&rows, args.json, &RUN_COLUMNS)
-}
-
-#[cfg(feature = "rdma")]
-fn serve_rdma(args: &ServeArgs) -> anyhow::Result<()> {
-    crate::rdma_net::serve(args)
-}
-
-#[cfg(feature = "rdma")]
-fn connect_rdma(args: &ConnectArgs) -> anyhow::Result<()> {
-    crate::rdma_net::connect(args)
-}
-
-/// Without feature `rdma` there is no RDMA backend: a clear error.
-#[cfg(not(feature = "rdma"))]
-fn serve_rdma(_: &ServeArgs) -> anyhow::Result<()> {
-    bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
-}
-
-/// Without feature `rdma` there is no RDMA backend: a clear error.
-#[cfg(not(feature = "rdma"))]
-fn connect_rdma(_: &ConnectArgs) -> anyhow::Result<()> {
-    bail!("te-bench was built without the RDMA backend: build it with `--features rdma`")
 }

@@ -40,9 +40,9 @@ pub(crate) fn run_rdma(
     let config = |id| node_config(id, provider, domain);
     let producer = RdmaNode::start(config(1))?;
     let consumer = RdmaNode::start(config(2))?;
-    let bytes = crate::run::kv_len(layout)?;
+    let bytes = crate::buffers::kv_len(layout)?;
     let mut kv = vec![0u8; bytes];
-    crate::run::fill(&mut kv);
+    crate::buffers::fill(&mut kv);
     let src_memory = MemoryRegion::from_vec(kv);
     let dst_memory = MemoryRegion::zeroed(bytes);
     dst_memory.fill_with(|_, b| b.fill(0))?;
@@ -137,7 +137,7 @@ pub(crate) fn raw_limit(
     iterations: usize,
 ) -> anyhow::Result<f64> {
     if provider == "shm" {
-        Ok(crate::run::memcpy_limit(
+        Ok(crate::buffers::memcpy_limit(
             &src.read(0..src.len())?,
             layout,
             iterations,

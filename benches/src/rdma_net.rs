@@ -83,7 +83,7 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
     let node = start(args.engine_id, &args.provider, args.domain.as_deref())?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
-    let bytes = crate::run::kv_len(layout)?;
+    let bytes = crate::buffers::kv_len(layout)?;
     let src_memory = MemoryRegion::zeroed(bytes);
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
     src_memory.fill_with(|offset, b| crate::tcp::pattern(u64::from(args.engine_id), offset, b))?;

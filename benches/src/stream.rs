@@ -40,9 +40,9 @@ enum Backend {
 
 impl Rig {
     fn new(backend: &str, layout: KvLayout) -> anyhow::Result<Self> {
-        let len = crate::run::kv_len(layout)?;
+        let len = crate::buffers::kv_len(layout)?;
         let mut kv = vec![0u8; len];
-        crate::run::fill(&mut kv);
+        crate::buffers::fill(&mut kv);
         let (src, dst) = (MemoryRegion::from_vec(kv), MemoryRegion::zeroed(len));
         let (backend, req) = match backend {
             "tcp" => {
