@@ -223,3 +223,50 @@ fn peers_find_each_other_through_the_discovery_registry() {
     });
     assert!(*pool.read(0..bytes).unwrap() == pattern(bytes, 5)[..]);
 }
+
+#[test]
+fn automatic_selection_takes_the_fastest_provider_that_reaches_the_peers() {
+    use backends::rdma::available_providers;
+    let found: Vec<String> = available_providers()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| p.provider)
+        .collect();
+    // The documented order: efa, verbs, shm when every peer is on this host, then tcp.
+    let expect = |same_host: bool| {
+        ["efa", "verbs;ofi_rxm", "shm", "tcp;ofi_rxm"]
+            .into_iter()
+            .filter(|p| same_host || *p != "shm")
+            .find(|p| found.iter().any(|f| f == p))
+    };
+    for same_host in [true, false] {
+        let Some(want) = expect(same_host) else {
+            println!("not run: no provider with RMA here ({found:?})");
+            return;
+        };
+        let start = |id| RdmaNode::start(RdmaConfig::new(id, Provider::Auto { same_host }));
+        let (a, b) = (start(1).unwrap(), start(2).unwrap());
+        assert_eq!(a.provider().provider, want, "same_host {same_host}");
+        // And the nodes it picked move bytes.
+        let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
+        let bytes = layout.total_bytes() as usize;
+        let src = a
+            .register_kv_region(layout, MemoryRegion::from_vec(pattern(bytes, 9)))
+            .unwrap();
+        let pool = MemoryRegion::zeroed(bytes);
+        b.publish_segment("kv", b.register_kv_region(layout, pool.clone()).unwrap())
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let peer = rt.block_on(a.connect(b.address())).unwrap();
+        let req = TransferRequest::whole(peer.peer, &src, peer.segment("kv").unwrap()).unwrap();
+        let out = rt
+            .block_on(a.transfer(req, Duration::from_secs(30)))
+            .unwrap();
+        assert!(out.recompute.is_empty(), "{want}: {out:?}");
+        assert!(*pool.read(0..bytes).unwrap() == pattern(bytes, 9)[..]);
+        println!("auto (same_host {same_host}) chose {want}");
+    }
+}

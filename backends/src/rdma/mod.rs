@@ -165,6 +165,10 @@ pub enum RdmaError {
     /// A wait on the receiving or sending side ended without its answer.
     #[error(transparent)]
     Wait(#[from] crate::board::WaitError),
+    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) and has sent nothing since;
+    /// new sessions to it are refused at once, until it answers again (connect to it anew).
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
     /// No hello/welcome exchange with this peer yet, or it does not offer the region.
     #[error("no route to peer {0:?}: {1}")]
     NoRoute(PeerId, String),

@@ -67,6 +67,7 @@ impl RdmaNode {
             regions: Mutex::default(),
             published: Mutex::default(),
             routes: Mutex::default(),
+            unreachable: Mutex::default(),
             sessions: Mutex::default(),
             counters: Counters::default(),
             log: Mutex::default(),
@@ -210,6 +211,9 @@ impl RdmaNode {
     /// Starts a transfer; see [`RdmaNode::wait`]. The peer must have been reached and must offer the
     /// destination region.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, RdmaError> {
+        if let Some(reason) = lock(&self.shared.unreachable).get(&req.peer) {
+            return Err(RdmaError::Unreachable(reason.clone()));
+        }
         {
             let routes = lock(&self.shared.routes);
             let route = routes

@@ -122,6 +122,7 @@ impl Driver<'_> {
         {
             let ended = self.shared.station.engine().abort_peer(peer, &reason);
             self.shared.log(format!("{reason}: {ended} sessions ended"));
+            lock(&self.shared.unreachable).insert(peer, reason);
         }
         let posted = self.pump(now)?;
         self.completions.clear();

@@ -70,6 +70,7 @@ impl Driver<'_> {
     fn message(&mut self, from: u32, msg: Message) -> Result<(), RdmaError> {
         let peer = PeerId(u64::from(from));
         self.reach.succeeded(peer);
+        lock(&self.shared.unreachable).remove(&peer);
         match msg {
             Message::Hello {
                 nonce,
