@@ -16,7 +16,7 @@ use crate::station::Station;
 /// Refusal and log lines kept (oldest dropped first).
 const KEEP_LOG: usize = 1024;
 
-/// A peer reached by [`RdmaNode::connect`] (or that connected to this node).
+/// A peer reached by [`RdmaNode::connect`](super::RdmaNode::connect) (or that connected to this node).
 #[derive(Debug, Clone)]
 pub struct PeerInfo {
     /// The peer (its engine id).
@@ -51,7 +51,7 @@ pub struct NodeStats {
     pub messages_sent: u64,
     /// Messages received.
     pub messages_received: u64,
-    /// Frames, messages or units refused (see [`RdmaNode::log`]).
+    /// Frames, messages or units refused (see [`RdmaNode::log`](super::RdmaNode::log)).
     pub refused: u64,
 }
 
