@@ -454,3 +454,62 @@ fn a_producer_that_never_answers_is_an_error_not_a_hang() {
     assert!(started.elapsed() < Duration::from_secs(3));
     drop(hold.join());
 }
+
+#[test]
+fn a_consumer_asking_mid_prefill_streams_each_layer_as_the_producer_saves_it() {
+    let (p, c) = pair();
+    let src = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i * 5 % 251) as u8).collect());
+    let dst = MemoryRegion::zeroed(pool_bytes());
+    p.register_kv_caches(src.clone(), POOL).unwrap();
+    c.register_kv_caches(dst.clone(), POOL).unwrap();
+    let tokens: Vec<u32> = (7000..7000 + 16 * 3 + 1).collect();
+    // The prefill has saved layers 0 and 1 of its three blocks; it is still computing the rest.
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "s",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+    p.get_num_new_matched_tokens(&req, 0).unwrap();
+    p.update_state_after_alloc("s", &[0, 1, 2], 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+    p.save_kv_layer(0).unwrap();
+    p.save_kv_layer(1).unwrap();
+    // The consumer's lookup over the control channel counts the blocks being saved, and its load gets
+    // the saved layers at once and nothing of the others.
+    assert_eq!(plan_load(&c, "s", &tokens, &[10, 11, 12]), 48);
+    c.start_load_kv().unwrap();
+    assert!(c.take_load_errors().is_empty());
+    c.wait_for_layer_load(1).unwrap();
+    for (i, b) in [10u32, 11, 12].into_iter().enumerate() {
+        for layer in 0..2 {
+            assert!(
+                dst.read(block_range(layer, b)).unwrap()[..]
+                    == src.read(block_range(layer, i as u32)).unwrap()[..]
+            );
+        }
+        assert!(
+            dst.read(block_range(2, b)).unwrap().iter().all(|&x| x == 0),
+            "layer 2 is not saved yet"
+        );
+    }
+    for layer in 2..LAYERS {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    for layer in 2..LAYERS {
+        c.wait_for_layer_load(layer).unwrap();
+    }
+    assert!(c.failed_blocks().is_empty());
+    for (i, b) in [10u32, 11, 12].into_iter().enumerate() {
+        for layer in 2..LAYERS {
+            assert!(
+                dst.read(block_range(layer, b)).unwrap()[..]
+                    == src.read(block_range(layer, i as u32)).unwrap()[..]
+            );
+        }
+    }
+    assert_eq!(p.metrics().snapshot().streamed_loads, 1);
+}
