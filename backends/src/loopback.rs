@@ -14,6 +14,9 @@
 mod credit;
 mod gpu;
 mod threads;
+mod tier_moves;
+
+pub use tier_moves::{TierMoveReport, TierRegions};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
