@@ -4,30 +4,14 @@
 //!
 //! The moves themselves need a GPU: they are tested by `backends/tests/cuda.rs` (ignored here, run by
 //! `scripts/gpu-check.sh`). This test prints "not run" for them.
-#![allow(unsafe_code)] // one fixture below: host bytes presented as GPU memory, never dereferenced.
+
+mod common;
 
 use std::time::Duration;
 
 use backends::loopback::{CONSUMER, LoopbackPair};
-use transfer_engine::{Dtype, KvLayout, MemoryKind, MemoryRegion, RawMemory, TransferRequest};
-
-/// Host bytes that claim to be memory of GPU 0: the host side of the engine never reads memory of that
-/// kind, so the claim only decides how a driver routes the bytes.
-struct ClaimsToBeGpu(Box<[u8]>);
-
-// SAFETY: the pointer and length are the boxed slice's, which this value owns and never moves or frees
-// while it lives; nothing writes through the pointer (kind Device is never dereferenced by the host).
-unsafe impl RawMemory for ClaimsToBeGpu {
-    fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr().cast_mut()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Device { ordinal: 0 }
-    }
-}
+use common::ClaimsToBeGpu;
+use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferRequest};
 
 #[test]
 fn units_from_gpu_memory_without_a_driver_are_refused_and_recomputed() {

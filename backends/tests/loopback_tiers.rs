@@ -2,13 +2,15 @@
 //! whole in their new slots and are reported per move; a move with no slot, or into a tier with no region,
 //! is reported failed and moves nothing; a GPU tier without a CUDA driver (or without feature `cuda`) fails
 //! each of its moves with the placer's reason and places nothing.
-#![allow(unsafe_code)] // one fixture below: host bytes presented as GPU memory, never dereferenced.
+
+mod common;
 
 use std::time::Duration;
 
 use backends::loopback::{LoopbackPair, TierRegions};
+use common::ClaimsToBeGpu;
 use transfer_engine::policy::{BlockKey, Tier, TierMove};
-use transfer_engine::{Dtype, KvLayout, MemoryKind, MemoryRegion, RawMemory};
+use transfer_engine::{Dtype, KvLayout, MemoryRegion};
 
 const LAYERS: u32 = 3;
 const SLOTS: u32 = 8;
@@ -92,24 +94,6 @@ fn moves_between_host_tiers_arrive_whole_and_are_reported_per_move() {
             block(&remote, 0, slot).iter().all(|&b| b == 0),
             "slot {slot}"
         );
-    }
-}
-
-/// Host bytes that claim to be memory of GPU 0: the host side of the engine never reads memory of that
-/// kind, so the claim only decides how a move is routed.
-struct ClaimsToBeGpu(Box<[u8]>);
-
-// SAFETY: the pointer and length are the boxed slice's, which this value owns and never moves or frees
-// while it lives; nothing writes through the pointer (kind Device is never dereferenced by the host).
-unsafe impl RawMemory for ClaimsToBeGpu {
-    fn as_ptr(&self) -> *mut u8 {
-        self.0.as_ptr().cast_mut()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Device { ordinal: 0 }
     }
 }
 

@@ -49,8 +49,8 @@ fn block_range(layer: u32, block: u32) -> std::ops::Range<usize> {
     at..at + BLOCK as usize
 }
 
-/// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.
-fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+/// Starts the producer's step for `id`: plans the save of blocks `blocks`, no layer saved yet.
+fn begin_save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
     let extras = RequestExtras::default();
     let req = KvRequest {
         id,
@@ -62,6 +62,11 @@ fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
     assert_eq!(p.get_num_new_matched_tokens(&req, 0).unwrap(), (0, false));
     p.update_state_after_alloc(id, blocks, 0).unwrap();
     p.bind_connector_metadata(p.build_connector_meta());
+}
+
+/// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.
+fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+    begin_save(p, id, tokens, blocks);
     for layer in 0..LAYERS {
         p.save_kv_layer(layer).unwrap();
     }
@@ -464,17 +469,7 @@ fn a_consumer_asking_mid_prefill_streams_each_layer_as_the_producer_saves_it() {
     c.register_kv_caches(dst.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (7000..7000 + 16 * 3 + 1).collect();
     // The prefill has saved layers 0 and 1 of its three blocks; it is still computing the rest.
-    let extras = RequestExtras::default();
-    let req = KvRequest {
-        id: "s",
-        tokens: &tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
-    p.get_num_new_matched_tokens(&req, 0).unwrap();
-    p.update_state_after_alloc("s", &[0, 1, 2], 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
+    begin_save(&p, "s", &tokens, &[0, 1, 2]);
     p.save_kv_layer(0).unwrap();
     p.save_kv_layer(1).unwrap();
     // The consumer's lookup over the control channel counts the blocks being saved, and its load gets
