@@ -11,8 +11,9 @@ use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferRequest};
 
 fn start(id: u32) -> Option<RdmaNode> {
     let mut cfg = RdmaConfig::new(id, Provider::Named("shm".into()));
-    // A closed shm peer never completes a write: the first unanswered one marks it unreachable.
+    // A closed shm peer never completes a write nor answers: found unreachable after a second.
     cfg.write_timeout = Duration::from_secs(1);
+    cfg.answer_timeout = Duration::from_secs(1);
     match RdmaNode::start(cfg) {
         Ok(node) => Some(node),
         Err(e) => {

@@ -60,6 +60,10 @@ pub use node::RdmaNode;
 pub use provider::{Provider, available_providers};
 pub use shared::{NodeStats, PeerInfo};
 
+/// How long new sessions to a peer found unreachable are refused at once (unless it sends a message first);
+/// after that a new session tries the peer again.
+pub const REFUSE_UNREACHABLE_FOR: Duration = Duration::from_secs(10);
+
 /// Settings of one RDMA node.
 #[derive(Debug, Clone)]
 pub struct RdmaConfig {
@@ -93,9 +97,14 @@ pub struct RdmaConfig {
     /// provider dropped a refused write without a completion, or the peer vanished).
     pub write_timeout: Duration,
     /// A peer whose writes all fail (error completions, or writes that never complete) for this long, none
-    /// succeeding, or that answers none of the frames asking it to (opens, units, closes) for this long, is
-    /// declared unreachable: its sessions end at once with recompute and a reason (1 s).
+    /// succeeding, is declared unreachable: its sessions end at once with recompute and a reason (1 s).
     pub unreachable_after: Duration,
+    /// A peer that answers none of the frames asking it to (opens, units, closes) for this long, sending
+    /// nothing at all, is declared unreachable the same way (3 s): a closed or killed `shm` peer neither
+    /// completes nor fails writes. A live peer that stalls this long is declared unreachable too. New
+    /// sessions to an unreachable peer are refused for [`REFUSE_UNREACHABLE_FOR`], or until it sends a
+    /// message.
+    pub answer_timeout: Duration,
 }
 
 impl RdmaConfig {
@@ -116,6 +125,7 @@ impl RdmaConfig {
             delivery_complete: true,
             write_timeout: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(1),
+            answer_timeout: Duration::from_secs(3),
         }
     }
 
@@ -165,8 +175,8 @@ pub enum RdmaError {
     /// A wait on the receiving or sending side ended without its answer.
     #[error(transparent)]
     Wait(#[from] crate::board::WaitError),
-    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) and has sent nothing since;
-    /// new sessions to it are refused at once, until it answers again (connect to it anew).
+    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) less than
+    /// [`REFUSE_UNREACHABLE_FOR`] ago and has sent nothing since: new sessions to it are refused at once.
     #[error("peer unreachable: {0}")]
     Unreachable(String),
     /// No hello/welcome exchange with this peer yet, or it does not offer the region.

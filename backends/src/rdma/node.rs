@@ -211,8 +211,15 @@ impl RdmaNode {
     /// Starts a transfer; see [`RdmaNode::wait`]. The peer must have been reached and must offer the
     /// destination region.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, RdmaError> {
-        if let Some(reason) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(RdmaError::Unreachable(reason.clone()));
+        {
+            let mut unreachable = lock(&self.shared.unreachable);
+            match unreachable.get(&req.peer) {
+                Some((_, since)) if since.elapsed() >= super::REFUSE_UNREACHABLE_FOR => {
+                    unreachable.remove(&req.peer); // time to try it again
+                }
+                Some((reason, _)) => return Err(RdmaError::Unreachable(reason.clone())),
+                None => {}
+            }
         }
         {
             let routes = lock(&self.shared.routes);

@@ -106,8 +106,9 @@ pub(crate) struct Shared {
     pub(crate) regions: Mutex<HashMap<RegionId, LocalRegion>>,
     pub(crate) published: Mutex<Vec<RdmaSegment>>,
     pub(crate) routes: Mutex<HashMap<PeerId, Route>>,
-    /// Peers found unreachable that have sent nothing since, with the reason (at most one per route).
-    pub(crate) unreachable: Mutex<HashMap<PeerId, String>>,
+    /// Peers found unreachable that have sent nothing since, with the reason and when (at most one per
+    /// route).
+    pub(crate) unreachable: Mutex<HashMap<PeerId, (String, std::time::Instant)>>,
     /// Each sending session's destination: its region and layout (for the remote offsets).
     pub(crate) sessions: Mutex<HashMap<SessionId, (RegionId, KvLayout)>>,
     pub(crate) counters: Counters,

@@ -116,14 +116,6 @@ impl Driver<'_> {
             engine.poll_timeout()
         };
         self.abandon_stuck(now);
-        for (peer, reason) in self
-            .reach
-            .unreachable(now, self.shared.cfg.unreachable_after)
-        {
-            let ended = self.shared.station.engine().abort_peer(peer, &reason);
-            self.shared.log(format!("{reason}: {ended} sessions ended"));
-            lock(&self.shared.unreachable).insert(peer, reason);
-        }
         let posted = self.pump(now)?;
         self.completions.clear();
         let mut got = self.ep.poll(&mut self.completions)?;
@@ -149,7 +141,24 @@ impl Driver<'_> {
             }
             self.completions = batch;
         }
+        // Only after reading what arrived: a driver that was not scheduled for a while must not blame its
+        // peers for answers waiting in its own queue.
+        self.declare_unreachable(Instant::now());
         Ok(())
+    }
+
+    /// Ends the sessions of peers that failed every write, or answered nothing, for too long.
+    fn declare_unreachable(&mut self, now: Instant) {
+        let cfg = &self.shared.cfg;
+        for (peer, reason) in self
+            .reach
+            .unreachable(now, cfg.unreachable_after, cfg.answer_timeout)
+        {
+            // Refused first, so no session submitted meanwhile waits for the same verdict again.
+            lock(&self.shared.unreachable).insert(peer, (reason.clone(), now));
+            let ended = self.shared.station.engine().abort_peer(peer, &reason);
+            self.shared.log(format!("{reason}: {ended} sessions ended"));
+        }
     }
 
     fn commands(&mut self) {
@@ -453,9 +462,8 @@ impl Driver<'_> {
         for unit in stuck {
             if let Some(o) = self.out.remove(&unit) {
                 self.bytes_out -= o.bytes;
-                // A write that never completed has been failing since it was posted.
                 self.reach
-                    .failed(o.peer, o.posted, "writes that never completed");
+                    .failed(o.peer, now, "writes that never completed");
                 self.shared
                     .counters
                     .write_errors

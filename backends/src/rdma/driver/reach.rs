@@ -1,7 +1,8 @@
 //! Fast failure on a dead peer: when every write to a peer fails (an error completion, or writes that never
-//! complete) and none succeeds, or a frame that asks for an answer (an open, a unit, a close) gets none,
-//! for [`RdmaConfig::unreachable_after`](crate::rdma::RdmaConfig), its sessions end at once with recompute
-//! and a reason, instead of at their deadline. One write that completes, or any message from the peer,
+//! complete) and none succeeds for [`RdmaConfig::unreachable_after`](crate::rdma::RdmaConfig), or the
+//! frames that ask it for an answer (an open, a unit, a close) get none for
+//! [`RdmaConfig::answer_timeout`](crate::rdma::RdmaConfig), its sessions end at once with recompute and a
+//! reason, instead of at their deadline. One write that completes, or any message from the peer,
 //! clears the peer's record. (A peer's process that closed or died does not always fail writes: on `shm`
 //! they stay queued for it, unanswered.)
 
@@ -48,13 +49,19 @@ impl Reach {
         self.awaiting.entry(peer).or_insert(now);
     }
 
-    /// The peers whose writes have failed, with none succeeding, for `after` or longer (taken out of the
-    /// record), each with the reason to give their sessions.
-    pub(super) fn unreachable(&mut self, now: Instant, after: Duration) -> Vec<(PeerId, String)> {
+    /// The peers whose writes have failed, with none succeeding, for `after` or longer, or that have owed an
+    /// answer for `answer_timeout` or longer (taken out of the record), each with the reason to give their
+    /// sessions.
+    pub(super) fn unreachable(
+        &mut self,
+        now: Instant,
+        after: Duration,
+        answer_timeout: Duration,
+    ) -> Vec<(PeerId, String)> {
         let silent: Vec<PeerId> = self
             .awaiting
             .iter()
-            .filter(|(_, since)| now.saturating_duration_since(**since) >= after)
+            .filter(|(_, since)| now.saturating_duration_since(**since) >= answer_timeout)
             .map(|(p, _)| *p)
             .collect();
         let mut dead: Vec<(PeerId, String)> = silent
@@ -106,17 +113,17 @@ mod tests {
         let after = Duration::from_secs(1);
         r.failed(PeerId(2), t0, "canceled");
         assert!(
-            r.unreachable(t0 + Duration::from_millis(500), after)
+            r.unreachable(t0 + Duration::from_millis(500), after, after)
                 .is_empty()
         );
         r.succeeded(PeerId(2));
         r.failed(PeerId(2), t0 + Duration::from_millis(600), "canceled");
         assert!(
-            r.unreachable(t0 + Duration::from_millis(1500), after)
+            r.unreachable(t0 + Duration::from_millis(1500), after, after)
                 .is_empty(),
             "the clock restarted"
         );
-        let dead = r.unreachable(t0 + Duration::from_millis(1700), after);
+        let dead = r.unreachable(t0 + Duration::from_millis(1700), after, after);
         assert_eq!(dead.len(), 1);
         assert!(
             dead[0].1.contains("peer 2 unreachable") && dead[0].1.contains("canceled"),
@@ -124,7 +131,8 @@ mod tests {
             dead[0].1
         );
         assert!(
-            r.unreachable(t0 + Duration::from_secs(9), after).is_empty(),
+            r.unreachable(t0 + Duration::from_secs(9), after, after)
+                .is_empty(),
             "reported once"
         );
     }
@@ -139,11 +147,11 @@ mod tests {
         r.succeeded(PeerId(3));
         r.asked(PeerId(3), t0 + Duration::from_millis(950));
         assert!(
-            r.unreachable(t0 + Duration::from_millis(1900), after)
+            r.unreachable(t0 + Duration::from_millis(1900), after, after)
                 .is_empty(),
             "the answer restarted the clock, and later frames do not"
         );
-        let dead = r.unreachable(t0 + Duration::from_millis(1950), after);
+        let dead = r.unreachable(t0 + Duration::from_millis(1950), after, after);
         assert_eq!(dead.len(), 1);
         assert!(
             dead[0].1.contains("peer 3 unreachable: no answer"),
@@ -151,7 +159,8 @@ mod tests {
             dead[0].1
         );
         assert!(
-            r.unreachable(t0 + Duration::from_secs(9), after).is_empty(),
+            r.unreachable(t0 + Duration::from_secs(9), after, after)
+                .is_empty(),
             "reported once"
         );
     }

@@ -10,7 +10,9 @@
 //! once, but the endpoint and the objects under it stay open, and nobody polls it, so the provider never
 //! touches its buffers again. It is closed when the last endpoint that inserted its address closes.
 //! Addresses of endpoints closed here are refused by [`link`], since the provider would hand out their old
-//! mapping.
+//! mapping (libfabric keeps their names; so does the keeper, one short name per closed endpoint). A peer's
+//! writes into a parked endpoint's memory would wait for that endpoint's own polling, since every write
+//! carries remote CQ data; nobody polls it again, so its memory is released at once.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -161,7 +163,7 @@ pub fn parked_endpoints() -> usize {
 
 impl Parked {
     fn close(self) {
-        self.objects.close();
+        self.objects.close(&[]);
         drop(self.pools);
     }
 }

@@ -259,6 +259,8 @@ impl Endpoint {
                 name.len()
             )));
         }
+        // Linked before the insert, so the peer cannot be closed in between; a failed insert only keeps
+        // the link (the peer stays open a little longer than it must).
         if let Some(id) = self.kept {
             keeper::link(id, name)?;
         }
@@ -289,13 +291,18 @@ unsafe impl Send for Objects {}
 
 impl Objects {
     /// Closes each object once, in dependency order: endpoint (after which the provider starts no access
-    /// to any buffer), address vector, queue, domain, fabric. Null ones (never opened) are skipped.
-    fn close(self) {
+    /// to any buffer), then `registrations` (made through it, not closed yet), address vector, queue,
+    /// domain, fabric. Null ones (never opened) are skipped.
+    fn close(self, registrations: &[Registration]) {
         // SAFETY: each object was opened by one endpoint, taken from it by `Endpoint::take_objects` (which
-        // leaves nulls behind), and is closed once, here; registrations were closed before.
+        // leaves nulls behind), and is closed once, here; so is each registration, which its owner drained
+        // from the endpoint and closes nowhere else.
         unsafe {
             if !self.ep.is_null() {
                 sys::te_close_ep(self.ep);
+            }
+            for reg in registrations {
+                sys::te_close_mr(reg.mr);
             }
             if !self.av.is_null() {
                 sys::te_close_av(self.av);
@@ -328,25 +335,29 @@ impl Endpoint {
 impl Drop for Endpoint {
     fn drop(&mut self) {
         let regs: Vec<Registration> = self.regs.drain().map(|(_, r)| r).collect();
-        for reg in &regs {
-            // SAFETY: each registration was opened by this endpoint and is closed once, here. The memory
-            // it covers is released only below, after the close; a write still in flight from it fails.
-            unsafe { sys::te_close_mr(reg.mr) };
-        }
         let objects = self.take_objects();
         match self.kept {
-            // The pools stay with the parked objects: the provider may still hold posted receives.
-            Some(id) => keeper::close(
-                id,
-                keeper::Parked {
-                    objects,
-                    pools: [
-                        std::mem::replace(&mut self.send, Slots::new(0, 0)),
-                        std::mem::replace(&mut self.recv, Slots::new(0, 0)),
-                    ],
-                },
-            ),
-            None => objects.close(),
+            // Parked: its registrations close now (so its region memory can go), its objects later. The
+            // pools stay with the parked objects: the provider may still hold posted receives.
+            Some(id) => {
+                for reg in &regs {
+                    // SAFETY: each registration was opened by this endpoint and is closed once, here; no
+                    // write from it is in flight that the provider would still read (nobody polls a
+                    // parked endpoint again, and its peers' writes into it wait for that polling).
+                    unsafe { sys::te_close_mr(reg.mr) };
+                }
+                keeper::close(
+                    id,
+                    keeper::Parked {
+                        objects,
+                        pools: [
+                            std::mem::replace(&mut self.send, Slots::new(0, 0)),
+                            std::mem::replace(&mut self.recv, Slots::new(0, 0)),
+                        ],
+                    },
+                );
+            }
+            None => objects.close(&regs),
         }
         // Region memory is released only now, after its registration (and, when not kept, every object)
         // is closed; the pools drop with the fields.
