@@ -304,6 +304,8 @@ impl KvConnector {
         if let Some(core) = &self.producer {
             *lock(&core.namespace) = lock(&self.namespace).id();
             lock(&core.store).drop_namespace(old);
+            // Loads streaming blocks of the old version that were still being saved end now.
+            core.advance_streams();
         }
     }
 

@@ -36,6 +36,8 @@ pub(crate) struct Started {
 pub(crate) struct Stream {
     session: SessionId,
     keys: Vec<ScopedKey>,
+    /// The slots the session reads, paired with `keys`.
+    slots: Vec<u32>,
     /// Layers released to the session so far.
     released: u32,
 }
@@ -91,7 +93,7 @@ impl ProducerCore {
     pub(crate) fn advance_streams(&self) {
         let store = lock(&self.store);
         let layers = store.layout().layers;
-        lock(&self.streams).retain_mut(|s| match store.layers_saved(&s.keys) {
+        lock(&self.streams).retain_mut(|s| match store.layers_saved(&s.keys, &s.slots) {
             None => {
                 // The session may be over already; then there is nothing to cancel.
                 let _ = self.transport.cancel(s.session);
@@ -142,7 +144,14 @@ impl ProducerCore {
         }
         let served = slots.len();
         let layers = store.layout().layers;
-        let saved = store.layers_saved(&keys[..served]).unwrap_or(0);
+        let Some(saved) = store.layers_saved(&keys[..served], &slots) else {
+            // Pinning one block evicted another it had pinned: that load could never complete.
+            store.unpin(&slots);
+            return Ok(Started {
+                session: None,
+                served: 0,
+            });
+        };
         let req = TransferRequest::blocks(
             peer,
             &self.store_handle,
@@ -176,6 +185,7 @@ impl ProducerCore {
             lock(&self.streams).push(Stream {
                 session,
                 keys: keys[..served].to_vec(),
+                slots: slots.clone(),
                 released: saved,
             });
             self.metrics.streamed_load();

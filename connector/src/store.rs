@@ -171,12 +171,22 @@ impl TierStore {
             .count()
     }
 
-    /// The layers saved of every block of `keys` (the fewest of them), or `None` when one of them is no
-    /// longer stored (abandoned or evicted): a load of them can never complete.
+    /// The layers saved of every block of `keys`, each in the slot paired with it in `slots` (the fewest of
+    /// them), or `None` when one of them is no longer stored in that slot (abandoned, evicted, or stored
+    /// anew elsewhere): a load of those slots can never complete.
     #[must_use]
-    pub fn layers_saved(&self, keys: &[ScopedKey]) -> Option<u32> {
+    pub fn layers_saved(&self, keys: &[ScopedKey], slots: &[u32]) -> Option<u32> {
+        if keys.len() != slots.len() {
+            return None;
+        }
         keys.iter()
-            .map(|k| self.index.get(k).map(|e| e.layers))
+            .zip(slots)
+            .map(|(k, &slot)| {
+                self.index
+                    .get(k)
+                    .filter(|e| e.slot == slot)
+                    .map(|e| e.layers)
+            })
             .try_fold(self.layout.layers, |least, l| Some(least.min(l?)))
     }
 

@@ -275,10 +275,9 @@ impl KvConnector {
                 let mut store = lock(&core.store);
                 saves.iter().map(|s| store.abandon_partial(&s.keys)).sum()
             };
-            if abandoned > 0 {
-                self.metrics.abandoned(abandoned);
-                core.advance_streams();
-            }
+            self.metrics.abandoned(abandoned);
+            // Also cancels loads whose blocks left the store since the last save (evicted, say).
+            core.advance_streams();
         }
         Ok(())
     }

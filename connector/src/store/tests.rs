@@ -131,27 +131,35 @@ fn blocks_being_saved_stream_and_an_early_end_abandons_them() {
         .unwrap();
     assert_eq!(store.lookup(&k), 1, "whole only");
     assert_eq!(store.lookup_streaming(&k), 3, "being saved counts");
-    assert_eq!(store.layers_saved(&k), Some(1));
     let slots = store.pin_streaming(&k, 3, Duration::ZERO);
     assert_eq!(slots.len(), 3);
+    assert_eq!(store.layers_saved(&k, &slots), Some(1));
     store
         .save_layer(&k[1..], src_blocks_of(&src_blocks, 1), 1, 2, Duration::ZERO)
         .unwrap();
-    assert_eq!(store.layers_saved(&k), Some(2), "both layers in");
+    assert_eq!(store.layers_saved(&k, &slots), Some(2), "both layers in");
+    let swapped = [slots[1], slots[0], slots[2]];
+    assert_eq!(
+        store.layers_saved(&k, &swapped),
+        None,
+        "only the slot a block is stored in counts"
+    );
     // A save that ends after layer 0 leaves its blocks partial: abandoned, never served.
     let late = keys(1, &[7]);
     store
         .save_layer(&late, src_blocks_of(&src_blocks, 2), 0, 4, Duration::ZERO)
         .unwrap();
-    assert_eq!(store.layers_saved(&late), Some(1));
+    let late_slot = store.pin_streaming(&late, 4, Duration::ZERO);
+    assert_eq!(store.layers_saved(&late, &late_slot), Some(1));
     assert_eq!(
         store.abandon_partial(&[k[0], late[0]]),
         1,
         "the whole block stays"
     );
-    assert_eq!(store.layers_saved(&late), None);
+    assert_eq!(store.layers_saved(&late, &late_slot), None);
     assert_eq!(store.lookup_streaming(&late), 0);
     store.unpin(&slots);
+    store.unpin(&late_slot);
     assert_eq!(store.used(), 3);
 }
 
