@@ -100,6 +100,7 @@ impl LoopbackPair {
             b.src_blocks.push(src);
             b.dst_blocks.push(dst);
         }
+        let refusals_before = self.consumer().refused().1;
         let mut sessions = Vec::new();
         for ((from, to), batch) in batches {
             let (src, _) = &tiers.regions[&from];
@@ -139,16 +140,24 @@ impl LoopbackPair {
             .await
         });
         let Ok(outcomes) = outcomes else {
+            let pending: Vec<_> = sessions
+                .iter()
+                .filter(|(s, _)| board.sent(*s).is_none())
+                .map(|(s, _)| *s)
+                .collect();
+            for s in &pending {
+                let _ = self.cancel(*s); // nothing left running behind the error
+            }
             return Err(LoopbackError::Stalled {
-                pending: sessions
-                    .iter()
-                    .filter(|(s, _)| board.sent(*s).is_none())
-                    .count(),
+                pending: pending.len(),
                 waited: limit,
             });
         };
-        // Why the consumer refused a unit (a GPU move without a driver, say), when a block came back.
-        let last_refusal = self.consumer().refused().0.last().map(ToString::to_string);
+        // Why the consumer refused a unit during these moves (a GPU move without a driver, say).
+        let (refusals, total) = self.consumer().refused();
+        let last_refusal = (total > refusals_before)
+            .then(|| refusals.last().map(ToString::to_string))
+            .flatten();
         for ((_, batch), outcome) in sessions.iter().zip(outcomes) {
             let lost = |block: u32, out: &crate::board::Outcome| -> Option<String> {
                 out.recompute
