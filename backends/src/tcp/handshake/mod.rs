@@ -1,0 +1,280 @@
+//! The lane handshake: protocol version, engine identity, KV namespace, optional shared-secret
+//! authentication, then the segments the accepting node offers.
+//!
+//! ```text
+//! dialer                                   acceptor
+//!   Hello(version, engine, namespace, nonce_d, ...)  ->
+//!                                          <-  Hello(..., nonce_a) + HMAC(secret, "acceptor" nonce_d nonce_a)
+//!   Auth(HMAC(secret, "dialer" nonce_a nonce_d))     ->
+//!                                          <-  Welcome(segments)
+//! ```
+//! Either side answers a mismatch with `Reject(reason)` and closes; the other side reports the reason.
+//! Messages are length-prefixed (u32 little-endian, at most 64 KiB) and decoding never panics.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::TcpError;
+
+mod message;
+
+pub use message::{Hello, Message, NO_TOKEN, PROTOCOL_VERSION, Segment, TOKEN_LEN};
+use message::{MAC_LEN, MAX_MESSAGE};
+
+/// says about itself can be changed on the way without failing authentication.
+#[must_use]
+pub fn transcript(dialer: &Hello, acceptor: &Hello) -> Vec<u8> {
+    let mut out = Vec::new();
+    dialer.encode(&mut out);
+    acceptor.encode(&mut out);
+    out
+}
+
+/// HMAC-SHA256 over a role label and the handshake `transcript`; all zeros without a secret.
+#[must_use]
+pub fn auth_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> [u8; MAC_LEN] {
+    match keyed(secret, role, transcript) {
+        Some(mac) => mac.finalize().into_bytes().into(),
+        None => [0; MAC_LEN],
+    }
+}
+
+fn verify_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8], got: &[u8; MAC_LEN]) -> bool {
+    keyed(secret, role, transcript).is_none_or(|mac| mac.verify_slice(got).is_ok())
+}
+
+fn keyed(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> Option<Hmac<Sha256>> {
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(secret?).expect("HMAC takes keys of any length");
+    mac.update(b"kvte-lane-auth:");
+    mac.update(role.as_bytes());
+    mac.update(b":");
+    mac.update(transcript);
+    Some(mac)
+}
+
+/// Writes one message.
+pub async fn send(stream: &mut TcpStream, msg: &Message) -> Result<(), TcpError> {
+    stream.write_all(&msg.encode()).await?;
+    Ok(())
+}
+
+/// Reads one message.
+pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(TcpError::Handshake(format!(
+            "handshake message of {len} bytes is larger than {MAX_MESSAGE}: the peer does not speak this protocol"
+        )));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).await?;
+    Message::decode(&body).map_err(TcpError::Handshake)
+}
+
+/// What the dialing side learns from a completed handshake.
+#[derive(Debug, Clone)]
+pub struct Accepted {
+    /// The acceptor's hello.
+    pub peer: Hello,
+    /// The token of the connection group the lane joined.
+    pub token: [u8; TOKEN_LEN],
+    /// The segments it offers.
+    pub segments: Vec<Segment>,
+}
+
+/// Runs the dialer's side of the handshake on `stream`. `expect_engine` is checked if given.
+pub async fn dial(
+    stream: &mut TcpStream,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+    expect_engine: Option<u32>,
+    limit: Duration,
+) -> Result<Accepted, TcpError> {
+    let run = async {
+        send(
+            stream,
+            &Message::Hello(Box::new(hello.clone()), [0; MAC_LEN]),
+        )
+        .await?;
+        let (peer, mac) = match recv(stream).await? {
+            Message::Hello(peer, mac) => (peer, mac),
+            Message::Reject(reason) => {
+                return Err(TcpError::Handshake(format!("peer refused: {reason}")));
+            }
+            other => return Err(unexpected(&other)),
+        };
+        let mut problem = hello.mismatch(&peer);
+        if let Some(want) = expect_engine.filter(|e| problem.is_none() && *e != peer.engine_id) {
+            problem = Some(format!(
+                "expected engine {want} at this address but engine {} answered: the address is stale",
+                peer.engine_id
+            ));
+        }
+        let covered = transcript(hello, &peer);
+        if problem.is_none() && !verify_mac(secret, "acceptor", &covered, &mac) {
+            problem = Some("the peer failed shared-secret authentication: configure the same secret on both sides".into());
+        }
+        if let Some(reason) = problem {
+            let _ = send(stream, &Message::Reject(reason.clone())).await;
+            return Err(TcpError::Handshake(reason));
+        }
+        let mac = auth_mac(secret, "dialer", &covered);
+        send(stream, &Message::Auth(mac)).await?;
+        match recv(stream).await? {
+            Message::Welcome(token, segments) => Ok(Accepted {
+                peer: *peer,
+                token,
+                segments,
+            }),
+            Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+            other => Err(unexpected(&other)),
+        }
+    };
+    tokio::time::timeout(limit, run)
+        .await
+        .map_err(|_| TcpError::Handshake(format!("no handshake answer within {limit:?}")))?
+}
+
+/// The acceptor's side, part one: reads the dialer's hello, checks it and answers with ours.
+/// On a mismatch the reason is sent to the dialer and returned.
+pub(crate) async fn accept_hello(
+    stream: &mut TcpStream,
+    hello: &Hello,
+    secret: Option<&[u8]>,
+) -> Result<Hello, TcpError> {
+    let peer = match recv(stream).await {
+        Ok(Message::Hello(peer, _)) => peer,
+        Ok(other) => {
+            let err = unexpected(&other);
+            let _ = send(stream, &Message::Reject(err.to_string())).await;
+            return Err(err);
+        }
+        Err(e) => {
+            let _ = send(stream, &Message::Reject(e.to_string())).await;
+            return Err(e);
+        }
+    };
+    if let Some(reason) = hello.mismatch(&peer) {
+        let _ = send(stream, &Message::Reject(reason.clone())).await;
+        return Err(TcpError::Handshake(reason));
+    }
+    let covered = transcript(&peer, hello);
+    let mac = auth_mac(secret, "acceptor", &covered);
+    send(stream, &Message::Hello(Box::new(hello.clone()), mac)).await?;
+    match recv(stream).await? {
+        Message::Auth(mac) if verify_mac(secret, "dialer", &covered, &mac) => Ok(*peer),
+        Message::Auth(_) => {
+            let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
+            let _ = send(stream, &Message::Reject(reason.into())).await;
+            Err(TcpError::Handshake(reason.into()))
+        }
+        Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(msg: &Message) -> TcpError {
+    let name = match msg {
+        Message::Hello(..) => "Hello",
+        Message::Auth(_) => "Auth",
+        Message::Welcome(..) => "Welcome",
+        Message::Reject(_) => "Reject",
+    };
+    TcpError::Handshake(format!("unexpected {name} message during the handshake"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer_engine::{AccessKey, Dtype, KvLayout, Namespace, RegionHandle, RegionId};
+
+    #[test]
+    fn messages_round_trip_and_garbage_never_panics() {
+        let mut hello = Hello::new(7, Namespace::default()).unwrap();
+        hello.listen = Some("127.0.0.1:4000".into());
+        hello.want = Some(KvLayout::new(2, 3, 4096, 16, Dtype::Bf16).unwrap());
+        hello.token = [5; TOKEN_LEN];
+        let msgs = [
+            Message::Hello(Box::new(hello), [9; MAC_LEN]),
+            Message::Auth([1; MAC_LEN]),
+            Message::Welcome(
+                [3; TOKEN_LEN],
+                vec![Segment {
+                    name: "kv".into(),
+                    handle: RegionHandle {
+                        id: RegionId(4),
+                        key: AccessKey(99),
+                        len: 10,
+                        layout: None,
+                    },
+                }],
+            ),
+            Message::Reject("no".into()),
+        ];
+        for m in msgs {
+            let bytes = m.encode();
+            assert_eq!(Message::decode(&bytes[4..]), Ok(m.clone()));
+            for cut in 0..bytes.len() - 4 {
+                let _ = Message::decode(&bytes[4..4 + cut]);
+            }
+        }
+        for seed in 0u32..2000 {
+            let junk: Vec<u8> = (0..(seed % 90))
+                .map(|i| (seed.wrapping_mul(31) ^ (i * 17)) as u8)
+                .collect();
+            let _ = Message::decode(&junk);
+        }
+    }
+
+    #[test]
+    fn mismatches_are_explained() {
+        let a = Hello::new(1, Namespace::default()).unwrap();
+        let mut b = Hello::new(2, Namespace::default()).unwrap();
+        assert_eq!(a.mismatch(&b), None);
+        b.namespace.weight_version = 2;
+        assert!(a.mismatch(&b).unwrap().contains("namespace"));
+        b.namespace.weight_version = 0;
+        b.namespace.dtype = Dtype::F16;
+        assert!(a.mismatch(&b).unwrap().contains("F16"));
+        b.namespace.dtype = Dtype::Bf16;
+        b.protocol = 9;
+        assert!(a.mismatch(&b).unwrap().contains("protocol version 9"));
+        b.protocol = PROTOCOL_VERSION;
+        b.engine_id = 1;
+        assert!(a.mismatch(&b).unwrap().contains("engine id"));
+    }
+
+    #[test]
+    fn macs_bind_secret_role_and_everything_each_side_said() {
+        let d = Hello::new(1, Namespace::default()).unwrap();
+        let a = Hello::new(2, Namespace::default()).unwrap();
+        let covered = transcript(&d, &a);
+        let m = auth_mac(Some(b"s3cret"), "dialer", &covered);
+        assert!(verify_mac(Some(b"s3cret"), "dialer", &covered, &m));
+        assert!(!verify_mac(Some(b"other"), "dialer", &covered, &m));
+        assert!(!verify_mac(Some(b"s3cret"), "acceptor", &covered, &m));
+        assert!(!verify_mac(
+            Some(b"s3cret"),
+            "dialer",
+            &transcript(&a, &d),
+            &m
+        ));
+        // An engine id changed on the way no longer verifies.
+        let mut forged = d.clone();
+        forged.engine_id = 9;
+        assert!(!verify_mac(
+            Some(b"s3cret"),
+            "dialer",
+            &transcript(&forged, &a),
+            &m
+        ));
+        assert!(verify_mac(None, "dialer", &covered, &[0; MAC_LEN]));
+    }
+}
