@@ -11,7 +11,7 @@ use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, TcpConfig, socket_copy_gbps};
 use backends::{IncomingSession, Outcome, Received};
 use clap::Args;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::{self, error::RecvError};
 use transfer_engine::{
     Event, KvLayout, MemoryRegion, RegionId, Role, SessionId, TransferMode, TransferRequest,
 };
@@ -143,46 +143,84 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
         fmt_size(args.serve_bytes)
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
-    let server = node.node();
-    node.block_on(async {
-        let mut events = server.subscribe();
-        let mut logged = 0;
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            let until = stop.map_or(Duration::from_secs(3600), |t| {
-                t.saturating_duration_since(Instant::now())
-            });
-            tokio::select! {
-                incoming = server.accept() => {
-                    let Ok(s) = incoming else { return Ok(()) };
-                    print_incoming(&s);
-                }
-                event = events.recv() => match event {
-                    Ok(event) => {
-                        if let Some(session) = print_event(&event)
-                            && args.verify
-                        {
-                            let received = server.wait_received(session).await;
-                            let check = verdict(received.map_err(|e| e.to_string()), |r| {
-                                Ok(server.memory(r)?)
-                            });
-                            println!("session {session}: {check}");
-                        }
-                    }
-                    Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
-                    Err(RecvError::Closed) => return Ok(()),
-                },
-                _ = tick.tick() => {
-                    let (lines, newest) = server.log_after(logged);
-                    logged = newest;
-                    for line in lines {
-                        eprintln!("{line}");
-                    }
-                }
-                () = tokio::time::sleep(until) => return Ok(()),
+    node.block_on(serve_events(node.node(), args.verify, stop))
+}
+
+/// What `te-bench serve` needs of a node, over TCP or RDMA.
+pub(crate) trait ServedNode {
+    /// Every event from now on.
+    fn subscribe(&self) -> broadcast::Receiver<Event>;
+    /// The next incoming session; `None` once the node is shut down.
+    async fn accept(&self) -> Option<IncomingSession>;
+    /// Waits until receiving session `session` is over.
+    async fn received(&self, session: SessionId) -> Result<Received, String>;
+    /// The memory behind a registered region.
+    fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion>;
+    /// The node's log lines after the first `seen`, and how many there are now (none by default).
+    fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
+        (Vec::new(), seen)
+    }
+}
+
+impl ServedNode for backends::tcp::TcpNode {
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        backends::tcp::TcpNode::subscribe(self)
+    }
+    async fn accept(&self) -> Option<IncomingSession> {
+        backends::tcp::TcpNode::accept(self).await.ok()
+    }
+    async fn received(&self, session: SessionId) -> Result<Received, String> {
+        self.wait_received(session).await.map_err(|e| e.to_string())
+    }
+    fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
+        Ok(backends::tcp::TcpNode::memory(self, id)?)
+    }
+    fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
+        backends::tcp::TcpNode::log_after(self, seen)
+    }
+}
+
+/// Prints a line per accepted session and per finished one (with `verify`, whether the bytes that landed
+/// are the client's), and the node's log every half second, until `stop` (or forever).
+pub(crate) async fn serve_events(
+    node: &impl ServedNode,
+    verify: bool,
+    stop: Option<Instant>,
+) -> anyhow::Result<()> {
+    let mut events = node.subscribe();
+    let mut logged = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        let until = stop.map_or(Duration::from_secs(3600), |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        tokio::select! {
+            incoming = node.accept() => {
+                let Some(s) = incoming else { return Ok(()) };
+                print_incoming(&s);
             }
+            event = events.recv() => match event {
+                Ok(event) => {
+                    if let Some(session) = print_event(&event)
+                        && verify
+                    {
+                        let check = verdict(node.received(session).await, |r| node.memory(r));
+                        println!("session {session}: {check}");
+                    }
+                }
+                Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
+                Err(RecvError::Closed) => return Ok(()),
+            },
+            _ = tick.tick() => {
+                let (lines, newest) = node.log_after(logged);
+                logged = newest;
+                for line in lines {
+                    eprintln!("{line}");
+                }
+            }
+            () = tokio::time::sleep(until) => return Ok(()),
         }
-    })
+    }
 }
 
 /// Prints the line a server gives a session it accepted.

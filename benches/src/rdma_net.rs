@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use backends::rdma::RdmaNode;
 use backends::rdma::discovery::{endpoint_text, parse_endpoint};
-use tokio::sync::broadcast::error::RecvError;
-use transfer_engine::{MemoryRegion, TransferRequest};
+use backends::{IncomingSession, Received};
+use tokio::sync::broadcast;
+use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest};
 
 use crate::args::fmt_size;
-use crate::net::{
-    ConnectArgs, ServeArgs, connect_modes, measure_modes, print_event, print_incoming, verdict,
-};
+use crate::net::{ConnectArgs, ServeArgs, ServedNode, connect_modes, measure_modes, serve_events};
 use crate::rdma::{node_config, provider_ceiling, raw_limit, runtime};
 use crate::report::print_rows;
 use crate::run::{RDMA_COLUMNS, layout_for};
@@ -42,36 +41,22 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         endpoint_text(&node)
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
-    rt.block_on(async {
-        let mut events = node.subscribe();
-        loop {
-            let until = stop.map_or(Duration::from_secs(3600), |t| {
-                t.saturating_duration_since(Instant::now())
-            });
-            tokio::select! {
-                incoming = node.accept() => {
-                    let Ok(s) = incoming else { return Ok(()) };
-                    print_incoming(&s);
-                }
-                event = events.recv() => match event {
-                    Ok(event) => {
-                        if let Some(session) = print_event(&event)
-                            && args.verify
-                        {
-                            let received = node.wait_received(session).await;
-                            let check = verdict(received.map_err(|e| e.to_string()), |r| {
-                                Ok(node.memory(r)?)
-                            });
-                            println!("session {session}: {check}");
-                        }
-                    }
-                    Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
-                    Err(RecvError::Closed) => return Ok(()),
-                },
-                () = tokio::time::sleep(until) => return Ok(()),
-            }
-        }
-    })
+    rt.block_on(serve_events(&node, args.verify, stop))
+}
+
+impl ServedNode for RdmaNode {
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        RdmaNode::subscribe(self)
+    }
+    async fn accept(&self) -> Option<IncomingSession> {
+        RdmaNode::accept(self).await.ok()
+    }
+    async fn received(&self, session: SessionId) -> Result<Received, String> {
+        self.wait_received(session).await.map_err(|e| e.to_string())
+    }
+    fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
+        Ok(RdmaNode::memory(self, id)?)
+    }
 }
 
 /// Pushes KV to a `te-bench serve --backend rdma` and prints the `run --backend rdma` columns.
