@@ -7,19 +7,19 @@
 //! Frame      3    an engine control frame: 48-byte header + payload
 //! Data       4    token u32, chunks u32, region u32, offset u64, 48-byte header
 //! segments        count u16, then each: name (u16 + bytes), region u32, key u64, len u64,
-//!                 layout (u8 0, or 1 + layers u32 blocks u32 block_bytes u64 tokens u32 dtype u8),
+//!                 layout (u8 0, or 1 + the core's layout encoding: `KvLayout::encode_into`),
 //!                 rma_base u64, rkey u64
 //! ```
 //! Integers are little-endian. `tag` is what the peer must put in the top bits of the CQ data of every
 //! write it makes into this node (see [`super::token`]). Decoding never panics.
 
 use transfer_engine::wire::{HEADER_LEN, Header};
-use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+use transfer_engine::{AccessKey, KvLayout, RegionHandle, RegionId};
 
 use super::RdmaError;
 
-/// The version of this message set.
-pub(crate) const VERSION: u8 = 1;
+/// The version of this message set (2: layouts in the core's encoding, with its dtype codes).
+pub(crate) const VERSION: u8 = 2;
 
 /// A region a node offers: what the engine needs to address it, and what the provider needs to write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,16 +193,7 @@ fn put_segments(out: &mut Vec<u8>, segments: &[RdmaSegment]) {
             None => out.push(0),
             Some(l) => {
                 out.push(1);
-                out.extend(l.layers.to_le_bytes());
-                out.extend(l.blocks_per_layer.to_le_bytes());
-                out.extend(l.block_bytes.to_le_bytes());
-                out.extend(l.tokens_per_block.to_le_bytes());
-                out.push(match l.dtype {
-                    Dtype::F16 => 0,
-                    Dtype::Bf16 => 1,
-                    Dtype::F32 => 2,
-                    Dtype::Fp8 => 3,
-                });
+                l.encode_into(out);
             }
         }
         out.extend(s.rma_base.to_le_bytes());
@@ -257,19 +248,14 @@ impl<'a> Reader<'a> {
             let layout = match self.u8()? {
                 0 => None,
                 1 => {
-                    let (layers, blocks, bytes, tokens) =
-                        (self.u32()?, self.u32()?, self.u64()?, self.u32()?);
-                    let dtype = match self.u8()? {
-                        0 => Dtype::F16,
-                        1 => Dtype::Bf16,
-                        2 => Dtype::F32,
-                        3 => Dtype::Fp8,
-                        d => return Err(RdmaError::Protocol(format!("unknown dtype {d}"))),
-                    };
-                    Some(
-                        KvLayout::new(layers, blocks, bytes, tokens, dtype)
-                            .map_err(|e| RdmaError::Protocol(format!("a segment layout: {e}")))?,
-                    )
+                    let layout = KvLayout::decode_from(self.take(KvLayout::ENCODED_LEN)?)
+                        .ok_or_else(|| {
+                            RdmaError::Protocol("a segment layout's dtype is unknown".into())
+                        })?;
+                    layout
+                        .validate()
+                        .map_err(|e| RdmaError::Protocol(format!("a segment layout: {e}")))?;
+                    Some(layout)
                 }
                 f => return Err(RdmaError::Protocol(format!("unknown layout flag {f}"))),
             };
@@ -292,7 +278,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use transfer_engine::FrameKind;
+    use transfer_engine::{Dtype, FrameKind};
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
