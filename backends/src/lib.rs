@@ -65,6 +65,7 @@
 #![deny(unsafe_code)]
 
 pub mod board;
+mod codec;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod discovery;

@@ -13,10 +13,11 @@
 //! Integers are little-endian. `tag` is what the peer must put in the top bits of the CQ data of every
 //! write it makes into this node (see [`super::token`]). Decoding never panics.
 
+use transfer_engine::RegionHandle;
 use transfer_engine::wire::{HEADER_LEN, Header};
-use transfer_engine::{AccessKey, KvLayout, RegionHandle, RegionId};
 
 use super::RdmaError;
+use crate::codec::{ByteReader, put_bytes, put_named_handle};
 
 /// The version of this message set (2: layouts in the core's encoding, with its dtype codes).
 pub(crate) const VERSION: u8 = 2;
@@ -133,13 +134,17 @@ impl Message {
 
     /// Decodes a message: the sender's engine id and the message.
     pub(crate) fn decode(bytes: &[u8]) -> Result<(u32, Message), RdmaError> {
-        let mut r = Reader(bytes);
+        Self::decode_fields(&mut ByteReader::new(bytes, "RDMA message"))
+            .map_err(RdmaError::Protocol)
+    }
+
+    fn decode_fields(r: &mut ByteReader<'_>) -> Result<(u32, Message), String> {
         let kind = r.u8()?;
         let version = r.u8()?;
         if version != VERSION {
-            return Err(RdmaError::Protocol(format!(
+            return Err(format!(
                 "message version {version}, this build speaks {VERSION}: upgrade the older side"
-            )));
+            ));
         }
         let from = r.u32()?;
         let msg = match kind {
@@ -147,138 +152,60 @@ impl Message {
                 nonce: r.u64()?,
                 tag: r.u16()?,
                 name: r.bytes()?.to_vec(),
-                segments: r.segments()?,
+                segments: read_segments(r)?,
             },
             WELCOME => Message::Welcome {
                 nonce: r.u64()?,
                 tag: r.u16()?,
-                segments: r.segments()?,
+                segments: read_segments(r)?,
             },
-            FRAME => Message::Frame(std::mem::take(&mut r.0).to_vec()),
+            FRAME => Message::Frame(r.take_rest().to_vec()),
             DATA => Message::Data {
                 token: r.u32()?,
                 chunks: r.u32()?,
                 region: r.u32()?,
                 offset: r.u64()?,
                 header: Header::decode(r.take(HEADER_LEN)?)
-                    .map_err(|e| RdmaError::Protocol(format!("a data header: {e}")))?,
+                    .map_err(|e| format!("a data header: {e}"))?,
             },
-            other => return Err(RdmaError::Protocol(format!("unknown message kind {other}"))),
+            other => return Err(format!("unknown message kind {other}")),
         };
-        if !r.0.is_empty() {
-            return Err(RdmaError::Protocol(format!(
-                "{} bytes beyond the message",
-                r.0.len()
-            )));
+        if r.remaining() > 0 {
+            return Err(format!("{} bytes beyond the message", r.remaining()));
         }
         Ok((from, msg))
     }
-}
-
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    let len = u16::try_from(bytes.len()).unwrap_or(u16::MAX);
-    out.extend(len.to_le_bytes());
-    out.extend(&bytes[..usize::from(len)]);
 }
 
 fn put_segments(out: &mut Vec<u8>, segments: &[RdmaSegment]) {
     let n = u16::try_from(segments.len()).unwrap_or(u16::MAX);
     out.extend(n.to_le_bytes());
     for s in segments.iter().take(usize::from(n)) {
-        put_bytes(out, s.name.as_bytes());
-        out.extend(s.handle.id.0.to_le_bytes());
-        out.extend(s.handle.key.0.to_le_bytes());
-        out.extend(s.handle.len.to_le_bytes());
-        match s.handle.layout {
-            None => out.push(0),
-            Some(l) => {
-                out.push(1);
-                l.encode_into(out);
-            }
-        }
+        put_named_handle(out, &s.name, &s.handle);
         out.extend(s.rma_base.to_le_bytes());
         out.extend(s.rkey.to_le_bytes());
     }
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], RdmaError> {
-        if self.0.len() < n {
-            return Err(RdmaError::Protocol(format!(
-                "a truncated message: {n} bytes needed, {} left",
-                self.0.len()
-            )));
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+fn read_segments(r: &mut ByteReader<'_>) -> Result<Vec<RdmaSegment>, String> {
+    let n = r.u16()?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (name, handle) = r.named_handle()?;
+        out.push(RdmaSegment {
+            name,
+            handle,
+            rma_base: r.u64()?,
+            rkey: r.u64()?,
+        });
     }
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], RdmaError> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-    fn u8(&mut self) -> Result<u8, RdmaError> {
-        Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, RdmaError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-    fn u32(&mut self) -> Result<u32, RdmaError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-    fn u64(&mut self) -> Result<u64, RdmaError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-    fn bytes(&mut self) -> Result<&'a [u8], RdmaError> {
-        let n = self.u16()?;
-        self.take(usize::from(n))
-    }
-    fn segments(&mut self) -> Result<Vec<RdmaSegment>, RdmaError> {
-        let n = self.u16()?;
-        let mut out = Vec::new();
-        for _ in 0..n {
-            let name = String::from_utf8(self.bytes()?.to_vec())
-                .map_err(|_| RdmaError::Protocol("a segment name is not UTF-8".into()))?;
-            let id = RegionId(self.u32()?);
-            let key = AccessKey(self.u64()?);
-            let len = self.u64()?;
-            let layout = match self.u8()? {
-                0 => None,
-                1 => {
-                    let layout = KvLayout::decode_from(self.take(KvLayout::ENCODED_LEN)?)
-                        .ok_or_else(|| {
-                            RdmaError::Protocol("a segment layout's dtype is unknown".into())
-                        })?;
-                    layout
-                        .validate()
-                        .map_err(|e| RdmaError::Protocol(format!("a segment layout: {e}")))?;
-                    Some(layout)
-                }
-                f => return Err(RdmaError::Protocol(format!("unknown layout flag {f}"))),
-            };
-            out.push(RdmaSegment {
-                name,
-                handle: RegionHandle {
-                    id,
-                    key,
-                    len,
-                    layout,
-                },
-                rma_base: self.u64()?,
-                rkey: self.u64()?,
-            });
-        }
-        Ok(out)
-    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use transfer_engine::{Dtype, FrameKind};
+    use transfer_engine::{AccessKey, Dtype, FrameKind, KvLayout, RegionId};
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {

@@ -2,8 +2,9 @@
 //! never panics and refuses anything truncated, oversized or unknown.
 
 use transfer_engine::wire::VERSION as WIRE_VERSION;
-use transfer_engine::{AccessKey, Dtype, KvLayout, Namespace, RegionHandle, RegionId};
+use transfer_engine::{Dtype, KvLayout, Namespace, RegionHandle};
 
+use crate::codec::{ByteReader, put_bytes, put_named_handle};
 use crate::tcp::TcpError;
 
 /// Version of the handshake and lane protocol this build speaks.
@@ -115,11 +116,11 @@ impl Hello {
         out.extend_from_slice(&self.protocol.to_le_bytes());
         out.push(self.wire);
         out.extend_from_slice(&self.engine_id.to_le_bytes());
-        put_str(out, &self.namespace.model);
+        put_bytes(out, self.namespace.model.as_bytes());
         out.extend_from_slice(&self.namespace.weight_version.to_le_bytes());
         out.extend_from_slice(&self.namespace.block_size.to_le_bytes());
         out.push(self.namespace.dtype.code());
-        put_str(out, self.listen.as_deref().unwrap_or(""));
+        put_bytes(out, self.listen.as_deref().unwrap_or("").as_bytes());
         out.push(u8::from(self.authenticated));
         match &self.want {
             Some(layout) => {
@@ -132,7 +133,7 @@ impl Hello {
         out.extend_from_slice(&self.token);
     }
 
-    fn decode(r: &mut Reader<'_>) -> Result<Self, String> {
+    fn decode(r: &mut ByteReader<'_>) -> Result<Self, String> {
         if r.take(8)? != MAGIC {
             return Err("the peer does not speak the KV transfer lane protocol (bad magic)".into());
         }
@@ -214,22 +215,12 @@ impl Message {
                 out.extend_from_slice(token);
                 out.extend_from_slice(&(segments.len() as u16).to_le_bytes());
                 for s in segments {
-                    put_str(&mut out, &s.name);
-                    out.extend_from_slice(&s.handle.id.0.to_le_bytes());
-                    out.extend_from_slice(&s.handle.key.0.to_le_bytes());
-                    out.extend_from_slice(&s.handle.len.to_le_bytes());
-                    match &s.handle.layout {
-                        Some(l) => {
-                            out.push(1);
-                            put_layout(&mut out, l);
-                        }
-                        None => out.push(0),
-                    }
+                    put_named_handle(&mut out, &s.name, &s.handle);
                 }
             }
             Message::Reject(reason) => {
                 out.push(TAG_REJECT);
-                put_str(&mut out, reason);
+                put_bytes(&mut out, reason.as_bytes());
             }
         }
         let len = (out.len() - 4) as u32;
@@ -239,7 +230,7 @@ impl Message {
 
     /// Decodes a message body (without its length prefix).
     pub fn decode(body: &[u8]) -> Result<Self, String> {
-        let mut r = Reader(body);
+        let mut r = ByteReader::new(body, "handshake message");
         let msg = match r.u8()? {
             TAG_HELLO => {
                 let hello = Hello::decode(&mut r)?;
@@ -255,33 +246,18 @@ impl Message {
                 let n = r.u16()?;
                 let mut segments = Vec::with_capacity(usize::from(n).min(256));
                 for _ in 0..n {
-                    let name = r.str()?;
-                    let id = RegionId(r.u32()?);
-                    let key = AccessKey(r.u64()?);
-                    let len = r.u64()?;
-                    let layout = match r.u8()? {
-                        0 => None,
-                        _ => Some(get_layout(&mut r)?),
-                    };
-                    segments.push(Segment {
-                        name,
-                        handle: RegionHandle {
-                            id,
-                            key,
-                            len,
-                            layout,
-                        },
-                    });
+                    let (name, handle) = r.named_handle()?;
+                    segments.push(Segment { name, handle });
                 }
                 Message::Welcome(token, segments)
             }
             TAG_REJECT => Message::Reject(r.str()?),
             tag => return Err(format!("unknown handshake message {tag}")),
         };
-        if !r.0.is_empty() {
+        if r.remaining() > 0 {
             return Err(format!(
                 "{} unexpected bytes after a handshake message",
-                r.0.len()
+                r.remaining()
             ));
         }
         Ok(msg)
@@ -290,53 +266,12 @@ impl Message {
 
 /// What both MACs cover: the dialer's and the acceptor's Hello, byte for byte as sent (nonces, engine
 /// ids, namespace, listening address, the region asked for and the group token), so that nothing a peer
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    let bytes = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
-    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-    out.extend_from_slice(bytes);
-}
-
 fn put_layout(out: &mut Vec<u8>, l: &KvLayout) {
     l.encode_into(out);
 }
 
-fn get_layout(r: &mut Reader<'_>) -> Result<KvLayout, String> {
+fn get_layout(r: &mut ByteReader<'_>) -> Result<KvLayout, String> {
     let layout = KvLayout::decode_from(r.take(KvLayout::ENCODED_LEN)?).ok_or("unknown dtype")?;
     layout.validate().map_err(|e| e.to_string())?;
     Ok(layout)
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        if self.0.len() < n {
-            return Err("truncated handshake message".into());
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-    fn u16(&mut self) -> Result<u16, String> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().map_err(|_| "short")?,
-        ))
-    }
-    fn str(&mut self) -> Result<String, String> {
-        let n = usize::from(self.u16()?);
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "string is not UTF-8".into())
-    }
 }
