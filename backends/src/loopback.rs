@@ -360,27 +360,46 @@ impl LoopbackPair {
             .into_iter()
             .map(|r| self.submit(r))
             .collect::<Result<Vec<_>, _>>()?;
+        self.wait_all(&sessions, limit)
+            .map_err(|pending| LoopbackError::Stalled {
+                pending: pending.len(),
+                waited: limit,
+            })?
+            .into_iter()
+            .map(|out| Ok(out?))
+            .collect()
+    }
+
+    /// Waits, up to `limit` in all, until each of `sessions` has completed on the producer, in order; each
+    /// one's outcome (stopping after the first that cannot be waited for), or the sessions still running
+    /// when `limit` passed.
+    fn wait_all(
+        &self,
+        sessions: &[SessionId],
+        limit: Duration,
+    ) -> Result<Vec<Result<Outcome, WaitError>>, Vec<SessionId>> {
         let board = &self.producer.station.board;
         let all = async {
             let mut out = Vec::with_capacity(sessions.len());
-            for s in &sessions {
-                out.push(board.wait_sent(*s).await?);
+            for s in sessions {
+                let outcome = board.wait_sent(*s).await;
+                let failed = outcome.is_err();
+                out.push(outcome);
+                if failed {
+                    break;
+                }
             }
-            Ok::<_, WaitError>(out)
+            out
         };
-        match self
-            .rt
+        self.rt
             .block_on(async { tokio::time::timeout(limit, all).await })
-        {
-            Ok(out) => Ok(out?),
-            Err(_) => Err(LoopbackError::Stalled {
-                pending: sessions
+            .map_err(|_| {
+                sessions
                     .iter()
                     .filter(|s| board.sent(**s).is_none())
-                    .count(),
-                waited: limit,
-            }),
-        }
+                    .copied()
+                    .collect()
+            })
     }
 
     /// Runs `f` to completion on the pair's own runtime (for callers without an executor).

@@ -128,37 +128,31 @@ impl LoopbackPair {
                 Err(e) => refused(&e, &mut results),
             }
         }
-        let board = &self.producer().station.board;
-        let outcomes = self.block_on(async {
-            tokio::time::timeout(limit, async {
-                let mut out = Vec::with_capacity(sessions.len());
-                for (session, _) in &sessions {
-                    out.push(board.wait_sent(*session).await);
+        let ids: Vec<_> = sessions.iter().map(|(s, _)| *s).collect();
+        let outcomes = match self.wait_all(&ids, limit) {
+            Ok(outcomes) => outcomes,
+            Err(pending) => {
+                for s in &pending {
+                    let _ = self.cancel(*s); // nothing left running behind the error
                 }
-                out
-            })
-            .await
-        });
-        let Ok(outcomes) = outcomes else {
-            let pending: Vec<_> = sessions
-                .iter()
-                .filter(|(s, _)| board.sent(*s).is_none())
-                .map(|(s, _)| *s)
-                .collect();
-            for s in &pending {
-                let _ = self.cancel(*s); // nothing left running behind the error
+                return Err(LoopbackError::Stalled {
+                    pending: pending.len(),
+                    waited: limit,
+                });
             }
-            return Err(LoopbackError::Stalled {
-                pending: pending.len(),
-                waited: limit,
-            });
         };
         // Why the consumer refused a unit during these moves (a GPU move without a driver, say).
         let (refusals, total) = self.consumer().refused();
         let last_refusal = (total > refusals_before)
             .then(|| refusals.last().map(ToString::to_string))
             .flatten();
-        for ((_, batch), outcome) in sessions.iter().zip(outcomes) {
+        // Waiting stops at the first session that cannot be waited for; the ones after it share its error.
+        let stopped = outcomes
+            .last()
+            .and_then(|o| o.as_ref().err())
+            .map(ToString::to_string);
+        for (n, (_, batch)) in sessions.iter().enumerate() {
+            let outcome = outcomes.get(n);
             let lost = |block: u32, out: &crate::board::Outcome| -> Option<String> {
                 out.recompute
                     .iter()
@@ -171,9 +165,10 @@ impl LoopbackPair {
                     })
             };
             for (&i, &src_block) in batch.moves.iter().zip(&batch.src_blocks) {
-                results[i] = match &outcome {
-                    Ok(out) => lost(src_block, out).map_or(Ok(()), Err),
-                    Err(e) => Err(e.to_string()),
+                results[i] = match outcome {
+                    Some(Ok(out)) => lost(src_block, out).map_or(Ok(()), Err),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err(stopped.clone().unwrap_or_default()),
                 };
             }
         }
