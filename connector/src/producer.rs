@@ -72,9 +72,14 @@ impl ProducerCore {
         ok
     }
 
+    /// Whether `keys` name anything this producer may serve: some keys, all in its current namespace.
+    fn servable(&self, keys: &[ScopedKey]) -> bool {
+        !keys.is_empty() && keys.iter().all(|k| self.current(k.ns))
+    }
+
     /// Leading keys stored whole.
     pub(crate) fn lookup(&self, keys: &[ScopedKey]) -> usize {
-        if keys.is_empty() || !keys.iter().all(|k| self.current(k.ns)) {
+        if !self.servable(keys) {
             return 0;
         }
         lock(&self.store).lookup(keys)
@@ -82,7 +87,7 @@ impl ProducerCore {
 
     /// Leading keys stored whole or being saved now: what [`ProducerCore::load`] can serve a consumer.
     pub(crate) fn lookup_streaming(&self, keys: &[ScopedKey]) -> usize {
-        if keys.is_empty() || !keys.iter().all(|k| self.current(k.ns)) {
+        if !self.servable(keys) {
             return 0;
         }
         lock(&self.store).lookup_streaming(keys)
@@ -127,7 +132,7 @@ impl ProducerCore {
                 dst_blocks.len()
             )));
         }
-        if keys.is_empty() || !keys.iter().all(|k| self.current(k.ns)) {
+        if !self.servable(keys) {
             return Ok(Started {
                 session: None,
                 served: 0,
