@@ -72,6 +72,7 @@ pub mod discovery;
 pub mod loopback;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+pub mod staging;
 mod station;
 pub mod tcp;
 

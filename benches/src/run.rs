@@ -98,6 +98,10 @@ pub(crate) struct RunArgs {
     /// libfabric domain of `--backend rdma` (a NIC, or `lo`; the tcp provider defaults to `lo`).
     #[arg(long)]
     domain: Option<String>,
+    /// `--backend tcp` only: both nodes send and receive every payload through their lanes' staging
+    /// buffers (host buffers here), the path GPU regions take, instead of in place.
+    #[arg(long)]
+    staged: bool,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -115,6 +119,7 @@ impl RunArgs {
             iterations: 2,
             provider: "tcp".into(),
             domain: None,
+            staged: false,
             json: false,
         }
     }
@@ -176,6 +181,9 @@ pub(crate) const RDMA_COLUMNS: [&str; 13] = [
 ];
 
 pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
+    if args.staged && args.backend != Backend::Tcp {
+        bail!("--staged applies to --backend tcp only");
+    }
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let slice_bytes =
         u32::try_from(args.slice_bytes).context("--slice-bytes must fit in 32 bits")?;
@@ -191,6 +199,7 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
         progress.set_message(format!("{:?} {}", args.backend, mode.name()));
         rows.push(match args.backend {
             Backend::Rdma => measure_rdma(args, layout, mode)?,
+            Backend::Tcp if args.staged => tcp_row(layout, mode, args.iterations, true)?,
             backend => measure(backend, layout, mode, args.iterations)?,
         });
         progress.inc(1);
@@ -245,19 +254,27 @@ pub(crate) fn measure(
             bail!("RDMA runs need a provider: use `te-bench run --backend rdma --provider P`")
         }
         Backend::Loopback => run_loopback(layout, mode, iterations),
-        Backend::Tcp => {
-            let run = crate::tcp::run_tcp(layout, mode, iterations)?;
-            Ok(row(
-                "tcp",
-                layout,
-                mode,
-                run.seconds,
-                run.limit_gbps,
-                run.retransmits,
-                run.recompute_blocks,
-            ))
-        }
+        Backend::Tcp => tcp_row(layout, mode, iterations, false),
     }
+}
+
+/// A TCP run's row; `staged`: every payload through the lanes' staging buffers (backend `tcp-staged`).
+fn tcp_row(
+    layout: KvLayout,
+    mode: TransferMode,
+    iterations: usize,
+    staged: bool,
+) -> anyhow::Result<RunRow> {
+    let run = crate::tcp::run_tcp(layout, mode, iterations, staged)?;
+    Ok(row(
+        if staged { "tcp-staged" } else { "tcp" },
+        layout,
+        mode,
+        run.seconds,
+        run.limit_gbps,
+        run.retransmits,
+        run.recompute_blocks,
+    ))
 }
 
 /// A result row from measured transfer times and the limit measured beside them.

@@ -28,14 +28,20 @@ pub(crate) struct TcpRun {
 
 /// Runs one warm-up and `iterations` measured transfers of a whole `layout` in `mode` between two TCP
 /// nodes, checks the destination is byte-identical to the source, and measures the socket-copy limit.
+/// `staged`: both nodes stage every payload through their lanes' buffers (`stage_host_memory`).
 pub(crate) fn run_tcp(
     layout: KvLayout,
     mode: TransferMode,
     iterations: usize,
+    staged: bool,
 ) -> anyhow::Result<TcpRun> {
-    let receiver = BlockingNode::start(TcpConfig::with_engine_id(2))?;
+    let receiver = BlockingNode::start(TcpConfig {
+        stage_host_memory: staged,
+        ..TcpConfig::with_engine_id(2)
+    })?;
     let sender_cfg = TcpConfig {
         listen: None,
+        stage_host_memory: staged,
         ..TcpConfig::with_engine_id(1)
     };
     let lanes = sender_cfg.max_lanes_per_peer;
@@ -70,6 +76,17 @@ pub(crate) fn run_tcp(
     }
     if recompute_blocks == 0 {
         check_identical(sender.node(), &src, receiver.node(), &dst)?;
+    }
+    if staged {
+        let moved = bytes * (iterations as u64 + 1);
+        let (sent, received) = (
+            sender.node().stats().staged_bytes_sent,
+            receiver.node().stats().staged_bytes_received,
+        );
+        anyhow::ensure!(
+            sent >= moved && received >= moved,
+            "a staged run staged {sent} bytes sending and {received} receiving, of {moved}"
+        );
     }
     Ok(TcpRun {
         seconds,

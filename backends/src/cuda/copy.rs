@@ -7,8 +7,8 @@ use std::ops::Range;
 use transfer_engine::{MemoryKind, MemoryRegion};
 
 use super::ffi::{DeviceSpan, Stream};
-use super::stager::Stager;
 use super::{CudaError, Gpu, check_range};
+use crate::staging::Stager;
 
 /// Blocks a direct (pinned or device) copy keeps in flight at once.
 const WINDOW: usize = 8;
@@ -68,7 +68,7 @@ pub struct CopyReport {
 pub struct CopyEngine {
     gpu: Gpu,
     stream: std::sync::Arc<Stream>,
-    stager: Stager,
+    stager: Stager<super::ffi::PinnedSlot>,
     block: usize,
 }
 

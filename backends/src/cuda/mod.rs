@@ -16,8 +16,9 @@
 //!   CRC-32C of its host-side bytes (see [`BlockCopied`] for which moves are checksummed and how).
 //! - [`GpuMover`]: a pool of copy engines per GPU behind one `place` call, for the loopback backend's
 //!   placements and for tier moves (GPU to host, host to GPU) with a report per block moved.
-//! - [`Stager`]: two pinned buffers; the device copy of unit N+1 runs while unit N is sent (or, receiving,
-//!   the device copy of unit N runs while unit N+1 is received), with CRC-32C taken on the host copy.
+//! - `Stager::pinned` ([`crate::staging::Stager`] over [`PinnedSlot`]s): two pinned buffers; the device copy
+//!   of unit N+1 runs while unit N is sent (or, receiving, the device copy of unit N runs while unit N+1 is
+//!   received), with CRC-32C taken on the host copy. TCP lanes stage GPU regions through it.
 //!
 //! Who orders access to device bytes: [`transfer_engine::MemoryRegion`]'s shard locks cover host views
 //! only, so for GPU regions the caller keeps the rule the region documents for caller-owned memory (no one
@@ -28,7 +29,7 @@ mod copy;
 #[allow(unsafe_code)]
 mod ffi;
 mod mover;
-mod stager;
+mod stage;
 
 pub use copy::{BlockCopied, CopyEngine, CopyReport, Route};
 pub use ffi::{
@@ -36,7 +37,6 @@ pub use ffi::{
     driver_present,
 };
 pub use mover::GpuMover;
-pub use stager::{Landing, StageSlot, StagedUnit, Stager};
 
 use transfer_engine::MemoryKind;
 
@@ -98,6 +98,9 @@ pub enum CudaError {
     /// The host side of a region refused access.
     #[error(transparent)]
     Memory(#[from] transfer_engine::Error),
+    /// The copy engine's pinned stager failed (its own misuse, or a driver error it met).
+    #[error(transparent)]
+    Staging(#[from] crate::staging::StagingError),
 }
 
 /// Checks that `offset..offset + length` lies inside `len` bytes.

@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tokio::sync::Notify;
 
 use super::TcpConfig;
+use super::stage::StagedCounters;
 use crate::station::Station;
 
 /// Log lines kept for the user (oldest dropped first).
@@ -33,6 +34,8 @@ pub(crate) struct Context {
     /// Frame bytes queued for all peers' lanes.
     pub(crate) total_queued: AtomicU64,
     pub(crate) counters: LaneCounters,
+    /// Bytes lanes staged (GPU regions, or host regions when asked).
+    pub(crate) staged: StagedCounters,
     pub(crate) next_lane: AtomicU64,
     /// The newest log lines, each with its number (counting from 1).
     log: Mutex<VecDeque<(u64, String)>>,
@@ -51,6 +54,7 @@ impl Context {
             wake: Notify::new(),
             total_queued: AtomicU64::new(0),
             counters: LaneCounters::default(),
+            staged: StagedCounters::default(),
             next_lane: AtomicU64::new(1),
             log: Mutex::new(VecDeque::new()),
             logged: AtomicU64::new(0),

@@ -50,6 +50,8 @@ mod node;
 mod peer_link;
 mod reach;
 mod reader;
+mod stage;
+mod staged_io;
 mod state;
 
 use std::net::SocketAddr;
@@ -113,6 +115,13 @@ pub struct TcpConfig {
     /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
     /// address its connection came from).
     pub dial_back: bool,
+    /// Bytes of each of a lane's two staging buffers, through which GPU regions are sent and received
+    /// (feature `cuda`: pinned buffers). A frame larger than this is staged a buffer at a time.
+    pub stage_bytes: usize,
+    /// Stage host regions too, through host buffers, as GPU regions are through pinned ones: the staged
+    /// path then runs (and can be measured) without a GPU. Off by default: host regions are sent from and
+    /// received into in place.
+    pub stage_host_memory: bool,
 }
 
 impl Default for TcpConfig {
@@ -137,6 +146,8 @@ impl Default for TcpConfig {
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,
+            stage_bytes: 4 << 20,
+            stage_host_memory: false,
         }
     }
 }

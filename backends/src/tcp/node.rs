@@ -47,6 +47,11 @@ pub struct NodeStats {
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
+    /// Payload bytes lanes sent through staging buffers (GPU regions, or host regions with
+    /// [`crate::tcp::TcpConfig::stage_host_memory`]).
+    pub staged_bytes_sent: u64,
+    /// Payload bytes lanes received through staging buffers.
+    pub staged_bytes_received: u64,
 }
 
 /// A TCP node: an engine, the memory behind its regions, a listener and lanes to its peers.
@@ -70,9 +75,9 @@ impl std::fmt::Debug for TcpNode {
 impl TcpNode {
     /// Starts a node: binds its listener (if any) and spawns its driver on the current tokio runtime.
     pub async fn start(cfg: TcpConfig) -> Result<Self, TcpError> {
-        if cfg.max_lanes_per_peer == 0 || cfg.batch_bytes == 0 {
+        if cfg.max_lanes_per_peer == 0 || cfg.batch_bytes == 0 || cfg.stage_bytes == 0 {
             return Err(TcpError::Config(
-                "max_lanes_per_peer and batch_bytes must be at least 1".into(),
+                "max_lanes_per_peer, batch_bytes and stage_bytes must be at least 1".into(),
             ));
         }
         let listener = match cfg.listen {
@@ -132,6 +137,8 @@ impl TcpNode {
             incoming_dropped: self.state.ctx.station.board.incoming_dropped(),
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
             queued_bytes: self.state.ctx.total_queued.load(Ordering::Relaxed),
+            staged_bytes_sent: self.state.ctx.staged.sent.load(Ordering::Relaxed),
+            staged_bytes_received: self.state.ctx.staged.received.load(Ordering::Relaxed),
         }
     }
 
@@ -179,21 +186,21 @@ impl TcpNode {
     // ---- commands ----
 
     /// Registers the caller's `memory` as a KV region of `layout`: lanes send from it and receive into it
-    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run). Host and pinned
-    /// host memory only: GPU memory is refused with a clear error (no staging on lanes yet).
+    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run). GPU memory
+    /// (feature `cuda`) is staged through each lane's two pinned buffers instead, the device copy of one
+    /// unit overlapping the socket send or receive of the other; it is refused with a clear error when this
+    /// build has no GPU support or its GPU cannot be opened.
     pub fn register_kv_region(
         &self,
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TcpError> {
-        if !memory.kind().is_host() {
-            // Lanes read and place bytes with the host's own calls; GPU bytes would have to be staged
-            // through pinned buffers (`backends::cuda::Stager`), which lanes do not do yet.
-            return Err(TcpError::Config(format!(
-                "TCP lanes cannot send or receive {} yet: register host or pinned host memory, and copy                  GPU KV through it",
+        super::stage::check_stageable(memory.kind()).map_err(|why| {
+            TcpError::Config(format!(
+                "TCP lanes cannot send or receive {}: {why}",
                 memory.kind()
-            )));
-        }
+            ))
+        })?;
         Ok(self.state.ctx.station.register_kv_region(layout, memory)?)
     }
 

@@ -13,6 +13,8 @@ use transfer_engine::{Error, MemoryRegion, PeerId};
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
+use super::stage::{LaneStagers, staged};
+use super::staged_io::{Unplaced, recv_staged};
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
 const WAKE_EVERY: u32 = 16;
@@ -71,7 +73,16 @@ async fn read_loop(
     let mut scratch = vec![0u8; SCRATCH];
     let mut control: Vec<u8> = Vec::new();
     let mut quiet = 0u32;
+    let mut stagers = LaneStagers::default();
+    // A staged frame whose device copy may still be in flight: handed on once it has completed.
+    let mut unplaced: Option<Unplaced> = None;
     loop {
+        if unplaced.is_some() && have < HEADER_LEN {
+            // The lane may wait for bytes now: hand on the staged frame first.
+            if let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced) {
+                return Some(why);
+            }
+        }
         if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
             return Some(e.to_string());
         }
@@ -81,70 +92,110 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
-        let result = if header.kind == FrameKind::Data {
-            let placement = ctx.station.engine().destination(peer, &header);
-            match placement {
-                Ok(Some((memory, range))) => {
-                    let crc = match recv_into_region(
-                        rd,
-                        &memory,
-                        range.clone(),
-                        &mut hdr,
-                        &mut have,
-                        stall,
-                    )
-                    .await
-                    {
+        let placement = (header.kind == FrameKind::Data)
+            .then(|| ctx.station.engine().destination(peer, &header));
+        let staged_kind = match &placement {
+            Some(Ok(Some((memory, _)))) if staged(&ctx.cfg, memory.kind()) => Some(memory.kind()),
+            _ => None,
+        };
+        let into_staging = staged_kind.is_some();
+        // The frame before is handed on here unless this one lands in the same stager, which hands it on
+        // once this payload's first piece has landed.
+        if unplaced.as_ref().map(|u| u.kind) != staged_kind
+            && let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced)
+        {
+            return Some(why);
+        }
+        let result = match placement {
+            Some(Ok(Some((memory, range)))) if into_staging => {
+                let len = range.len();
+                let stager = match stagers.get(memory.kind(), ctx.cfg.stage_bytes) {
+                    Ok(stager) => stager,
+                    Err(e) => return Some(e.to_string()),
+                };
+                let received = recv_staged(
+                    rd,
+                    stager,
+                    &memory,
+                    range,
+                    &mut hdr,
+                    &mut have,
+                    stall,
+                    &mut unplaced,
+                )
+                .await;
+                let (crc, earlier) = match received {
+                    Ok(got) => got,
+                    Err(e) => return Some(e.to_string()),
+                };
+                ctx.staged.add_received(len);
+                unplaced = Some(Unplaced {
+                    header,
+                    crc,
+                    kind: memory.kind(),
+                });
+                match earlier {
+                    Some(Unplaced { header: h, crc, .. }) => {
+                        ctx.station
+                            .engine()
+                            .handle_data(Instant::now(), peer, &h, crc)
+                    }
+                    None => Ok(()),
+                }
+            }
+            Some(Ok(Some((memory, range)))) => {
+                let crc =
+                    match recv_into_region(rd, &memory, range, &mut hdr, &mut have, stall).await {
                         Ok(crc) => crc,
                         Err(e) => return Some(e.to_string()),
                     };
+                ctx.station
+                    .engine()
+                    .handle_data(Instant::now(), peer, &header, crc)
+            }
+            Some(Err(e)) if fatal(&e) => {
+                return Some(refuse(ctx, lane, peer, Some(&header), &e));
+            }
+            // Nothing to place (a late duplicate, or a frame refused without costing the lane): read
+            // the payload past, then hand on the duplicate (acknowledged again) or the refusal.
+            Some(nothing) => {
+                if let Err(e) = discard(
+                    rd,
+                    header.length as usize,
+                    &mut scratch,
+                    &mut hdr,
+                    &mut have,
+                    stall,
+                )
+                .await
+                {
+                    return Some(e.to_string());
+                }
+                nothing.and_then(|_| {
                     ctx.station
                         .engine()
-                        .handle_data(Instant::now(), peer, &header, crc)
-                }
-                Err(e) if fatal(&e) => {
-                    return Some(refuse(ctx, lane, peer, Some(&header), &e));
-                }
-                // Nothing to place (a late duplicate, or a frame refused without costing the lane): read
-                // the payload past, then hand on the duplicate (acknowledged again) or the refusal.
-                unplaced => {
-                    if let Err(e) = discard(
-                        rd,
-                        header.length as usize,
-                        &mut scratch,
-                        &mut hdr,
-                        &mut have,
-                        stall,
-                    )
-                    .await
-                    {
-                        return Some(e.to_string());
-                    }
-                    unplaced.and_then(|_| {
-                        ctx.station
-                            .engine()
-                            .handle_data(Instant::now(), peer, &header, header.crc)
-                    })
-                }
+                        .handle_data(Instant::now(), peer, &header, header.crc)
+                })
             }
-        } else {
-            // Control payloads (acks, opens) are read into one buffer the lane keeps.
-            control.clear();
-            control.resize(header.length as usize, 0);
-            let payload = &mut control[..];
-            if let Err(e) = recv_exact(rd, payload, &mut hdr, &mut have, stall).await {
-                return Some(e.to_string());
+            None => {
+                // Control payloads (acks, opens) are read into one buffer the lane keeps.
+                control.clear();
+                control.resize(header.length as usize, 0);
+                let payload = &mut control[..];
+                if let Err(e) = recv_exact(rd, payload, &mut hdr, &mut have, stall, None).await {
+                    return Some(e.to_string());
+                }
+                if header.kind == FrameKind::Reject && header.session == 0 {
+                    ctx.log(format!(
+                        "peer {} refused a frame of ours and closed the lane: {}",
+                        peer.0,
+                        String::from_utf8_lossy(payload)
+                    ));
+                }
+                ctx.station
+                    .engine()
+                    .handle_frame(Instant::now(), peer, &header, payload)
             }
-            if header.kind == FrameKind::Reject && header.session == 0 {
-                ctx.log(format!(
-                    "peer {} refused a frame of ours and closed the lane: {}",
-                    peer.0,
-                    String::from_utf8_lossy(payload)
-                ));
-            }
-            ctx.station
-                .engine()
-                .handle_frame(Instant::now(), peer, &header, payload)
         };
         // A control buffer grown past the discard scratch (a large open) is let go, so an idle lane
         // holds little.
@@ -164,6 +215,30 @@ async fn read_loop(
             quiet = 0;
             ctx.wake.notify_one();
         }
+    }
+}
+
+/// Hands the engine the staged frame received last, once its device copy has completed. Returns why the
+/// lane must close, if it must (a failed device copy, or a refusal that costs the lane).
+fn hand_on(
+    ctx: &Context,
+    lane: &LaneState,
+    peer: PeerId,
+    stagers: &mut LaneStagers,
+    unplaced: &mut Option<Unplaced>,
+) -> Result<(), String> {
+    let Some(Unplaced { header, crc, .. }) = unplaced.take() else {
+        return Ok(());
+    };
+    stagers.flush().map_err(|e| e.to_string())?;
+    let result = ctx
+        .station
+        .engine()
+        .handle_data(Instant::now(), peer, &header, crc);
+    ctx.wake.notify_one();
+    match result {
+        Err(e) if fatal(&e) => Err(refuse(ctx, lane, peer, Some(&header), &e)),
+        _ => Ok(()),
     }
 }
 
@@ -221,13 +296,16 @@ async fn fill(
     Ok(())
 }
 
-/// Receives into `dst`, and the next header's first bytes in the same syscall once `dst` is nearly full.
-async fn recv_exact(
+/// Receives into `dst`, and the next header's first bytes into `hdr` in the same syscall once `dst` is
+/// nearly full (pass an empty `hdr` where more of the payload follows `dst`); folds what lands in `dst`
+/// into `digest`, if given, right after each syscall.
+pub(super) async fn recv_exact(
     rd: &OwnedReadHalf,
     dst: &mut [u8],
-    hdr: &mut [u8; HEADER_LEN],
+    hdr: &mut [u8],
     have: &mut usize,
     stall: Duration,
+    mut digest: Option<&mut crc_fast::Digest>,
 ) -> io::Result<()> {
     let mut pos = 0;
     while pos < dst.len() {
@@ -245,6 +323,9 @@ async fn recv_exact(
             }
             Ok(n) => {
                 let take = n.min(dst.len() - pos);
+                if let Some(d) = digest.as_deref_mut() {
+                    d.update(&dst[pos..pos + take]);
+                }
                 pos += take;
                 *have += n - take;
             }
@@ -265,7 +346,7 @@ async fn discard(
 ) -> io::Result<()> {
     while len > 0 {
         let n = len.min(scratch.len());
-        recv_exact(rd, &mut scratch[..n], hdr, have, stall).await?;
+        recv_exact(rd, &mut scratch[..n], hdr, have, stall, None).await?;
         len -= n;
     }
     Ok(())

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use tokio::net::tcp::OwnedWriteHalf;
 use transfer_engine::wire::HEADER_LEN;
-use transfer_engine::{Body, MemoryRegion, RegionId, Transmit};
+use transfer_engine::{Body, MemoryKind, MemoryRegion, RegionId, Transmit};
 
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
+use super::stage::{LaneStagers, staged};
+use super::staged_io::{Outgoing, send_staged};
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
 const MAX_IOV: usize = 512;
@@ -49,6 +51,7 @@ async fn write_loop(
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
     let mut scratch = Scratch::default();
+    let mut stagers = LaneStagers::default();
     loop {
         let goodbye = lock(&lane.goodbye).take();
         if let Some(bytes) = goodbye {
@@ -76,7 +79,7 @@ async fn write_loop(
             }
             continue;
         }
-        if let Err(e) = send_batch(ctx, &mut batch, &mut scratch, wr).await {
+        if let Err(e) = send_batch(ctx, &mut batch, &mut scratch, &mut stagers, wr).await {
             return format!("write failed: {e}");
         }
         ctx.wake.notify_one();
@@ -107,6 +110,8 @@ struct Scratch {
     /// Bytes of each piece.
     lens: Vec<usize>,
     goodbye: Vec<u8>,
+    /// A run of frames sent through staging buffers.
+    staged: Vec<Outgoing>,
 }
 
 impl Scratch {
@@ -131,35 +136,75 @@ impl Scratch {
         self.regions.push(memory);
         Some(self.regions.len() - 1)
     }
+
+    /// The kind of `t`'s payload memory, if lanes send it through staging buffers.
+    fn staged_kind(&mut self, ctx: &Context, t: &Transmit) -> Option<MemoryKind> {
+        let Body::Payload(p) = &t.body else {
+            return None;
+        };
+        let i = self.region(ctx, p.region)?;
+        let kind = self.regions[i].kind();
+        staged(&ctx.cfg, kind).then_some(kind)
+    }
 }
 
 async fn send_batch(
     ctx: &Context,
     batch: &mut [Transmit],
     scratch: &mut Scratch,
+    stagers: &mut LaneStagers,
     wr: &OwnedWriteHalf,
 ) -> io::Result<()> {
-    let result = send_groups(ctx, batch, scratch, wr).await;
+    let result = send_groups(ctx, batch, scratch, stagers, wr).await;
     // Hold no region's memory between batches: a caller waiting to take its memory back would wait on
     // an idle lane.
     scratch.ids.clear();
     scratch.regions.clear();
+    scratch.staged.clear();
     result
 }
 
-/// Seals and writes the batch a group of about [`FOLD_BYTES`] at a time.
+/// Seals and writes the batch a group of about [`FOLD_BYTES`] at a time; runs of frames whose memory is
+/// staged go through the lane's stager of their kind instead.
 async fn send_groups(
     ctx: &Context,
     batch: &mut [Transmit],
     scratch: &mut Scratch,
+    stagers: &mut LaneStagers,
     wr: &OwnedWriteHalf,
 ) -> io::Result<()> {
     let mut start = 0;
     while start < batch.len() {
+        if let Some(kind) = scratch.staged_kind(ctx, &batch[start]) {
+            let mut end = start;
+            scratch.staged.clear();
+            while end < batch.len() && scratch.staged_kind(ctx, &batch[end]) == Some(kind) {
+                if let Body::Payload(p) = &batch[end].body {
+                    let i = scratch.region(ctx, p.region).expect("looked up above");
+                    let memory = scratch.regions[i].clone();
+                    scratch.staged.push(Outgoing {
+                        header: batch[end].header,
+                        memory,
+                        range: p.range(),
+                    });
+                }
+                end += 1;
+            }
+            let stager = stagers
+                .get(kind, ctx.cfg.stage_bytes)
+                .map_err(io::Error::other)?;
+            let sent = send_staged(ctx, stager, &mut scratch.staged, wr).await?;
+            ctx.staged.add_sent(sent);
+            start = end;
+            continue;
+        }
         scratch.clear();
         let mut group_bytes = 0usize;
         let mut end = start;
-        while end < batch.len() && (end == start || group_bytes < FOLD_BYTES) {
+        while end < batch.len()
+            && (end == start || group_bytes < FOLD_BYTES)
+            && (end == start || scratch.staged_kind(ctx, &batch[end]).is_none())
+        {
             group_bytes += seal(ctx, &mut batch[end], end, scratch);
             end += 1;
         }

@@ -173,7 +173,8 @@ mod gpu_stage {
     use std::io::Write;
     use std::net::TcpStream;
 
-    use backends::cuda::{CopyEngine, DeviceMemory, Gpu, Stager, driver_present};
+    use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
+    use backends::staging::Stager;
     use transfer_engine::MemoryRegion;
 
     use super::GpuArgs;

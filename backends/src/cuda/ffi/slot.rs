@@ -13,7 +13,7 @@ use super::memory::PinnedHostMemory;
 use super::stream::{DeviceSpan, Event, Stream};
 use crate::cuda::{CudaError, check_range};
 
-/// One pinned staging buffer of a [`crate::cuda::Stager`]: filled from a GPU range ([`PinnedSlot::fetch`])
+/// One pinned staging buffer of a [`crate::staging::Stager`]: filled from a GPU range ([`PinnedSlot::fetch`])
 /// or copied into one ([`PinnedSlot::push`]) on a stream; its bytes are reachable only after the copy has
 /// completed, and the region at the other end is kept alive until then.
 pub struct PinnedSlot {

@@ -1,0 +1,111 @@
+//! Staging on lanes: which regions a lane cannot send from or receive into in place (GPU memory, and host
+//! memory when [`super::TcpConfig::stage_host_memory`] asks), and the stagers a lane keeps for them, one per
+//! kind of memory, made the first time the lane meets it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use transfer_engine::MemoryKind;
+
+use super::TcpConfig;
+use crate::staging::{AnyStager, HostSlot, StageSlot, Stager, StagingError};
+
+/// Bytes lanes moved through staging buffers, both ways.
+#[derive(Debug, Default)]
+pub(crate) struct StagedCounters {
+    pub(crate) sent: AtomicU64,
+    pub(crate) received: AtomicU64,
+}
+
+impl StagedCounters {
+    pub(crate) fn add_sent(&self, bytes: usize) {
+        self.sent.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+    pub(crate) fn add_received(&self, bytes: usize) {
+        self.received.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Whether lanes stage the bytes of memory of `kind`.
+pub(crate) fn staged(cfg: &TcpConfig, kind: MemoryKind) -> bool {
+    !kind.is_host() || cfg.stage_host_memory
+}
+
+/// Checks, at registration, that lanes will be able to stage memory of `kind` (a driver for its GPU).
+pub(crate) fn check_stageable(kind: MemoryKind) -> Result<(), String> {
+    match kind {
+        MemoryKind::Device { ordinal } => gpu::check(ordinal),
+        MemoryKind::Host | MemoryKind::PinnedHost => Ok(()),
+    }
+}
+
+/// One lane direction's stagers, one per kind of memory it met.
+#[derive(Default)]
+pub(crate) struct LaneStagers {
+    stagers: Vec<(MemoryKind, AnyStager)>,
+}
+
+impl LaneStagers {
+    /// The stager for memory of `kind`, made on first use with buffers of `unit` bytes.
+    pub(crate) fn get(
+        &mut self,
+        kind: MemoryKind,
+        unit: usize,
+    ) -> Result<&mut AnyStager, StagingError> {
+        let i = match self.stagers.iter().position(|(k, _)| *k == kind) {
+            Some(i) => i,
+            None => {
+                let stager = match kind {
+                    MemoryKind::Device { ordinal } => gpu::stager(ordinal, unit)?,
+                    MemoryKind::Host | MemoryKind::PinnedHost => host_stager(unit),
+                };
+                self.stagers.push((kind, stager));
+                self.stagers.len() - 1
+            }
+        };
+        Ok(&mut self.stagers[i].1)
+    }
+
+    /// Waits for every device copy in flight.
+    pub(crate) fn flush(&mut self) -> Result<(), StagingError> {
+        for (_, stager) in &mut self.stagers {
+            stager.flush()?;
+        }
+        Ok(())
+    }
+}
+
+fn host_stager(unit: usize) -> AnyStager {
+    let slot = || -> Box<dyn StageSlot + Send> { Box::new(HostSlot::new(unit)) };
+    Stager::with_slots([slot(), slot()])
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use crate::cuda::Gpu;
+    use crate::staging::{AnyStager, Stager, StagingError};
+
+    pub(super) fn check(ordinal: u32) -> Result<(), String> {
+        Gpu::open(ordinal).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    pub(super) fn stager(ordinal: u32, unit: usize) -> Result<AnyStager, StagingError> {
+        let gpu = Gpu::open(ordinal)?;
+        Ok(Stager::pinned(&gpu, unit)?.boxed())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use crate::staging::{AnyStager, StagingError};
+
+    const NO_CUDA: &str = "this build has no GPU support: build `backends` with feature `cuda` to send or \
+                           receive GPU memory over TCP";
+
+    pub(super) fn check(_: u32) -> Result<(), String> {
+        Err(NO_CUDA.into())
+    }
+
+    pub(super) fn stager(_: u32, _: usize) -> Result<AnyStager, StagingError> {
+        Err(StagingError::Copy(NO_CUDA.into()))
+    }
+}
