@@ -6,7 +6,7 @@
 
 uint32_t te_api_version(void) { return FI_VERSION(1, 17); }
 
-int te_getinfo(const char *prov, const char *domain, struct fi_info **out) {
+int te_getinfo(const char *prov, const char *domain, int hmem, struct fi_info **out) {
     struct fi_info *hints = fi_allocinfo();
     if (!hints)
         return -FI_ENOMEM;
@@ -16,6 +16,10 @@ int te_getinfo(const char *prov, const char *domain, struct fi_info **out) {
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
     hints->domain_attr->threading = FI_THREAD_SAFE;
+    if (hmem) {
+        hints->caps |= FI_HMEM;
+        hints->domain_attr->mr_mode |= FI_MR_HMEM;
+    }
     if (prov)
         hints->fabric_attr->prov_name = strdup(prov);
     if (domain)
@@ -27,6 +31,7 @@ int te_getinfo(const char *prov, const char *domain, struct fi_info **out) {
 
 void te_freeinfo(struct fi_info *info) { fi_freeinfo(info); }
 struct fi_info *te_info_next(struct fi_info *info) { return info->next; }
+uint64_t te_info_caps(struct fi_info *info) { return info->caps; }
 const char *te_info_prov(struct fi_info *info) { return info->fabric_attr->prov_name; }
 const char *te_info_domain(struct fi_info *info) { return info->domain_attr->name; }
 uint64_t te_info_mr_mode(struct fi_info *info) { return (uint64_t)info->domain_attr->mr_mode; }
@@ -86,12 +91,9 @@ int te_close_cq(struct fid_cq *cq) { return fi_close(&cq->fid); }
 int te_close_ep(struct fid_ep *ep) { return fi_close(&ep->fid); }
 int te_close_mr(struct fid_mr *mr) { return fi_close(&mr->fid); }
 
-int te_mr_reg(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
-              uint64_t requested_key, struct fid_mr **mr) {
-    int ret = fi_mr_reg(domain, buf, len, access, 0, requested_key, 0, mr, NULL);
-    if (ret || !ep)
-        return ret;
-    ret = fi_mr_bind(*mr, &ep->fid, 0);
+/* Binds a new registration to `ep` and enables it (FI_MR_ENDPOINT); closes it on failure. */
+static int bind_enable(struct fid_ep *ep, struct fid_mr **mr) {
+    int ret = fi_mr_bind(*mr, &ep->fid, 0);
     if (!ret)
         ret = fi_mr_enable(*mr);
     if (ret) {
@@ -99,6 +101,31 @@ int te_mr_reg(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t le
         *mr = NULL;
     }
     return ret;
+}
+
+int te_mr_reg(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
+              uint64_t requested_key, struct fid_mr **mr) {
+    int ret = fi_mr_reg(domain, buf, len, access, 0, requested_key, 0, mr, NULL);
+    if (ret || !ep)
+        return ret;
+    return bind_enable(ep, mr);
+}
+
+int te_mr_reg_cuda(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
+                   uint64_t requested_key, int device, struct fid_mr **mr) {
+    struct iovec iov = { .iov_base = buf, .iov_len = len };
+    struct fi_mr_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = requested_key;
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = device;
+    int ret = fi_mr_regattr(domain, &attr, 0, mr);
+    if (ret || !ep)
+        return ret;
+    return bind_enable(ep, mr);
 }
 
 uint64_t te_mr_key(struct fid_mr *mr) { return fi_mr_key(mr); }

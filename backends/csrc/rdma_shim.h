@@ -20,7 +20,9 @@ uint32_t te_api_version(void);
 
 /* Providers offering reliable datagram endpoints with messages and RMA writes with remote CQ data.
  * `prov` (e.g. "tcp;ofi_rxm", "shm") and `domain` may be NULL for any. */
-int te_getinfo(const char *prov, const char *domain, struct fi_info **out);
+/* With `hmem`, also asks for device memory registration (FI_HMEM, FI_MR_HMEM). */
+int te_getinfo(const char *prov, const char *domain, int hmem, struct fi_info **out);
+uint64_t te_info_caps(struct fi_info *info);
 void te_freeinfo(struct fi_info *info);
 
 /* Fields of one fi_info. */
@@ -53,6 +55,9 @@ int te_close_mr(struct fid_mr *mr);
  * registration to `ep` and enables it when `ep` is not NULL (FI_MR_ENDPOINT). */
 int te_mr_reg(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
               uint64_t requested_key, struct fid_mr **mr);
+/* As te_mr_reg, for `len` bytes of memory of CUDA device `device` (fi_mr_regattr, FI_HMEM_CUDA). */
+int te_mr_reg_cuda(struct fid_domain *domain, struct fid_ep *ep, void *buf, size_t len, uint64_t access,
+                   uint64_t requested_key, int device, struct fid_mr **mr);
 uint64_t te_mr_key(struct fid_mr *mr);
 void *te_mr_desc(struct fid_mr *mr);
 

@@ -13,9 +13,9 @@ use super::provider::{Provider, resolve};
 use super::wait::Waiter;
 
 fn pair(provider: &Provider, domain: Option<&str>) -> Result<(Endpoint, Endpoint), RdmaError> {
-    let (name, domain) = resolve(provider, domain)?;
-    let a = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096)?;
-    let b = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096)?;
+    let (name, domain) = resolve(provider, domain, false)?;
+    let a = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096, false)?;
+    let b = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096, false)?;
     Ok((a, b))
 }
 

@@ -39,6 +39,7 @@
 //! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
+mod checksum;
 pub mod discovery;
 mod driver;
 mod ffi;
@@ -105,6 +106,11 @@ pub struct RdmaConfig {
     /// sessions to an unreachable peer are refused for [`REFUSE_UNREACHABLE_FOR`], or until it sends a
     /// message.
     pub answer_timeout: Duration,
+    /// Ask for a provider that registers GPU memory (`FI_HMEM`, CUDA), so GPU regions can be registered
+    /// and NICs write straight from and into them. Off by default: providers without it (this machine's
+    /// `tcp` and `shm` builds) would not be found. Needs feature `cuda` too, for the checksums of GPU
+    /// units (taken on a host copy).
+    pub gpu_memory: bool,
 }
 
 impl RdmaConfig {
@@ -126,6 +132,7 @@ impl RdmaConfig {
             write_timeout: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(1),
             answer_timeout: Duration::from_secs(3),
+            gpu_memory: false,
         }
     }
 

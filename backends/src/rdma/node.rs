@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, oneshot};
 use transfer_engine::{
-    Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
+    Event, KvLayout, MemoryKind, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId,
+    TransferRequest,
 };
 
+use super::checksum::UnitChecksum;
 use super::ffi::{Endpoint, ProviderInfo};
 use super::message::RdmaSegment;
 use super::provider::resolve;
@@ -48,13 +50,14 @@ impl RdmaNode {
                 "message slots must be at least 256 bytes, and there must be some".into(),
             ));
         }
-        let (provider, domain) = resolve(&cfg.provider, cfg.domain.as_deref())?;
+        let (provider, domain) = resolve(&cfg.provider, cfg.domain.as_deref(), cfg.gpu_memory)?;
         let ep = Endpoint::open(
             &provider,
             domain.as_deref(),
             cfg.send_slots,
             cfg.recv_slots,
             cfg.slot_bytes,
+            cfg.gpu_memory,
         )?;
         let shared = Arc::new(Shared {
             station: Station::new(cfg.engine.clone()),
@@ -129,6 +132,18 @@ impl RdmaNode {
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, RdmaError> {
+        if let MemoryKind::Device { ordinal } = memory.kind() {
+            if !self.shared.info.hmem {
+                return Err(RdmaError::Config(format!(
+                    "{} cannot be registered: provider {} was not opened for device memory (FI_HMEM); \
+                     set RdmaConfig::gpu_memory to ask for a provider that registers GPU memory (verbs \
+                     with GPUDirect RDMA, efa), or send GPU regions over TCP, which stages them",
+                    memory.kind(),
+                    self.shared.info.provider
+                )));
+            }
+            UnitChecksum::check_device(ordinal)?;
+        }
         let (tx, rx) = mpsc::channel();
         self.shared.command(Command::Register(memory.clone(), tx));
         let local = rx.recv().map_err(|_| RdmaError::Closed)??;

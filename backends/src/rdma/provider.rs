@@ -50,12 +50,19 @@ fn full_name(short: &str) -> String {
 
 /// Every provider offering reliable datagram endpoints with messages and RMA writes here.
 pub fn available_providers() -> Result<Vec<ProviderInfo>, RdmaError> {
-    providers(None, None)
+    providers(None, None, false)
 }
 
-fn describe(found: &[ProviderInfo]) -> String {
+fn describe(found: &[ProviderInfo], hmem: bool) -> String {
     if found.is_empty() {
-        return "libfabric lists no provider with FI_EP_RDM, FI_MSG and FI_RMA here".into();
+        return format!(
+            "libfabric lists no provider with FI_EP_RDM, FI_MSG and FI_RMA{} here",
+            if hmem {
+                " and FI_HMEM (GPU memory)"
+            } else {
+                ""
+            }
+        );
     }
     let mut names: Vec<String> = found
         .iter()
@@ -65,12 +72,14 @@ fn describe(found: &[ProviderInfo]) -> String {
     format!("found {}", names.join(", "))
 }
 
-/// The provider's full name and domain to open for `choice`, or an error naming what was found.
+/// The provider's full name and domain to open for `choice` (with `hmem`: among those that register
+/// device memory), or an error naming what was found.
 pub(crate) fn resolve(
     choice: &Provider,
     domain: Option<&str>,
+    hmem: bool,
 ) -> Result<(String, Option<String>), RdmaError> {
-    let found = available_providers()?;
+    let found = providers(None, None, hmem)?;
     let fits = |name: &str| {
         found
             .iter()
@@ -83,11 +92,16 @@ pub(crate) fn resolve(
                 Ok((name, domain.map(str::to_owned)))
             } else {
                 Err(RdmaError::NoProvider(format!(
-                    "{name}{} does not offer reliable datagram endpoints with RMA here; {}",
+                    "{name}{} does not offer reliable datagram endpoints with RMA{} here; {}",
                     domain
                         .map(|d| format!(" on domain {d}"))
                         .unwrap_or_default(),
-                    describe(&found)
+                    if hmem {
+                        " and GPU memory registration (FI_HMEM)"
+                    } else {
+                        ""
+                    },
+                    describe(&found, hmem)
                 )))
             }
         }
@@ -108,7 +122,7 @@ pub(crate) fn resolve(
                         domain
                             .map(|d| format!(" on domain {d}"))
                             .unwrap_or_default(),
-                        describe(&found)
+                        describe(&found, hmem)
                     ))
                 })
         }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
 
+use super::checksum::UnitChecksum;
 use super::ffi::{Completion, Endpoint, MrId};
 use super::message::Message;
 use super::shared::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
@@ -74,6 +75,8 @@ struct Driver<'a> {
     completions: Vec<Completion>,
     waiter: Waiter,
     reach: reach::Reach,
+    /// Checksums of units on both ends (GPU units through a host copy).
+    checksum: UnitChecksum,
 }
 
 /// Runs the driver until the node stops.
@@ -95,6 +98,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         completions: Vec::with_capacity(256),
         waiter: Waiter::default(),
         reach: reach::Reach::default(),
+        checksum: UnitChecksum::default(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
         if let Err(e) = d.step() {
@@ -345,7 +349,7 @@ impl Driver<'_> {
             return Ok(true);
         };
         let memory = self.shared.station.engine().memory(p.region)?.clone();
-        let crc = memory.crc32c(p.range())?;
+        let crc = self.checksum.crc32c(&memory, p.range())?;
         t.header.crc = crc;
         let dst_offset =
             layout.block_offset(BlockId::new(t.header.layer, t.header.block)) + t.header.offset;

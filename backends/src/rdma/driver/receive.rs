@@ -217,7 +217,7 @@ impl Driver<'_> {
             }
         };
         let crc = match placed {
-            Ok(Some((memory, range))) => match memory.crc32c(range) {
+            Ok(Some((memory, range))) => match self.checksum.crc32c(&memory, range) {
                 Ok(c) => c,
                 Err(e) => {
                     self.shared.log(format!("verifying a unit: {e}"));

@@ -19,6 +19,8 @@ pub struct ProviderInfo {
     pub cq_data_size: usize,
     /// Largest message or RMA transfer.
     pub max_msg_size: usize,
+    /// Whether it registers device (GPU) memory (`FI_HMEM`), so writes go straight from and into it.
+    pub hmem: bool,
 }
 
 impl ProviderInfo {
@@ -80,7 +82,12 @@ fn owned(s: *const c_char) -> String {
 pub(super) struct InfoList(*mut sys::fi_info);
 
 impl InfoList {
-    pub(super) fn get(provider: Option<&str>, domain: Option<&str>) -> Result<Self, RdmaError> {
+    /// The providers offering what the backend needs (and, with `hmem`, device memory registration).
+    pub(super) fn get(
+        provider: Option<&str>,
+        domain: Option<&str>,
+        hmem: bool,
+    ) -> Result<Self, RdmaError> {
         let (prov, dom) = (c_string(provider)?, c_string(domain)?);
         let mut out = ptr::null_mut();
         // SAFETY: the strings are valid NUL-terminated strings or null (both allowed); `out` is a valid
@@ -89,6 +96,7 @@ impl InfoList {
             sys::te_getinfo(
                 prov.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
                 dom.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+                i32::from(hmem),
                 &mut out,
             )
         };
@@ -112,6 +120,7 @@ impl InfoList {
                     mr_mode: sys::te_info_mr_mode(at),
                     cq_data_size: sys::te_info_cq_data_size(at),
                     max_msg_size: sys::te_info_max_msg_size(at),
+                    hmem: sys::te_info_caps(at) & sys::FI_HMEM != 0,
                 }
             };
             out.push((at, info));
@@ -136,8 +145,9 @@ impl Drop for InfoList {
 pub(crate) fn providers(
     provider: Option<&str>,
     domain: Option<&str>,
+    hmem: bool,
 ) -> Result<Vec<ProviderInfo>, RdmaError> {
-    Ok(InfoList::get(provider, domain)?
+    Ok(InfoList::get(provider, domain, hmem)?
         .entries()
         .into_iter()
         .map(|(_, i)| i)

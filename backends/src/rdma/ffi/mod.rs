@@ -151,8 +151,9 @@ impl Endpoint {
         send_slots: usize,
         recv_slots: usize,
         slot_bytes: usize,
+        hmem: bool,
     ) -> Result<Self, RdmaError> {
-        let list = InfoList::get(Some(provider), domain)?;
+        let list = InfoList::get(Some(provider), domain, hmem)?;
         // Some layered providers list every domain whatever the hint names: take the one asked for.
         let Some((raw, info)) = list
             .entries()
@@ -160,10 +161,15 @@ impl Endpoint {
             .find(|(_, i)| domain.is_none_or(|d| i.domain == d))
         else {
             return Err(RdmaError::NoProvider(format!(
-                "provider {provider:?}{} offers no reliable datagram endpoint with RMA",
+                "provider {provider:?}{} offers no reliable datagram endpoint with RMA{}",
                 domain
                     .map(|d| format!(" on domain {d:?}"))
-                    .unwrap_or_default()
+                    .unwrap_or_default(),
+                if hmem {
+                    " and device memory registration (FI_HMEM)"
+                } else {
+                    ""
+                }
             )));
         };
         if info.cq_data_size < 4 {

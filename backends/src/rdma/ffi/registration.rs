@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::ptr;
 
-use transfer_engine::MemoryRegion;
+use transfer_engine::{MemoryKind, MemoryRegion};
 
 use super::info::check;
 use super::{Access, Endpoint, MrId, Registration, sys};
@@ -30,21 +30,48 @@ impl Endpoint {
             ptr::null_mut()
         };
         let mut mr = ptr::null_mut();
-        // SAFETY: `ptr..ptr + len` is memory this endpoint keeps alive until the registration is closed
-        // (its own pools, or a region whose `MemoryRegion` clone is stored with the registration); the
-        // domain and endpoint are open.
-        let ret = unsafe {
-            sys::te_mr_reg(
-                self.domain,
-                bind,
-                ptr.cast(),
-                len,
-                u64::from(flags),
-                u64::from(id.0),
-                &mut mr,
-            )
+        let device = match memory.as_ref().map(MemoryRegion::kind) {
+            Some(MemoryKind::Device { ordinal }) => Some(
+                i32::try_from(ordinal)
+                    .map_err(|_| RdmaError::Config(format!("GPU ordinal {ordinal}")))?,
+            ),
+            _ => None,
         };
-        check("fi_mr_reg", ret.into())?;
+        // SAFETY: `ptr..ptr + len` is memory this endpoint keeps alive until the registration is closed
+        // (its own pools, or a region whose `MemoryRegion` clone is stored with the registration): host
+        // memory, or device memory of GPU `device` that the provider only reaches through its CUDA
+        // interface; the domain and endpoint are open.
+        let ret = unsafe {
+            match device {
+                None => sys::te_mr_reg(
+                    self.domain,
+                    bind,
+                    ptr.cast(),
+                    len,
+                    u64::from(flags),
+                    u64::from(id.0),
+                    &mut mr,
+                ),
+                Some(device) => sys::te_mr_reg_cuda(
+                    self.domain,
+                    bind,
+                    ptr.cast(),
+                    len,
+                    u64::from(flags),
+                    u64::from(id.0),
+                    device,
+                    &mut mr,
+                ),
+            }
+        };
+        check(
+            if device.is_some() {
+                "fi_mr_regattr(FI_HMEM_CUDA)"
+            } else {
+                "fi_mr_reg"
+            },
+            ret.into(),
+        )?;
         // SAFETY: `mr` was just opened successfully.
         let (key, desc) = unsafe { (sys::te_mr_key(mr), sys::te_mr_desc(mr)) };
         let memory = memory.unwrap_or_else(|| MemoryRegion::zeroed(0));
@@ -61,14 +88,20 @@ impl Endpoint {
         Ok(id)
     }
 
-    /// Registers host region memory for local writes from it and peers' writes into it; returns the
-    /// registration and its remote key. The memory is kept alive until [`Endpoint::deregister`].
+    /// Registers region memory (host, or GPU memory where the provider was opened with `FI_HMEM`) for
+    /// local writes from it and peers' writes into it; returns the registration and its remote key. The
+    /// memory is kept alive until [`Endpoint::deregister`].
     pub(crate) fn register(&mut self, memory: &MemoryRegion) -> Result<(MrId, u64), RdmaError> {
-        if !memory.kind().is_host() || memory.is_empty() {
+        if memory.is_empty() {
+            return Err(RdmaError::Config(
+                "an empty region cannot be registered".into(),
+            ));
+        }
+        if !memory.kind().is_host() && !self.info.hmem {
             return Err(RdmaError::Config(format!(
-                "only non-empty host memory can be registered here, not {} of {} bytes",
+                "{} cannot be registered with provider {}: it was not opened for device memory (FI_HMEM)",
                 memory.kind(),
-                memory.len()
+                self.info.provider
             )));
         }
         let ptr = memory.address() as *mut u8;
