@@ -336,6 +336,8 @@ pub(super) async fn recv_exact(
     Ok(())
 }
 
+/// Reads `len` payload bytes past, a scratch buffer at a time; only the last piece's syscall may take
+/// the next header's first bytes.
 async fn discard(
     rd: &OwnedReadHalf,
     mut len: usize,
@@ -346,7 +348,8 @@ async fn discard(
 ) -> io::Result<()> {
     while len > 0 {
         let n = len.min(scratch.len());
-        recv_exact(rd, &mut scratch[..n], hdr, have, stall, None).await?;
+        let next: &mut [u8] = if n == len { &mut hdr[..] } else { &mut [] };
+        recv_exact(rd, &mut scratch[..n], next, have, stall, None).await?;
         len -= n;
     }
     Ok(())
@@ -399,6 +402,37 @@ async fn recv_into_region(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_discarded_payload_larger_than_the_scratch_leaves_the_next_header_whole() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut tx = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (rx, _) = listener.accept().await.unwrap();
+        let (rd, _wr) = rx.into_split();
+        let payload = 2 * SCRATCH + 1000;
+        let next: Vec<u8> = (0..HEADER_LEN as u8).collect();
+        let mut bytes = vec![0xAB; payload];
+        bytes.extend_from_slice(&next);
+        tx.write_all(&bytes).await.unwrap();
+        // Everything is in the socket before the first read, so each read could take more than a piece.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (mut hdr, mut have) = ([0u8; HEADER_LEN], 0);
+        let mut scratch = vec![0u8; SCRATCH];
+        let stall = Duration::from_secs(5);
+        discard(&rd, payload, &mut scratch, &mut hdr, &mut have, stall)
+            .await
+            .unwrap();
+        assert!(have <= HEADER_LEN, "took {have} header bytes");
+        fill(&rd, &mut hdr, &mut have, stall).await.unwrap();
+        assert_eq!(
+            &hdr[..],
+            &next[..],
+            "the next header arrives whole and in order"
+        );
+    }
 
     #[test]
     fn refusals_that_cost_a_lane() {
