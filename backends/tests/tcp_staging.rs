@@ -103,6 +103,20 @@ async fn staged_lanes_move_every_mode_byte_identical_and_count_what_they_staged(
         transfer_and_check(&tx, &rx, &src, &dst, &data, mode).await;
     }
     let (sent, received) = (tx.stats(), rx.stats());
+    assert!(sent.staging_bytes_held >= 2 << 20 && received.staging_bytes_held >= 2 << 20);
+    // Idle lanes let their buffers go.
+    let since = std::time::Instant::now();
+    while tx.stats().staging_bytes_held + rx.stats().staging_bytes_held > 0 {
+        assert!(
+            since.elapsed() < LIMIT,
+            "idle lanes kept their staging buffers"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        since.elapsed() >= Duration::from_millis(500),
+        "let go only once idle"
+    );
     let moved = total * modes.len() as u64;
     assert_eq!(
         sent.staged_bytes_sent, moved,

@@ -7,11 +7,14 @@ use transfer_engine::MemoryRegion;
 use super::{StageSlot, StagingError};
 
 /// A staging buffer of ordinary host memory. Its copies complete at once (a CPU copy through the region's
-/// views), so it is never busy. A backend stages host regions through it when asked to (to run and measure
-/// its staged path without a GPU); GPU regions use `cuda::PinnedSlot`.
+/// views), so it is never busy; a fetch takes the unit's CRC-32C in the same pass as its copy. A backend
+/// stages host regions through it when asked to (to run and measure its staged path without a GPU); GPU
+/// regions use `cuda::PinnedSlot`.
 #[derive(Debug)]
 pub struct HostSlot {
     bytes: Box<[u8]>,
+    /// CRC-32C of the unit the last fetch copied in.
+    fetched: Option<u32>,
 }
 
 impl HostSlot {
@@ -20,6 +23,7 @@ impl HostSlot {
     pub fn new(capacity: usize) -> Self {
         Self {
             bytes: vec![0; capacity].into_boxed_slice(),
+            fetched: None,
         }
     }
 }
@@ -30,13 +34,14 @@ impl StageSlot for HostSlot {
     }
 
     fn fetch(&mut self, src: &MemoryRegion, range: Range<usize>) -> Result<(), StagingError> {
+        self.fetched = None;
         let (len, capacity) = (range.len(), self.bytes.len());
         let into = self.bytes.get_mut(..len).ok_or(StagingError::Range {
             offset: 0,
             length: len as u64,
             len: capacity as u64,
         })?;
-        into.copy_from_slice(&src.read(range)?);
+        self.fetched = Some(transfer_engine::copy_and_crc32c(into, &src.read(range)?));
         Ok(())
     }
 
@@ -55,6 +60,7 @@ impl StageSlot for HostSlot {
     }
 
     fn bytes_mut(&mut self) -> Result<&mut [u8], StagingError> {
+        self.fetched = None;
         Ok(&mut self.bytes)
     }
 
@@ -64,5 +70,9 @@ impl StageSlot for HostSlot {
 
     fn busy(&mut self) -> Result<bool, StagingError> {
         Ok(false)
+    }
+
+    fn fetched_crc32c(&self) -> Option<u32> {
+        self.fetched
     }
 }

@@ -58,6 +58,11 @@ pub trait StageSlot {
     fn settle(&mut self) -> Result<(), StagingError>;
     /// Whether a copy is still in flight (never blocks).
     fn busy(&mut self) -> Result<bool, StagingError>;
+    /// The CRC-32C of the unit the last [`StageSlot::fetch`] brought in, if the slot took it while
+    /// copying (a CPU copy can; a DMA cannot, and the stager then checksums the buffer).
+    fn fetched_crc32c(&self) -> Option<u32> {
+        None
+    }
 }
 
 impl<S: StageSlot + ?Sized> StageSlot for Box<S> {
@@ -81,6 +86,9 @@ impl<S: StageSlot + ?Sized> StageSlot for Box<S> {
     }
     fn busy(&mut self) -> Result<bool, StagingError> {
         (**self).busy()
+    }
+    fn fetched_crc32c(&self) -> Option<u32> {
+        (**self).fetched_crc32c()
     }
 }
 
@@ -190,9 +198,10 @@ impl<S: StageSlot> Stager<S> {
             .fetched
             .pop_front()
             .ok_or_else(|| StagingError::Invalid("no unit was prefetched".into()))?;
+        let taken = self.slots[slot].fetched_crc32c();
         let bytes = &self.slots[slot].bytes()?[..len];
         Ok(StagedUnit {
-            crc32c: transfer_engine::crc32c(bytes),
+            crc32c: taken.unwrap_or_else(|| transfer_engine::crc32c(bytes)),
             bytes,
         })
     }

@@ -139,3 +139,31 @@ fn misuse_is_refused_with_a_clear_error_and_loses_nothing() {
     let dst = MemoryRegion::zeroed(10);
     assert!(landing.push(&dst, 0, 101).is_err());
 }
+
+#[test]
+fn host_buffers_stage_units_with_the_checksum_taken_while_copying() {
+    let data = pattern(5000);
+    let src = MemoryRegion::from_vec(data.clone());
+    let mut stager = Stager::with_slots([HostSlot::new(2048), HostSlot::new(2048)]);
+    stager.prefetch(&src, 0..2048).unwrap();
+    stager.prefetch(&src, 2048..4096).unwrap();
+    for range in [0..2048, 2048..4096] {
+        let unit = stager.take().unwrap();
+        assert_eq!(unit.bytes(), &data[range.clone()]);
+        assert_eq!(unit.crc32c(), transfer_engine::crc32c(&data[range]));
+    }
+    // Receiving overwrites the buffer: the CRC of the last fetch no longer stands for its bytes.
+    let dst = MemoryRegion::zeroed(5000);
+    let mut landing = stager.receive().unwrap();
+    landing.buffer().unwrap()[..904].copy_from_slice(&data[4096..]);
+    assert_eq!(
+        landing.place(&dst, 4096, 904).unwrap(),
+        transfer_engine::crc32c(&data[4096..])
+    );
+    stager.prefetch(&src, 4096..5000).unwrap();
+    assert_eq!(
+        stager.take().unwrap().crc32c(),
+        transfer_engine::crc32c(&data[4096..])
+    );
+    assert_eq!(&dst.to_vec().unwrap()[4096..], &data[4096..]);
+}

@@ -52,6 +52,9 @@ pub struct NodeStats {
     pub staged_bytes_sent: u64,
     /// Payload bytes lanes received through staging buffers.
     pub staged_bytes_received: u64,
+    /// Bytes of staging buffers lanes hold right now: two buffers of `stage_bytes` per lane direction and
+    /// kind of memory it moves, let go after a second without such bytes.
+    pub staging_bytes_held: u64,
 }
 
 /// A TCP node: an engine, the memory behind its regions, a listener and lanes to its peers.
@@ -139,6 +142,7 @@ impl TcpNode {
             queued_bytes: self.state.ctx.total_queued.load(Ordering::Relaxed),
             staged_bytes_sent: self.state.ctx.staged.sent.load(Ordering::Relaxed),
             staged_bytes_received: self.state.ctx.staged.received.load(Ordering::Relaxed),
+            staging_bytes_held: self.state.ctx.staged.held.load(Ordering::Relaxed),
         }
     }
 

@@ -13,7 +13,7 @@ use transfer_engine::{Error, MemoryRegion, PeerId};
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
-use super::stage::{LaneStagers, staged};
+use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Unplaced, recv_staged};
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
@@ -73,7 +73,7 @@ async fn read_loop(
     let mut scratch = vec![0u8; SCRATCH];
     let mut control: Vec<u8> = Vec::new();
     let mut quiet = 0u32;
-    let mut stagers = LaneStagers::default();
+    let mut stagers = LaneStagers::new(&ctx.staged);
     // A staged frame whose device copy may still be in flight: handed on once it has completed.
     let mut unplaced: Option<Unplaced> = None;
     loop {
@@ -82,6 +82,17 @@ async fn read_loop(
             if let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced) {
                 return Some(why);
             }
+        }
+        // (`peek` waits for a byte without taking it; readiness left over from the last read does not
+        // count.)
+        if have == 0
+            && !stagers.is_empty()
+            && tokio::time::timeout(RELEASE_IDLE_STAGERS, rd.as_ref().peek(&mut [0u8; 1]))
+                .await
+                .is_err()
+        {
+            // Nothing arrived for a while: let the staging buffers go until staged bytes come again.
+            stagers.release();
         }
         if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
             return Some(e.to_string());
@@ -92,6 +103,14 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
+        // A resend of the unit held unplaced is placed only once that one is handed on (and then
+        // discarded, as a duplicate).
+        if unplaced.as_ref().is_some_and(|u| {
+            (u.header.session, u.header.sequence) == (header.session, header.sequence)
+        }) && let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced)
+        {
+            return Some(why);
+        }
         let placement = (header.kind == FrameKind::Data)
             .then(|| ctx.station.engine().destination(peer, &header));
         let staged_kind = match &placement {
@@ -113,6 +132,7 @@ async fn read_loop(
                     Ok(stager) => stager,
                     Err(e) => return Some(e.to_string()),
                 };
+                let mut refused = None;
                 let received = recv_staged(
                     rd,
                     stager,
@@ -122,10 +142,14 @@ async fn read_loop(
                     &mut have,
                     stall,
                     &mut unplaced,
+                    &mut |earlier| deliver(ctx, peer, &earlier, &mut refused),
                 )
                 .await;
-                let (crc, earlier) = match received {
-                    Ok(got) => got,
+                if let Some((h, e)) = refused {
+                    return Some(refuse(ctx, lane, peer, Some(&h), &e));
+                }
+                let crc = match received {
+                    Ok(crc) => crc,
                     Err(e) => return Some(e.to_string()),
                 };
                 ctx.staged.add_received(len);
@@ -134,14 +158,7 @@ async fn read_loop(
                     crc,
                     kind: memory.kind(),
                 });
-                match earlier {
-                    Some(Unplaced { header: h, crc, .. }) => {
-                        ctx.station
-                            .engine()
-                            .handle_data(Instant::now(), peer, &h, crc)
-                    }
-                    None => Ok(()),
-                }
+                Ok(())
             }
             Some(Ok(Some((memory, range)))) => {
                 let crc =
@@ -227,18 +244,29 @@ fn hand_on(
     stagers: &mut LaneStagers,
     unplaced: &mut Option<Unplaced>,
 ) -> Result<(), String> {
-    let Some(Unplaced { header, crc, .. }) = unplaced.take() else {
+    let Some(held) = unplaced.take() else {
         return Ok(());
     };
     stagers.flush().map_err(|e| e.to_string())?;
+    let mut refused = None;
+    deliver(ctx, peer, &held, &mut refused);
+    match refused {
+        Some((header, e)) => Err(refuse(ctx, lane, peer, Some(&header), &e)),
+        None => Ok(()),
+    }
+}
+
+/// Hands the engine a staged frame whose device copy has completed; keeps a refusal that costs the lane.
+fn deliver(ctx: &Context, peer: PeerId, held: &Unplaced, refused: &mut Option<(Header, Error)>) {
     let result = ctx
         .station
         .engine()
-        .handle_data(Instant::now(), peer, &header, crc);
+        .handle_data(Instant::now(), peer, &held.header, held.crc);
     ctx.wake.notify_one();
-    match result {
-        Err(e) if fatal(&e) => Err(refuse(ctx, lane, peer, Some(&header), &e)),
-        _ => Ok(()),
+    if let Err(e) = result
+        && fatal(&e)
+    {
+        *refused = Some((held.header, e));
     }
 }
 

@@ -2,18 +2,21 @@
 //! memory when [`super::TcpConfig::stage_host_memory`] asks), and the stagers a lane keeps for them, one per
 //! kind of memory, made the first time the lane meets it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use transfer_engine::MemoryKind;
 
 use super::TcpConfig;
 use crate::staging::{AnyStager, HostSlot, StageSlot, Stager, StagingError};
 
-/// Bytes lanes moved through staging buffers, both ways.
+/// Bytes lanes moved through staging buffers, both ways, and the bytes of staging buffers lanes hold.
 #[derive(Debug, Default)]
 pub(crate) struct StagedCounters {
     pub(crate) sent: AtomicU64,
     pub(crate) received: AtomicU64,
+    pub(crate) held: Arc<AtomicU64>,
 }
 
 impl StagedCounters {
@@ -24,6 +27,10 @@ impl StagedCounters {
         self.received.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 }
+
+/// A lane that has moved nothing for this long lets its staging buffers go (a lane holds two buffers per
+/// kind of memory only while it moves such bytes).
+pub(crate) const RELEASE_IDLE_STAGERS: Duration = Duration::from_secs(1);
 
 /// Whether lanes stage the bytes of memory of `kind`.
 pub(crate) fn staged(cfg: &TcpConfig, kind: MemoryKind) -> bool {
@@ -39,12 +46,20 @@ pub(crate) fn check_stageable(kind: MemoryKind) -> Result<(), String> {
 }
 
 /// One lane direction's stagers, one per kind of memory it met.
-#[derive(Default)]
 pub(crate) struct LaneStagers {
     stagers: Vec<(MemoryKind, AnyStager)>,
+    /// The node's count of staging bytes held, kept up to date as stagers come and go.
+    held: Arc<AtomicU64>,
 }
 
 impl LaneStagers {
+    pub(crate) fn new(counters: &StagedCounters) -> Self {
+        Self {
+            stagers: Vec::new(),
+            held: Arc::clone(&counters.held),
+        }
+    }
+
     /// The stager for memory of `kind`, made on first use with buffers of `unit` bytes.
     pub(crate) fn get(
         &mut self,
@@ -58,11 +73,28 @@ impl LaneStagers {
                     MemoryKind::Device { ordinal } => gpu::stager(ordinal, unit)?,
                     MemoryKind::Host | MemoryKind::PinnedHost => host_stager(unit),
                 };
+                self.held
+                    .fetch_add(2 * stager.unit_capacity() as u64, Ordering::Relaxed);
                 self.stagers.push((kind, stager));
                 self.stagers.len() - 1
             }
         };
         Ok(&mut self.stagers[i].1)
+    }
+
+    /// Whether the lane holds no staging buffers.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.stagers.is_empty()
+    }
+
+    /// Lets every staging buffer go (after waiting for its copies); the next use makes new ones.
+    pub(crate) fn release(&mut self) {
+        // A failed wait leaves nothing to do but drop: each buffer waits for its own stream on drop.
+        let _ = self.flush();
+        for (_, stager) in self.stagers.drain(..) {
+            self.held
+                .fetch_sub(2 * stager.unit_capacity() as u64, Ordering::Relaxed);
+        }
     }
 
     /// Waits for every device copy in flight.
@@ -71,6 +103,12 @@ impl LaneStagers {
             stager.flush()?;
         }
         Ok(())
+    }
+}
+
+impl Drop for LaneStagers {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

@@ -119,8 +119,15 @@ pub(crate) async fn send_staged(
         if range.len() > cap {
             frames[i].header.crc = staged_crc(stager, &memory, range.clone(), stall).await?;
             write_parts(wr, &[&frames[i].header.encode()], stall).await?;
-            for piece in pieces(range.clone(), cap) {
-                stager.prefetch(&memory, piece).map_err(staging)?;
+            // Each piece's device copy runs while the one before is on the socket.
+            let pieces = pieces(range.clone(), cap);
+            stager
+                .prefetch(&memory, pieces[0].clone())
+                .map_err(staging)?;
+            for k in 0..pieces.len() {
+                if let Some(next) = pieces.get(k + 1) {
+                    stager.prefetch(&memory, next.clone()).map_err(staging)?;
+                }
                 settled(stager, stall).await?;
                 let unit = stager.take().map_err(staging)?;
                 write_parts(wr, &[unit.bytes()], stall).await?;
@@ -172,9 +179,10 @@ async fn staged_crc(
     Ok(digest.finalize() as u32)
 }
 
-/// Receives a payload through `stager` into `range` of `memory`. Returns its CRC-32C (folded into the
-/// receive) and, if `before` held the frame received before this one (through the same stager), that frame
-/// once its device copy has completed (after this payload's first piece landed).
+/// Receives a payload through `stager` into `range` of `memory` and returns its CRC-32C (folded into the
+/// receive). If `before` holds the frame received before this one (through the same stager), that frame
+/// is given to `hand_on` as soon as its device copy has completed: once this payload's first piece has
+/// landed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn recv_staged(
     rd: &OwnedReadHalf,
@@ -185,9 +193,15 @@ pub(crate) async fn recv_staged(
     have: &mut usize,
     stall: Duration,
     before: &mut Option<Unplaced>,
-) -> io::Result<(u32, Option<Unplaced>)> {
+    hand_on: &mut (dyn FnMut(Unplaced) + Send),
+) -> io::Result<u32> {
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    let mut placed = None;
+    if range.is_empty()
+        && let Some(earlier) = before.take()
+    {
+        stager.flush().map_err(staging)?;
+        hand_on(earlier);
+    }
     let end = range.end;
     for piece in pieces(range, stager.unit_capacity()) {
         let mut landing = stager.receive().map_err(staging)?;
@@ -207,13 +221,13 @@ pub(crate) async fn recv_staged(
             Some(&mut digest),
         )
         .await?;
-        if before.is_some() {
+        if let Some(earlier) = before.take() {
             landing.settle_other().map_err(staging)?;
-            placed = before.take();
+            hand_on(earlier);
         }
         landing
             .push(memory, piece.start, piece.len())
             .map_err(staging)?;
     }
-    Ok((digest.finalize() as u32, placed))
+    Ok(digest.finalize() as u32)
 }

@@ -18,7 +18,7 @@ use transfer_engine::{Body, MemoryKind, MemoryRegion, RegionId, Transmit};
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
-use super::stage::{LaneStagers, staged};
+use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Outgoing, send_staged};
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
@@ -51,7 +51,7 @@ async fn write_loop(
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
     let mut scratch = Scratch::default();
-    let mut stagers = LaneStagers::default();
+    let mut stagers = LaneStagers::new(&ctx.staged);
     loop {
         let goodbye = lock(&lane.goodbye).take();
         if let Some(bytes) = goodbye {
@@ -68,11 +68,19 @@ async fn write_loop(
         link.take_batch(ctx, &mut batch);
         if batch.is_empty() {
             let idle = ctx.cfg.idle_timeout;
+            // A lane holding staging buffers wakes early to let them go.
+            let wait = if stagers.is_empty() {
+                idle
+            } else {
+                RELEASE_IDLE_STAGERS.min(idle)
+            };
             tokio::select! {
                 () = link.ready.notified() => {}
                 _ = closed.changed() => {}
-                () = tokio::time::sleep(idle) => {
-                    if lane.outbound && lock(&lane.last_rx).elapsed() >= idle {
+                () = tokio::time::sleep(wait) => {
+                    if !stagers.is_empty() {
+                        stagers.release();
+                    } else if lane.outbound && lock(&lane.last_rx).elapsed() >= idle {
                         return "idle".into();
                     }
                 }
