@@ -5,7 +5,9 @@
 #  3. moves 1 GiB host to GPU, GPU to host and GPU to GPU through the cuda copy engine at 256 KiB and 4 MiB
 #     blocks (host side pinned and pageable), verifies every byte and every block's CRC-32C, and prints GB/s
 #     beside a plain cuMemcpy of the same bytes from the same run, as JSON lines;
-#  4. sends 1 GiB over loopback TCP from GPU memory through the pinned stager, beside plain host memory.
+#  4. sends 1 GiB over loopback TCP from GPU memory through the pinned stager, beside plain host memory;
+#  5. moves 1 GiB host to GPU, GPU to host and GPU to GPU through the transfer engine itself (sessions,
+#     checksums, acks) on the loopback backend and on TCP (GPU regions staged on both ends), beside cuMemcpy.
 #
 # Usage:
 #   scripts/gpu-check.sh                 build here, then run (needs cargo and the crates, or a network)
@@ -58,6 +60,10 @@ timeout 150 "$dir/te-bench" gpu --bytes 1GiB --blocks 256KiB,4MiB --host both --
 
 step "1 GiB over loopback TCP: GPU memory through the pinned stager beside plain host memory (JSON lines)"
 timeout 90 "$dir/te-bench" gpu --tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+
+step "1 GiB through the transfer engine (loopback, then TCP staging on both ends) beside a plain cuMemcpy (JSON lines)"
+timeout 60 "$dir/te-bench" gpu --engine loopback --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+timeout 60 "$dir/te-bench" gpu --engine tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
 
 if [[ $tests_rc != 0 ]]; then
   echo "GPU tests FAILED (exit $tests_rc): see their output above" >&2

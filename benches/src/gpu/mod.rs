@@ -1,10 +1,13 @@
 //! `te-bench gpu`: moves bytes host to GPU, GPU to host and GPU to GPU through the `cuda` copy engine at
 //! each block size, verifies every byte and every block's CRC-32C, and prints GB/s beside a plain
 //! `cuMemcpy` of the same bytes measured in the same run (feature `cuda`; needs a GPU and its driver).
-//! With `--tcp`: TCP sends staged through double buffers beside sends from plain host memory.
+//! With `--tcp`: TCP sends staged through double buffers beside sends from plain host memory. With
+//! `--engine loopback|tcp`: the same routes through the transfer engine's sessions on that backend.
 
 #[cfg(feature = "cuda")]
 mod copies;
+#[cfg(feature = "cuda")]
+mod engine;
 mod staging;
 
 use clap::Args;
@@ -35,6 +38,10 @@ pub(crate) struct GpuArgs {
     /// instead of GPU copies; runs without a GPU (the pinned, GPU-sourced row needs one).
     #[arg(long)]
     tcp: bool,
+    /// Move the bytes through the transfer engine on this backend (`loopback` or `tcp`: GPU regions
+    /// registered on both ends, each block one exclusive unit) instead of the bare copy engine.
+    #[arg(long)]
+    engine: Option<String>,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -56,7 +63,10 @@ pub(crate) fn main(args: &GpuArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "cuda")]
 fn copies_main(args: &GpuArgs) -> anyhow::Result<()> {
-    copies::main(args)
+    match args.engine.as_deref() {
+        Some(backend) => engine::main(args, backend),
+        None => copies::main(args),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
