@@ -1,14 +1,14 @@
-//! GPU regions on the RDMA backend: registered with libfabric's CUDA interface (`FI_HMEM`) only on a node
-//! that asked for a provider offering it (`RdmaConfig::gpu_memory`); elsewhere refused with a clear error.
-//! This machine's `tcp` and `shm` providers are used without a GPU, so only the refusals run here; the GPU
-//! path itself needs a GPU and a provider with CUDA support (not run here, and said so).
+//! GPU regions on the RDMA backend: registered in place with libfabric's CUDA interface (`FI_HMEM`) on a node
+//! that asked for a provider offering it (`RdmaConfig::gpu_memory`), staged through host mirrors elsewhere.
+//! Here (no GPU) the refusals run, and the mirror path runs over host regions (`stage_host_memory`); the GPU
+//! paths need a GPU (not run here, and said so).
 #![cfg(feature = "rdma")]
 
 mod common;
 
 use backends::rdma::{Provider, RdmaConfig, RdmaNode};
 use common::ClaimsToBeGpu;
-use transfer_engine::{Dtype, KvLayout, MemoryRegion};
+use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferMode, TransferRequest};
 
 fn config(provider: &str, domain: Option<&str>, gpu_memory: bool) -> RdmaConfig {
     let mut cfg = RdmaConfig::new(1, Provider::Named(provider.into()));
@@ -27,8 +27,22 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// What a GPU region is refused for on this machine: no GPU support in the build, or no driver.
+fn no_gpu_here() -> &'static str {
+    if cfg!(feature = "cuda") {
+        "no CUDA driver"
+    } else {
+        "feature `cuda`"
+    }
+}
+
 #[test]
-fn a_node_not_opened_for_gpu_memory_refuses_gpu_regions_and_says_what_to_do() {
+fn without_a_gpu_a_gpu_region_is_refused_with_the_reason_and_host_memory_still_works() {
+    #[cfg(feature = "cuda")]
+    if backends::cuda::driver_present() {
+        say("not run: this machine has a CUDA driver; the fixture is not real GPU memory");
+        return;
+    }
     let layout = KvLayout::new(1, 2, 4096, 16, Dtype::Bf16).unwrap();
     for (provider, domain) in [("tcp", Some("lo")), ("shm", None)] {
         let node = match RdmaNode::start(config(provider, domain, false)) {
@@ -43,14 +57,64 @@ fn a_node_not_opened_for_gpu_memory_refuses_gpu_regions_and_says_what_to_do() {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("memory of GPU 0")
-                && err.contains("FI_HMEM")
-                && err.contains("gpu_memory"),
+            err.contains("GPU 0") && err.contains(no_gpu_here()),
             "{provider}: {err}"
         );
-        // The node still serves host memory.
         node.register_kv_region(layout, MemoryRegion::zeroed(8192))
             .unwrap();
+    }
+}
+
+/// Host regions staged through mirrors (`stage_host_memory`), the path GPU regions take on providers
+/// without `FI_HMEM`: the peer writes into the receiver's mirror, so the destination region holds the
+/// bytes only if each unit was copied out of the mirror before it was reported.
+#[test]
+fn staged_regions_move_through_their_mirrors_byte_identical() {
+    let layout = KvLayout::new(2, 8, 256 << 10, 16, Dtype::Bf16).unwrap();
+    let len = layout.total_bytes() as usize;
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4099) as u8).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    for (provider, domain) in [("tcp", Some("lo")), ("shm", None)] {
+        let start = |id: u32| {
+            let mut cfg = config(provider, domain, false);
+            cfg.engine.engine_id = id;
+            cfg.stage_host_memory = true;
+            RdmaNode::start(cfg)
+        };
+        let (producer, consumer) = match (start(1), start(2)) {
+            (Ok(p), Ok(c)) => (p, c),
+            (Err(e), _) | (_, Err(e)) => {
+                say(&format!("not run: provider {provider} unusable here: {e}"));
+                continue;
+            }
+        };
+        let src = producer
+            .register_kv_region(layout, MemoryRegion::from_vec(data.clone()))
+            .unwrap();
+        let pool = MemoryRegion::zeroed(len);
+        let dst = consumer.register_kv_region(layout, pool.clone()).unwrap();
+        consumer.publish_segment("kv", dst).unwrap();
+        let peer = rt
+            .block_on(producer.connect(consumer.address()))
+            .unwrap()
+            .peer;
+        for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
+            pool.fill_with(|_, b| b.fill(0)).unwrap();
+            let req = TransferRequest::whole(peer, &src, &dst)
+                .unwrap()
+                .with_mode(mode);
+            let out = rt
+                .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
+                .unwrap();
+            assert!(out.recompute.is_empty(), "{provider} {mode:?}: {out:?}");
+            assert!(
+                pool.to_vec().unwrap() == data,
+                "{provider} {mode:?}: the destination differs from the source"
+            );
+        }
     }
 }
 
@@ -80,12 +144,7 @@ fn asking_for_gpu_memory_finds_a_provider_that_registers_it_or_says_none_does() 
                     .register_kv_region(layout, gpu_region(8192))
                     .unwrap_err()
                     .to_string();
-                let why = if cfg!(feature = "cuda") {
-                    "no CUDA driver"
-                } else {
-                    "feature `cuda`"
-                };
-                assert!(err.contains(why), "{provider}: {err}");
+                assert!(err.contains(no_gpu_here()), "{provider}: {err}");
                 say(&format!(
                     "not run: GPU registration over {provider} (FI_HMEM offered, but no GPU: {err})"
                 ));
@@ -94,20 +153,20 @@ fn asking_for_gpu_memory_finds_a_provider_that_registers_it_or_says_none_does() 
     }
 }
 
-/// GPU to GPU over a provider that registers CUDA memory (`shm` with libfabric's CUDA support, or a NIC's
-/// provider given in `TE_GPU_PROVIDER`), byte-identical, every unit checksummed on a host copy.
+/// GPU to GPU, byte-identical, every unit checksummed on a host copy: through host mirrors on the `tcp`
+/// provider (no `FI_HMEM`), and registered in place on a provider that offers `FI_HMEM` for CUDA (`shm`, or
+/// a NIC's provider named in `TE_GPU_PROVIDER`).
 #[cfg(feature = "cuda")]
 #[test]
-#[ignore = "needs a CUDA GPU and a libfabric provider with FI_HMEM for CUDA"]
-fn gpu_regions_move_byte_identical_over_a_provider_that_registers_them() {
+#[ignore = "needs a CUDA GPU (and, for the in-place half, a libfabric provider with FI_HMEM for CUDA)"]
+fn gpu_regions_move_byte_identical_staged_and_in_place() {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
-    use transfer_engine::{PeerId, TransferMode, TransferRequest};
 
     if !driver_present() {
         say("not run: no CUDA driver");
         panic!("not run: no CUDA driver (this test needs a GPU)");
     }
-    let provider = std::env::var("TE_GPU_PROVIDER").unwrap_or_else(|_| "shm".into());
+    let in_place = std::env::var("TE_GPU_PROVIDER").unwrap_or_else(|_| "shm".into());
     let gpu = Gpu::open(0).unwrap();
     let layout = KvLayout::new(2, 8, 1 << 20, 16, Dtype::Bf16).unwrap();
     let len = layout.total_bytes() as usize;
@@ -124,35 +183,52 @@ fn gpu_regions_move_byte_identical_over_a_provider_that_registers_them() {
         )
         .unwrap();
     let dst_memory = DeviceMemory::alloc(&gpu, len).unwrap().into_region();
-    let mut a = config(&provider, None, true);
-    a.engine.engine_id = 1;
-    let mut b = config(&provider, None, true);
-    b.engine.engine_id = 2;
-    let (producer, consumer) = (RdmaNode::start(a).unwrap(), RdmaNode::start(b).unwrap());
-    let src = producer.register_kv_region(layout, src_memory).unwrap();
-    let dst = consumer
-        .register_kv_region(layout, dst_memory.clone())
-        .unwrap();
-    consumer.publish_segment("kv", dst).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
-    let peer: PeerId = rt
-        .block_on(producer.connect(consumer.address()))
-        .unwrap()
-        .peer;
-    for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
-        gpu.zero(&dst_memory, 0..len).unwrap();
-        let req = TransferRequest::whole(peer, &src, &dst)
-            .unwrap()
-            .with_mode(mode);
-        let out = rt
-            .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
+    for (provider, domain, gpu_memory) in [("tcp", Some("lo"), false), (&*in_place, None, true)] {
+        let start = |id: u32| {
+            let mut cfg = config(provider, domain, gpu_memory);
+            cfg.engine.engine_id = id;
+            RdmaNode::start(cfg)
+        };
+        let (producer, consumer) = match (start(1), start(2)) {
+            (Ok(p), Ok(c)) => (p, c),
+            (Err(e), _) | (_, Err(e)) => {
+                say(&format!(
+                    "not run: {provider} with FI_HMEM {gpu_memory}: {e}"
+                ));
+                assert!(gpu_memory, "the staged half must run: {e}");
+                continue;
+            }
+        };
+        let src = producer
+            .register_kv_region(layout, src_memory.clone())
             .unwrap();
-        assert!(out.recompute.is_empty(), "{mode:?}: {out:?}");
-        let back = MemoryRegion::zeroed(len);
-        engine.copy(&dst_memory, 0..len, &back, 0, |_| {}).unwrap();
-        assert!(back.to_vec().unwrap() == data, "{mode:?}: bytes differ");
+        let dst = consumer
+            .register_kv_region(layout, dst_memory.clone())
+            .unwrap();
+        consumer.publish_segment("kv", dst).unwrap();
+        let peer = rt
+            .block_on(producer.connect(consumer.address()))
+            .unwrap()
+            .peer;
+        for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
+            gpu.zero(&dst_memory, 0..len).unwrap();
+            let req = TransferRequest::whole(peer, &src, &dst)
+                .unwrap()
+                .with_mode(mode);
+            let out = rt
+                .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
+                .unwrap();
+            assert!(out.recompute.is_empty(), "{provider} {mode:?}: {out:?}");
+            let back = MemoryRegion::zeroed(len);
+            engine.copy(&dst_memory, 0..len, &back, 0, |_| {}).unwrap();
+            assert!(
+                back.to_vec().unwrap() == data,
+                "{provider} {mode:?}: bytes differ"
+            );
+        }
     }
 }

@@ -39,7 +39,6 @@
 //! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
-mod checksum;
 pub mod discovery;
 mod driver;
 mod ffi;
@@ -48,6 +47,7 @@ mod message;
 mod node;
 mod provider;
 mod shared;
+mod units;
 mod wait;
 
 use std::time::Duration;
@@ -106,11 +106,14 @@ pub struct RdmaConfig {
     /// sessions to an unreachable peer are refused for [`REFUSE_UNREACHABLE_FOR`], or until it sends a
     /// message.
     pub answer_timeout: Duration,
-    /// Ask for a provider that registers GPU memory (`FI_HMEM`, CUDA), so GPU regions can be registered
-    /// and NICs write straight from and into them. Off by default: providers without it (this machine's
-    /// `tcp` and `shm` builds) would not be found. Needs feature `cuda` too, for the checksums of GPU
-    /// units (taken on a host copy).
+    /// Ask for a provider that registers GPU memory (`FI_HMEM`, CUDA), so GPU regions are registered in
+    /// place and NICs write straight from and into them. Off by default: providers without it would not
+    /// be found. Without it, GPU regions are staged through host mirrors (see [`RdmaNode::register_kv_region`]).
+    /// GPU regions need feature `cuda` either way.
     pub gpu_memory: bool,
+    /// Stage host regions through host mirrors too, as GPU regions are on providers without `FI_HMEM`:
+    /// runs (and measures) the staged path without a GPU. Off by default.
+    pub stage_host_memory: bool,
 }
 
 impl RdmaConfig {
@@ -133,6 +136,7 @@ impl RdmaConfig {
             unreachable_after: Duration::from_secs(1),
             answer_timeout: Duration::from_secs(3),
             gpu_memory: false,
+            stage_host_memory: false,
         }
     }
 

@@ -13,11 +13,11 @@ use transfer_engine::{
     TransferRequest,
 };
 
-use super::checksum::UnitChecksum;
 use super::ffi::{Endpoint, ProviderInfo};
 use super::message::RdmaSegment;
 use super::provider::resolve;
 use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, lock};
+use super::units::UnitCopies;
 use super::{RdmaConfig, RdmaError, driver};
 use crate::board::{IncomingSession, Outcome, Received};
 use crate::station::Station;
@@ -68,6 +68,7 @@ impl RdmaNode {
             commands: Mutex::default(),
             stop: AtomicBool::new(false),
             regions: Mutex::default(),
+            mirrors: Mutex::default(),
             published: Mutex::default(),
             routes: Mutex::default(),
             unreachable: Mutex::default(),
@@ -132,23 +133,27 @@ impl RdmaNode {
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, RdmaError> {
-        if let MemoryKind::Device { ordinal } = memory.kind() {
-            if !self.shared.info.hmem {
-                return Err(RdmaError::Config(format!(
-                    "{} cannot be registered: provider {} was not opened for device memory (FI_HMEM); \
-                     set RdmaConfig::gpu_memory to ask for a provider that registers GPU memory (verbs \
-                     with GPUDirect RDMA, efa), or send GPU regions over TCP, which stages them",
-                    memory.kind(),
-                    self.shared.info.provider
-                )));
+        let staged = match memory.kind() {
+            MemoryKind::Device { ordinal } => {
+                UnitCopies::check_device(ordinal)?;
+                !self.shared.info.hmem
             }
-            UnitChecksum::check_device(ordinal)?;
-        }
+            MemoryKind::Host | MemoryKind::PinnedHost => self.shared.cfg.stage_host_memory,
+        };
+        let mirror = if staged {
+            Some(UnitCopies::mirror(memory.kind(), memory.len())?)
+        } else {
+            None
+        };
         let (tx, rx) = mpsc::channel();
-        self.shared.command(Command::Register(memory.clone(), tx));
+        let registered = mirror.clone().unwrap_or_else(|| memory.clone());
+        self.shared.command(Command::Register(registered, tx));
         let local = rx.recv().map_err(|_| RdmaError::Closed)??;
         match self.shared.station.register_kv_region(layout, memory) {
             Ok(handle) => {
+                if let Some(mirror) = mirror {
+                    lock(&self.shared.mirrors).insert(handle.id, mirror);
+                }
                 lock(&self.shared.regions).insert(handle.id, local);
                 Ok(handle)
             }
@@ -179,6 +184,7 @@ impl RdmaNode {
         if let Some(local) = lock(&self.shared.regions).remove(&id) {
             self.shared.command(Command::Deregister(local.mr));
         }
+        lock(&self.shared.mirrors).remove(&id);
         Ok(memory)
     }
 

@@ -104,6 +104,8 @@ pub(crate) struct Shared {
     pub(crate) commands: Mutex<VecDeque<Command>>,
     pub(crate) stop: AtomicBool,
     pub(crate) regions: Mutex<HashMap<RegionId, LocalRegion>>,
+    /// The host mirror registered in place of each staged region (see `units.rs`).
+    pub(crate) mirrors: Mutex<HashMap<RegionId, MemoryRegion>>,
     pub(crate) published: Mutex<Vec<RdmaSegment>>,
     pub(crate) routes: Mutex<HashMap<PeerId, Route>>,
     /// Peers found unreachable that have sent nothing since, with the reason and when (at most one per

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
 
-use super::checksum::UnitChecksum;
 use super::ffi::{Completion, Endpoint, MrId};
 use super::message::Message;
 use super::shared::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
+use super::units::UnitCopies;
 use super::wait::Waiter;
 
 mod reach;
@@ -75,8 +75,8 @@ struct Driver<'a> {
     completions: Vec<Completion>,
     waiter: Waiter,
     reach: reach::Reach,
-    /// Checksums of units on both ends (GPU units through a host copy).
-    checksum: UnitChecksum,
+    /// Checksums of units on both ends (GPU units through a host copy), and copies to and from mirrors.
+    units: UnitCopies,
 }
 
 /// Runs the driver until the node stops.
@@ -98,7 +98,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         completions: Vec::with_capacity(256),
         waiter: Waiter::default(),
         reach: reach::Reach::default(),
-        checksum: UnitChecksum::default(),
+        units: UnitCopies::default(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
         if let Err(e) = d.step() {
@@ -349,7 +349,12 @@ impl Driver<'_> {
             return Ok(true);
         };
         let memory = self.shared.station.engine().memory(p.region)?.clone();
-        let crc = self.checksum.crc32c(&memory, p.range())?;
+        // A staged region's unit is copied to its mirror (which is what is registered) before its writes.
+        let mirror = lock(&self.shared.mirrors).get(&p.region).cloned();
+        let crc = match mirror {
+            Some(mirror) => self.units.stage_out(&memory, &mirror, p.range())?,
+            None => self.units.crc32c(&memory, p.range())?,
+        };
         t.header.crc = crc;
         let dst_offset =
             layout.block_offset(BlockId::new(t.header.layer, t.header.block)) + t.header.offset;

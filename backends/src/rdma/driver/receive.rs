@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use transfer_engine::wire::decode_frame;
-use transfer_engine::{FrameKind, PeerId, Placement};
+use transfer_engine::{FrameKind, MemoryRegion, PeerId, Placement, RegionId};
 
 use super::super::ffi::Completion;
 use super::super::message::Message;
@@ -217,7 +217,7 @@ impl Driver<'_> {
             }
         };
         let crc = match placed {
-            Ok(Some((memory, range))) => match self.checksum.crc32c(&memory, range) {
+            Ok(Some((memory, range))) => match self.verify(region, &memory, range) {
                 Ok(c) => c,
                 Err(e) => {
                     self.shared.log(format!("verifying a unit: {e}"));
@@ -237,6 +237,21 @@ impl Driver<'_> {
                 .log(format!("a unit from engine {from} refused: {e}"));
         }
         self.shared.station.drain_events(&mut engine);
+    }
+
+    /// The CRC-32C of a unit that landed in `range` of region `region`: taken in place, or in the region's
+    /// mirror, from which the unit is then copied into `memory`.
+    fn verify(
+        &mut self,
+        region: u32,
+        memory: &MemoryRegion,
+        range: std::ops::Range<usize>,
+    ) -> Result<u32, RdmaError> {
+        let mirror = lock(&self.shared.mirrors).get(&RegionId(region)).cloned();
+        match mirror {
+            Some(mirror) => self.units.stage_in(&mirror, memory, range),
+            None => self.units.crc32c(memory, range),
+        }
     }
 
     /// Drops the destinations of sending sessions the engine no longer holds.
