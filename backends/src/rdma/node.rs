@@ -136,7 +136,7 @@ impl RdmaNode {
         let staged = match memory.kind() {
             MemoryKind::Device { ordinal } => {
                 UnitCopies::check_device(ordinal)?;
-                !self.shared.info.hmem
+                !(self.shared.cfg.gpu_memory && self.shared.info.hmem)
             }
             MemoryKind::Host | MemoryKind::PinnedHost => self.shared.cfg.stage_host_memory,
         };

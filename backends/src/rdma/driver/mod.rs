@@ -9,13 +9,14 @@ use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
 
 use super::ffi::{Completion, Endpoint, MrId};
 use super::message::Message;
-use super::shared::{Command, LocalRegion, PeerInfo, Route, Shared, lock};
+use super::shared::{PeerInfo, Route, Shared, lock};
 use super::units::UnitCopies;
 use super::wait::Waiter;
 
+mod commands;
 mod reach;
 mod receive;
-use super::{MAX_TAGS, RdmaError, token};
+use super::{RdmaError, token};
 
 /// Longest sleep on the completion queue while nothing is due (commands and submits wake it early).
 const IDLE_WAIT: Duration = Duration::from_millis(50);
@@ -77,6 +78,8 @@ struct Driver<'a> {
     reach: reach::Reach,
     /// Checksums of units on both ends (GPU units through a host copy), and copies to and from mirrors.
     units: UnitCopies,
+    /// Registrations to close once their writes in flight have completed or been given up.
+    deregister_later: Vec<MrId>,
 }
 
 /// Runs the driver until the node stops.
@@ -99,6 +102,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         waiter: Waiter::default(),
         reach: reach::Reach::default(),
         units: UnitCopies::default(),
+        deregister_later: Vec::new(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
         if let Err(e) = d.step() {
@@ -110,6 +114,9 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
 impl Driver<'_> {
     fn step(&mut self) -> Result<(), RdmaError> {
         self.commands();
+        for mr in std::mem::take(&mut self.deregister_later) {
+            self.deregister(mr);
+        }
         let now = Instant::now();
         let next = {
             let mut engine = self.shared.station.engine();
@@ -165,87 +172,6 @@ impl Driver<'_> {
         }
     }
 
-    fn commands(&mut self) {
-        loop {
-            let Some(cmd) = lock(&self.shared.commands).pop_front() else {
-                return;
-            };
-            match cmd {
-                Command::Register(memory, reply) => {
-                    let result = self.ep.register(&memory).and_then(|(mr, rkey)| {
-                        Ok(LocalRegion {
-                            mr,
-                            rkey,
-                            rma_base: self.ep.remote_base(mr)?,
-                        })
-                    });
-                    let _ = reply.send(result);
-                }
-                Command::Deregister(mr) => {
-                    if let Err(e) = self.ep.deregister(mr) {
-                        self.shared.log(format!("deregistering: {e}"));
-                    }
-                }
-                Command::Connect(name, reply) => {
-                    let result = self.ep.insert(&name).and_then(|addr| {
-                        self.next_nonce += 1;
-                        let nonce = self.next_nonce;
-                        let tag = self.assign_tag()?;
-                        let hello = Message::Hello {
-                            nonce,
-                            tag,
-                            name: self.shared.name.clone(),
-                            segments: lock(&self.shared.published).clone(),
-                        };
-                        self.send_now(addr, &hello)?;
-                        Ok((nonce, addr, tag))
-                    });
-                    match result {
-                        Ok((nonce, addr, tag)) => {
-                            self.dialed.insert(nonce, addr);
-                            self.connects.insert(nonce, (tag, reply));
-                        }
-                        Err(e) => {
-                            let _ = reply.send(Err(e));
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn assign_tag(&mut self) -> Result<u16, RdmaError> {
-        if self.next_tag >= MAX_TAGS {
-            return Err(RdmaError::Config(format!(
-                "more than {} peers have connected to this node",
-                MAX_TAGS - 1
-            )));
-        }
-        self.next_tag += 1;
-        Ok(self.next_tag - 1)
-    }
-
-    /// Sends a message, progressing the queue until a slot frees (handshakes only: rare and small).
-    fn send_now(&mut self, addr: u64, msg: &Message) -> Result<(), RdmaError> {
-        let bytes = msg.encode(self.shared.engine_id);
-        let give_up = Instant::now() + Duration::from_secs(2);
-        while !self.ep.send(addr, &bytes)? {
-            if Instant::now() > give_up {
-                return Err(RdmaError::Protocol("no send slot frees up".into()));
-            }
-            let mut done = Vec::new();
-            self.ep.poll(&mut done)?;
-            for c in done {
-                self.completion(c);
-            }
-        }
-        self.shared
-            .counters
-            .messages_sent
-            .fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
     fn window_full(&self) -> bool {
         self.out.len() >= self.shared.cfg.window_units
             || self.bytes_out >= self.shared.cfg.window_bytes
@@ -294,9 +220,8 @@ impl Driver<'_> {
                 .log(format!("no route to peer {:?}: a frame dropped", t.peer));
             return Ok(true);
         };
-        if !t.header.kind.is_from_receiver() {
-            self.reach.asked(t.peer, Instant::now());
-        }
+        // Frames that ask the peer for an answer count towards its silence once they are sent.
+        let asks = !t.header.kind.is_from_receiver();
         let p = match &t.body {
             Body::Payload(p) => *p,
             Body::Empty | Body::Control(_) => {
@@ -319,6 +244,9 @@ impl Driver<'_> {
                 if !self.ep.send(route.addr, &bytes)? {
                     self.stash = Some(t);
                     return Ok(false);
+                }
+                if asks {
+                    self.reach.asked(t.peer, Instant::now());
                 }
                 self.shared
                     .counters
@@ -352,8 +280,22 @@ impl Driver<'_> {
         // A staged region's unit is copied to its mirror (which is what is registered) before its writes.
         let mirror = lock(&self.shared.mirrors).get(&p.region).cloned();
         let crc = match mirror {
-            Some(mirror) => self.units.stage_out(&memory, &mirror, p.range())?,
-            None => self.units.crc32c(&memory, p.range())?,
+            Some(mirror) => self.units.stage_out(&memory, &mirror, p.range()),
+            None => self.units.crc32c(&memory, p.range()),
+        };
+        let crc = match crc {
+            Ok(crc) => crc,
+            Err(e) => {
+                // A local fault (a failed GPU copy, say), not the peer's: the session ends at once with its
+                // unacknowledged blocks handed back for recompute.
+                self.shared.log(format!(
+                    "session {session}: a unit could not be read ({e}); the session is cancelled"
+                ));
+                let mut engine = self.shared.station.engine();
+                let _ = engine.cancel(session);
+                self.shared.station.drain_events(&mut engine);
+                return Ok(true);
+            }
         };
         t.header.crc = crc;
         let dst_offset =
@@ -381,6 +323,9 @@ impl Driver<'_> {
             t.header.crc = 0;
             self.stash = Some(t);
             return Ok(false);
+        }
+        if asks {
+            self.reach.asked(t.peer, Instant::now());
         }
         self.shared
             .counters

@@ -220,8 +220,10 @@ impl Driver<'_> {
             Ok(Some((memory, range))) => match self.verify(region, &memory, range) {
                 Ok(c) => c,
                 Err(e) => {
+                    // The unit could not be read or copied where it belongs: reported as arrived corrupt
+                    // (a CRC that cannot match), so the sender resends it now rather than at its deadline.
                     self.shared.log(format!("verifying a unit: {e}"));
-                    return;
+                    !header.crc
                 }
             },
             Ok(None) => header.crc,

@@ -123,6 +123,11 @@ impl Endpoint {
         })
     }
 
+    /// Whether registration `id` is open.
+    pub(crate) fn is_registered(&self, id: MrId) -> bool {
+        self.regs.contains_key(&id)
+    }
+
     /// Closes registration `id`; refused while writes from it are in flight.
     pub(crate) fn deregister(&mut self, id: MrId) -> Result<(), RdmaError> {
         let reg = self
