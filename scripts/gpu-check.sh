@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check (issue 15), for a machine with an NVIDIA GPU and its driver; finishes in well under 5 minutes.
 #  1. builds te-bench and the GPU tests with `--features cuda` (or takes binaries built earlier, see below);
-#  2. runs the GPU tests (the `#[ignore]`d ones in backends/tests/cuda.rs, which fail without a driver);
+#  2. runs the GPU tests (the `#[ignore]`d ones in backends/tests/cuda.rs and connector/tests/gpu.rs, which fail
+#     without a driver);
 #  3. moves 1 GiB host to GPU, GPU to host and GPU to GPU through the cuda copy engine at 256 KiB and 4 MiB
 #     blocks (host side pinned and pageable), verifies every byte and every block's CRC-32C, and prints GB/s
 #     beside a plain cuMemcpy of the same bytes from the same run, as JSON lines;
@@ -13,7 +14,7 @@
 #   scripts/gpu-check.sh                 build here, then run (needs cargo and the crates, or a network)
 #   scripts/gpu-check.sh --build-only    build only, into target/gpu-check/ (for a GPU machine without cargo
 #                                        or network: carry that folder there and use --prebuilt)
-#   scripts/gpu-check.sh --prebuilt DIR  run DIR/te-bench and DIR/cuda-tests without building
+#   scripts/gpu-check.sh --prebuilt DIR  run DIR/te-bench and the DIR/*tests binaries without building
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,16 +32,22 @@ step() { printf '\n== %s\n' "$*" >&2; }
 if [[ $mode != prebuilt ]]; then
   step "build with --features cuda"
   cargo build --release --locked -p benches --features cuda --bin te-bench
-  tests=$(cargo test --release --locked -p backends --features cuda --test cuda --no-run \
-            --message-format=json 2>/dev/null |
-          sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
-  [[ -n $tests ]] || { echo "could not find the cuda test binary" >&2; exit 1; }
+  # The test binary of package $1's test target $2, built with --features cuda.
+  test_binary() {
+    cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
+        --message-format=json 2>/dev/null |
+      sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+  }
+  tests=$(test_binary backends cuda)
+  connector_tests=$(test_binary connector gpu)
+  [[ -n $tests && -n $connector_tests ]] || { echo "could not find the GPU test binaries" >&2; exit 1; }
   mkdir -p "$dir"
   cp "${CARGO_TARGET_DIR:-target}/release/te-bench" "$dir/te-bench"
   cp "$tests" "$dir/cuda-tests"
+  cp "$connector_tests" "$dir/connector-gpu-tests"
   # Small enough to carry to a GPU machine that has no cargo or no network (about 10 MB stripped).
-  if command -v strip >/dev/null; then strip "$dir/te-bench" "$dir/cuda-tests"; fi
-  [[ $mode == build ]] && { echo "built: $dir/te-bench $dir/cuda-tests" >&2; exit 0; }
+  if command -v strip >/dev/null; then strip "$dir/te-bench" "$dir/cuda-tests" "$dir/connector-gpu-tests"; fi
+  [[ $mode == build ]] && { echo "built: $dir/te-bench $dir/cuda-tests $dir/connector-gpu-tests" >&2; exit 0; }
 fi
 
 step "GPU"
@@ -54,6 +61,7 @@ step "GPU tests (ignored by default; fail without a driver)"
 # A failure is reported at the end; the measurements still run, since a GPU session is short.
 tests_rc=0
 timeout 120 "$dir/cuda-tests" --include-ignored --test-threads=1 >&2 || tests_rc=$?
+timeout 60 "$dir/connector-gpu-tests" --include-ignored --test-threads=1 >&2 || tests_rc=$?
 
 step "1 GiB through the copy engine beside a plain cuMemcpy (JSON lines)"
 timeout 150 "$dir/te-bench" gpu --bytes 1GiB --blocks 256KiB,4MiB --host both --repeats 3 --json

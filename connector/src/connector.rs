@@ -317,6 +317,7 @@ impl KvConnector {
         blocks: u32,
     ) -> Result<(), ConnectorError> {
         let layout = self.cfg.kv_layout(blocks)?;
+        crate::copier::BlockCopier::check(memory.kind())?;
         if (memory.len() as u64) < layout.total_bytes() {
             return Err(ConnectorError::Config(format!(
                 "KV caches of {} bytes are smaller than {blocks} blocks of the layout ({} bytes)",

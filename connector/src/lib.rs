@@ -85,6 +85,7 @@
 pub mod config;
 mod connector;
 pub mod control;
+pub mod copier;
 pub mod discovery;
 pub mod error;
 pub mod keys;

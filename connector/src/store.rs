@@ -17,6 +17,7 @@ use policy::{NamespaceId, TierCapacities, TierConfig, TierManager};
 use transfer_engine::policy::{BlockKey, Tier};
 use transfer_engine::{BlockId, KvLayout, MemoryRegion};
 
+use crate::copier::BlockCopier;
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 
@@ -68,6 +69,7 @@ pub struct TierStore {
     owners: Vec<Option<ScopedKey>>,
     tiers: TierManager,
     peak_used: usize,
+    copier: BlockCopier,
 }
 
 impl TierStore {
@@ -116,6 +118,7 @@ impl TierStore {
             owners: vec![None; capacity],
             tiers,
             peak_used: 0,
+            copier: BlockCopier::default(),
         })
     }
 
@@ -129,6 +132,17 @@ impl TierStore {
     #[must_use]
     pub fn memory(&self) -> &MemoryRegion {
         &self.memory
+    }
+
+    /// Copies `len` bytes at `from` of the store's memory to `to` of `dst` (the KV caches, host or GPU).
+    pub fn copy_out(
+        &self,
+        from: usize,
+        dst: &MemoryRegion,
+        to: usize,
+        len: usize,
+    ) -> Result<(), ConnectorError> {
+        self.copier.copy(&self.memory, from, dst, to, len)
     }
 
     /// Slots in use now (stored blocks, whole or partial, and evicted ones still being read).
@@ -298,9 +312,9 @@ impl TierStore {
                 }
             };
             let at = src_layout.block_offset(src_id) as usize;
-            let bytes = src.read(at..at + self.layout.block_bytes as usize)?;
             let to = self.layout.block_offset(BlockId::new(layer, entry.slot)) as usize;
-            self.memory.copy_from(to, &bytes)?;
+            self.copier
+                .copy(src, at, &self.memory, to, self.layout.block_bytes as usize)?;
             let e = self.index.get_mut(key).expect("claimed above");
             e.layers += 1;
             report.copied += 1;

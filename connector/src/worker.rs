@@ -143,8 +143,7 @@ impl KvConnector {
                         as usize;
                     let to =
                         layout.block_offset(transfer_engine::BlockId::new(layer, block)) as usize;
-                    let data = store.memory().read(from..from + bytes)?;
-                    memory.copy_from(to, &data)?;
+                    store.copy_out(from, &memory, to, bytes)?;
                 }
             }
             Ok(())

@@ -1,0 +1,100 @@
+//! Block copies between the KV caches and the tier store, wherever each lives: host bytes with the CPU,
+//! GPU bytes (feature `cuda`) through `backends::cuda`'s copy engines (`cuMemcpy*Async` on a stream).
+
+use transfer_engine::{MemoryKind, MemoryRegion};
+
+use crate::ConnectorError;
+
+/// Copies blocks between regions of any memory kind this build supports.
+#[derive(Debug, Default)]
+pub struct BlockCopier {
+    /// Made on first use: most connectors only ever copy host memory.
+    #[cfg(feature = "cuda")]
+    gpu: std::sync::OnceLock<backends::cuda::GpuMover>,
+}
+
+impl BlockCopier {
+    /// Checks that blocks in memory of `kind` can be copied here: always for host memory; for GPU memory
+    /// only with feature `cuda` and the GPU's driver.
+    pub fn check(kind: MemoryKind) -> Result<(), ConnectorError> {
+        match kind {
+            MemoryKind::Host | MemoryKind::PinnedHost => Ok(()),
+            MemoryKind::Device { ordinal } => check_gpu(ordinal),
+        }
+    }
+
+    /// Copies `len` bytes at `src_at` of `src` to `dst_at` of `dst`.
+    pub fn copy(
+        &self,
+        src: &MemoryRegion,
+        src_at: usize,
+        dst: &MemoryRegion,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), ConnectorError> {
+        if src.kind().is_host() && dst.kind().is_host() {
+            // Two views at once: taken in order of address, as every holder of several views does.
+            if src.address() < dst.address() {
+                let from = src.read(src_at..src_at + len)?;
+                dst.copy_from(dst_at, &from)?;
+            } else {
+                let mut to = dst.write(dst_at..dst_at + len)?;
+                to.copy_from_slice(&src.read(src_at..src_at + len)?);
+            }
+            return Ok(());
+        }
+        self.gpu_copy(src, src_at, dst, dst_at, len)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_copy(
+        &self,
+        src: &MemoryRegion,
+        src_at: usize,
+        dst: &MemoryRegion,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), ConnectorError> {
+        self.gpu
+            .get_or_init(|| backends::cuda::GpuMover::new(4 << 20))
+            .place(src, src_at..src_at + len, dst, dst_at..dst_at + len)
+            .map(|_| ())
+            .map_err(|e| ConnectorError::Config(format!("copying KV blocks through the GPU: {e}")))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn gpu_copy(
+        &self,
+        src: &MemoryRegion,
+        _: usize,
+        dst: &MemoryRegion,
+        _: usize,
+        _: usize,
+    ) -> Result<(), ConnectorError> {
+        let kind = if src.kind().is_host() {
+            dst.kind()
+        } else {
+            src.kind()
+        };
+        Err(no_gpu(kind))
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
+    backends::cuda::Gpu::open(ordinal)
+        .map(|_| ())
+        .map_err(|e| ConnectorError::Config(format!("KV caches on GPU {ordinal}: {e}")))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
+    Err(no_gpu(MemoryKind::Device { ordinal }))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_gpu(kind: MemoryKind) -> ConnectorError {
+    ConnectorError::Config(format!(
+        "KV caches in {kind} need GPU support: build `connector` with feature `cuda`"
+    ))
+}
