@@ -22,6 +22,7 @@ use transfer_engine::wire::{HEADER_LEN, Header};
 use super::context::Context;
 use super::lane_state::ready;
 use super::reader::recv_exact;
+use super::writer::advance;
 use crate::staging::{AnyStager, StagingError};
 
 /// A received frame whose payload's device copy may still be in flight.
@@ -72,22 +73,7 @@ async fn write_parts(wr: &OwnedWriteHalf, parts: &[&[u8]], stall: Duration) -> i
             .collect();
         match wr.try_write_vectored(&slices) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(mut n) => {
-                while n > 0 {
-                    let left = parts[first].len() - skip;
-                    if n >= left {
-                        n -= left;
-                        first += 1;
-                        skip = 0;
-                    } else {
-                        skip += n;
-                        n = 0;
-                    }
-                }
-                while first < parts.len() && parts[first].is_empty() {
-                    first += 1;
-                }
-            }
+            Ok(n) => advance(|i| parts[i].len(), parts.len(), n, &mut first, &mut skip),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }

@@ -312,25 +312,35 @@ async fn write_all(
         };
         match result {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(mut n) => {
-                while n > 0 && first < pieces.len() {
-                    let left = lens[first] - skip;
-                    if n >= left {
-                        n -= left;
-                        first += 1;
-                        skip = 0;
-                    } else {
-                        skip += n;
-                        n = 0;
-                    }
-                }
-                while first < pieces.len() && lens[first] == 0 {
-                    first += 1;
-                }
-            }
+            Ok(n) => advance(|i| lens[i], pieces.len(), n, &mut first, &mut skip),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// Moves a vectored write's position (piece `first`, `skip` bytes into it; `count` pieces of `len(i)` bytes)
+/// past `n` bytes written, and past the empty pieces that follow.
+pub(super) fn advance(
+    len: impl Fn(usize) -> usize,
+    count: usize,
+    mut n: usize,
+    first: &mut usize,
+    skip: &mut usize,
+) {
+    while n > 0 && *first < count {
+        let left = len(*first) - *skip;
+        if n >= left {
+            n -= left;
+            *first += 1;
+            *skip = 0;
+        } else {
+            *skip += n;
+            n = 0;
+        }
+    }
+    while *first < count && len(*first) == 0 {
+        *first += 1;
+    }
 }
