@@ -3,7 +3,7 @@
 //! loads into its own GPU KV caches, byte-identical (ignored: needs a GPU; `scripts/gpu-check.sh` runs it).
 #![allow(unsafe_code)] // one fixture: host bytes presented as GPU memory, never dereferenced.
 
-use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, Role, namespace};
 use transfer_engine::{MemoryKind, MemoryRegion, RawMemory};
 
 const LAYERS: u32 = 2;
@@ -77,6 +77,7 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
 #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn a_consumer_loads_into_gpu_kv_caches_what_a_producer_saved_from_its_own() {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
+    use connector::{KvRequest, RequestExtras};
 
     if !driver_present() {
         say("not run: no CUDA driver");
