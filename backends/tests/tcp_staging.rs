@@ -113,10 +113,6 @@ async fn staged_lanes_move_every_mode_byte_identical_and_count_what_they_staged(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        since.elapsed() >= Duration::from_millis(500),
-        "let go only once idle"
-    );
     let moved = total * modes.len() as u64;
     assert_eq!(
         sent.staged_bytes_sent, moved,

@@ -220,7 +220,8 @@ impl Driver<'_> {
                 .log(format!("no route to peer {:?}: a frame dropped", t.peer));
             return Ok(true);
         };
-        // Frames that ask the peer for an answer count towards its silence once they are sent.
+        // Frames that ask the peer for an answer count towards its silence from their first send attempt
+        // (a send that fails at once, to a dead peer, counts too); a unit this node cannot read does not.
         let asks = !t.header.kind.is_from_receiver();
         let p = match &t.body {
             Body::Payload(p) => *p,
@@ -241,12 +242,12 @@ impl Driver<'_> {
                     ));
                     return Ok(true);
                 }
+                if asks {
+                    self.reach.asked(t.peer, Instant::now());
+                }
                 if !self.ep.send(route.addr, &bytes)? {
                     self.stash = Some(t);
                     return Ok(false);
-                }
-                if asks {
-                    self.reach.asked(t.peer, Instant::now());
                 }
                 self.shared
                     .counters
@@ -316,6 +317,9 @@ impl Driver<'_> {
             offset: dst_offset,
             header: t.header,
         };
+        if asks {
+            self.reach.asked(t.peer, Instant::now());
+        }
         if !self
             .ep
             .send(route.addr, &msg.encode(self.shared.engine_id))?
@@ -323,9 +327,6 @@ impl Driver<'_> {
             t.header.crc = 0;
             self.stash = Some(t);
             return Ok(false);
-        }
-        if asks {
-            self.reach.asked(t.peer, Instant::now());
         }
         self.shared
             .counters
