@@ -32,11 +32,13 @@ step() { printf '\n== %s\n' "$*" >&2; }
 if [[ $mode != prebuilt ]]; then
   step "build with --features cuda"
   cargo build --release --locked -p benches --features cuda --bin te-bench
-  # The test binary of package $1's test target $2, built with --features cuda.
+  # The test binary of package $1's test target $2, built with --features cuda (compiler errors are shown).
   test_binary() {
-    cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
-        --message-format=json 2>/dev/null |
-      sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+    local json
+    json=$(cargo test --release --locked -p "$1" --features cuda --test "$2" --no-run \
+             --message-format=json-render-diagnostics) ||
+      { echo "building $1 --test $2 with --features cuda failed" >&2; exit 1; }
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' <<<"$json" | tail -n 1
   }
   tests=$(test_binary backends cuda)
   connector_tests=$(test_binary connector gpu)
@@ -57,23 +59,34 @@ else
   echo "nvidia-smi not found; the driver library may still be present" >&2
 fi
 
+# Every step runs whatever the ones before did (a GPU session is short); each failure is listed at the end.
+# The time limits add up to 5 minutes; a healthy run takes well under one.
+failed=()
+# run NAME SECONDS BINARY ARGS...: BINARY with ARGS under a time limit; a failure is recorded, not fatal.
+run() {
+  local name=$1 limit=$2 bin=$3; shift 3
+  if [[ ! -x $bin ]]; then
+    echo "$name: $bin is missing (rebuild with --build-only)" >&2; failed+=("$name (missing)"); return 0
+  fi
+  timeout "$limit" "$bin" "$@" || { local rc=$?; failed+=("$name (exit $rc)"); }
+}
+
 step "GPU tests (ignored by default; fail without a driver)"
-# A failure is reported at the end; the measurements still run, since a GPU session is short.
-tests_rc=0
-timeout 120 "$dir/cuda-tests" --include-ignored --test-threads=1 >&2 || tests_rc=$?
-timeout 60 "$dir/connector-gpu-tests" --include-ignored --test-threads=1 >&2 || tests_rc=$?
+run "backends GPU tests" 75 "$dir/cuda-tests" --include-ignored --test-threads=1 >&2
+run "connector GPU tests" 45 "$dir/connector-gpu-tests" --include-ignored --test-threads=1 >&2
 
 step "1 GiB through the copy engine beside a plain cuMemcpy (JSON lines)"
-timeout 150 "$dir/te-bench" gpu --bytes 1GiB --blocks 256KiB,4MiB --host both --repeats 3 --json
+run "copy engine" 90 "$dir/te-bench" gpu --bytes 1GiB --blocks 256KiB,4MiB --host both --repeats 3 --json
 
 step "1 GiB over loopback TCP: GPU memory through the pinned stager beside plain host memory (JSON lines)"
-timeout 90 "$dir/te-bench" gpu --tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+run "socket staging" 30 "$dir/te-bench" gpu --tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
 
 step "1 GiB through the transfer engine (loopback, then TCP staging on both ends) beside a plain cuMemcpy (JSON lines)"
-timeout 60 "$dir/te-bench" gpu --engine loopback --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
-timeout 60 "$dir/te-bench" gpu --engine tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+run "engine, loopback" 30 "$dir/te-bench" gpu --engine loopback --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+run "engine, tcp" 30 "$dir/te-bench" gpu --engine tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
 
-if [[ $tests_rc != 0 ]]; then
-  echo "GPU tests FAILED (exit $tests_rc): see their output above" >&2
-  exit "$tests_rc"
+if (( ${#failed[@]} )); then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  exit 1
 fi
+echo "GPU check passed" >&2

@@ -59,7 +59,7 @@ impl BlockCopier {
             .get_or_init(|| backends::cuda::GpuMover::new(4 << 20))
             .place(src, src_at..src_at + len, dst, dst_at..dst_at + len)
             .map(|_| ())
-            .map_err(|e| ConnectorError::Config(format!("copying KV blocks through the GPU: {e}")))
+            .map_err(|e| ConnectorError::Gpu(format!("copying KV blocks: {e}")))
     }
 
     #[cfg(not(feature = "cuda"))]
@@ -84,7 +84,7 @@ impl BlockCopier {
 fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
     backends::cuda::Gpu::open(ordinal)
         .map(|_| ())
-        .map_err(|e| ConnectorError::Config(format!("KV caches on GPU {ordinal}: {e}")))
+        .map_err(|e| ConnectorError::Gpu(format!("KV caches on GPU {ordinal}: {e}")))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -94,7 +94,7 @@ fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
 
 #[cfg(not(feature = "cuda"))]
 fn no_gpu(kind: MemoryKind) -> ConnectorError {
-    ConnectorError::Config(format!(
+    ConnectorError::Gpu(format!(
         "KV caches in {kind} need GPU support: build `connector` with feature `cuda`"
     ))
 }

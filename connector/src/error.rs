@@ -35,6 +35,10 @@ pub enum ConnectorError {
     /// The loopback backend failed.
     #[error(transparent)]
     Loopback(#[from] backends::loopback::LoopbackError),
+    /// KV caches in GPU memory cannot be used here (no GPU support, no driver), or a copy between them and
+    /// the tier store failed on the GPU.
+    #[error("GPU: {0}")]
+    Gpu(String),
     /// The tier manager refused its configuration.
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),

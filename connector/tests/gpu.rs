@@ -72,69 +72,160 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
     say("not run: KV caches in GPU memory (no GPU); the refusal was checked");
 }
 
+/// With a GPU: KV caches in GPU memory on every path the connector has.
 #[cfg(feature = "cuda")]
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
-fn a_consumer_loads_into_gpu_kv_caches_what_a_producer_saved_from_its_own() {
+mod with_gpu {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
-    use connector::{KvRequest, RequestExtras};
+    use backends::tcp::TcpConfig;
+    use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role};
+    use transfer_engine::MemoryRegion;
 
-    if !driver_present() {
-        say("not run: no CUDA driver");
-        panic!("not run: no CUDA driver (this test needs a GPU)");
+    use super::{BLOCK, LAYERS, POOL, pair, pool_bytes, say};
+
+    struct Setup {
+        gpu: Gpu,
+        engine: CopyEngine,
+        data: Vec<u8>,
     }
-    let gpu = Gpu::open(0).unwrap();
-    let bytes = pool_bytes();
-    let data: Vec<u8> = (0..bytes).map(|i| (i / 4096 + 1) as u8 ^ i as u8).collect();
-    let mut engine = CopyEngine::new(&gpu, 1 << 20).unwrap();
-    let src = DeviceMemory::alloc(&gpu, bytes).unwrap().into_region();
-    engine
-        .copy(
-            &MemoryRegion::from_vec(data.clone()),
-            0..bytes,
-            &src,
-            0,
-            |_| {},
+
+    fn setup() -> Setup {
+        if !driver_present() {
+            say("not run: no CUDA driver");
+            panic!("not run: no CUDA driver (this test needs a GPU)");
+        }
+        let gpu = Gpu::open(0).unwrap();
+        let engine = CopyEngine::new(&gpu, 1 << 20).unwrap();
+        let data = (0..pool_bytes())
+            .map(|i| (i / 4096 + 1) as u8 ^ i as u8)
+            .collect();
+        Setup { gpu, engine, data }
+    }
+
+    impl Setup {
+        /// GPU KV caches holding `data` (or zeroes).
+        fn kv(&mut self, filled: bool) -> MemoryRegion {
+            let kv = DeviceMemory::alloc(&self.gpu, pool_bytes())
+                .unwrap()
+                .into_region();
+            if filled {
+                let host = MemoryRegion::from_vec(self.data.clone());
+                self.engine
+                    .copy(&host, 0..pool_bytes(), &kv, 0, |_| {})
+                    .unwrap();
+            } else {
+                self.gpu.zero(&kv, 0..pool_bytes()).unwrap();
+            }
+            kv
+        }
+
+        /// Checks that blocks `to` of `kv` hold blocks `from` of `data`, every layer.
+        fn check(&mut self, kv: &MemoryRegion, from: &[u32], to: &[u32], what: &str) {
+            let back = MemoryRegion::zeroed(pool_bytes());
+            self.engine
+                .copy(kv, 0..pool_bytes(), &back, 0, |_| {})
+                .unwrap();
+            let back = back.to_vec().unwrap();
+            let at = |layer: u32, block: u32| {
+                (u64::from(layer) * u64::from(POOL) + u64::from(block)) as usize * BLOCK as usize
+            };
+            for layer in 0..LAYERS {
+                for (&s, &d) in from.iter().zip(to) {
+                    let (s, d) = (at(layer, s), at(layer, d));
+                    assert!(
+                        back[d..d + BLOCK as usize] == self.data[s..s + BLOCK as usize],
+                        "{what}: layer {layer} block {d} differs"
+                    );
+                }
+            }
+        }
+    }
+
+    fn request<'a>(id: &'a str, tokens: &'a [u32], extras: &'a RequestExtras) -> KvRequest<'a> {
+        KvRequest {
+            id,
+            tokens,
+            extras,
+            external_keys: None,
+            transfer_params: None,
+        }
+    }
+
+    /// Saves blocks 0-2 on `p` (from its GPU KV caches into its host store), then loads them on `c` into
+    /// blocks 5-7 of its KV caches.
+    fn save_then_load(p: &KvConnector, c: &KvConnector, tokens: &[u32]) {
+        let extras = RequestExtras::default();
+        p.get_num_new_matched_tokens(&request("a", tokens, &extras), 0)
+            .unwrap();
+        p.update_state_after_alloc("a", &[0, 1, 2], 0).unwrap();
+        p.bind_connector_metadata(p.build_connector_meta());
+        for layer in 0..LAYERS {
+            p.save_kv_layer(layer).unwrap();
+        }
+        p.wait_for_save().unwrap();
+        p.clear_connector_metadata();
+        p.request_finished("a");
+        let (n, _) = c
+            .get_num_new_matched_tokens(&request("b", tokens, &extras), 0)
+            .unwrap();
+        assert_eq!(n, 48);
+        c.update_state_after_alloc("b", &[5, 6, 7], n).unwrap();
+        c.bind_connector_metadata(c.build_connector_meta());
+        c.start_load_kv().unwrap();
+        c.wait_for_all_loads().unwrap();
+        assert!(c.failed_blocks().is_empty());
+    }
+
+    fn config(role: Role) -> ConnectorConfig {
+        let mut c = ConnectorConfig::new(role, connector::namespace("m", 7, 16));
+        (c.layers, c.block_bytes) = (LAYERS, BLOCK);
+        c.store_blocks = if role.saves() { 16 } else { 0 };
+        c
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
+    fn gpu_kv_caches_save_and_load_over_loopback_tcp_and_an_own_store() {
+        let mut s = setup();
+        let tokens: Vec<u32> = (0..16 * 3 + 1).collect();
+
+        // Loopback: saves copy GPU to the host store, loads land through the loopback GPU placer.
+        let (p, c) = pair();
+        let (src, dst) = (s.kv(true), s.kv(false));
+        p.register_kv_caches(src, POOL).unwrap();
+        c.register_kv_caches(dst.clone(), POOL).unwrap();
+        save_then_load(&p, &c, &tokens);
+        s.check(&dst, &[0, 1, 2], &[5, 6, 7], "loopback");
+
+        // TCP: loads land in the consumer's GPU KV caches through the lanes' pinned staging.
+        let p = KvConnector::tcp(
+            config(Role::Producer),
+            TcpConfig {
+                listen: None,
+                ..TcpConfig::with_engine_id(1)
+            },
+            None,
+            None,
         )
         .unwrap();
-    let dst = DeviceMemory::alloc(&gpu, bytes).unwrap().into_region();
-    gpu.zero(&dst, 0..bytes).unwrap();
-    let (p, c) = pair();
-    p.register_kv_caches(src, POOL).unwrap();
-    c.register_kv_caches(dst.clone(), POOL).unwrap();
-    let extras = RequestExtras::default();
-    let tokens: Vec<u32> = (0..16 * 3 + 1).collect();
-    let request = |id| KvRequest {
-        id,
-        tokens: &tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
-    p.get_num_new_matched_tokens(&request("a"), 0).unwrap();
-    p.update_state_after_alloc("a", &[0, 1, 2], 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
-    for layer in 0..LAYERS {
-        p.save_kv_layer(layer).unwrap();
-    }
-    p.wait_for_save().unwrap();
-    let (n, _) = c.get_num_new_matched_tokens(&request("a"), 0).unwrap();
-    assert_eq!(n, 48);
-    c.update_state_after_alloc("a", &[5, 6, 7], n).unwrap();
-    c.bind_connector_metadata(c.build_connector_meta());
-    c.start_load_kv().unwrap();
-    c.wait_for_all_loads().unwrap();
-    assert!(c.failed_blocks().is_empty());
-    let back = MemoryRegion::zeroed(bytes);
-    engine.copy(&dst, 0..bytes, &back, 0, |_| {}).unwrap();
-    let back = back.to_vec().unwrap();
-    let at = |layer: u32, block: u32| {
-        (u64::from(layer) * u64::from(POOL) + u64::from(block)) as usize * BLOCK as usize
-    };
-    for layer in 0..LAYERS {
-        for (s, d) in [(0, 5), (1, 6), (2, 7)] {
-            let (s, d) = (at(layer, s), at(layer, d));
-            assert_eq!(&back[d..d + BLOCK as usize], &data[s..s + BLOCK as usize]);
-        }
+        let c = KvConnector::tcp(
+            config(Role::Consumer),
+            TcpConfig::with_engine_id(2),
+            None,
+            p.control_addr(),
+        )
+        .unwrap();
+        let (src, dst) = (s.kv(true), s.kv(false));
+        p.register_kv_caches(src, POOL).unwrap();
+        c.register_kv_caches(dst.clone(), POOL).unwrap();
+        save_then_load(&p, &c, &tokens);
+        s.check(&dst, &[0, 1, 2], &[5, 6, 7], "tcp");
+
+        // Both roles in one connector: a later request's blocks come back from its own store, host to GPU.
+        let both =
+            KvConnector::tcp(config(Role::Both), TcpConfig::with_engine_id(3), None, None).unwrap();
+        let kv = s.kv(true);
+        both.register_kv_caches(kv.clone(), POOL).unwrap();
+        save_then_load(&both, &both, &tokens);
+        s.check(&kv, &[0, 1, 2], &[5, 6, 7], "own store");
     }
 }

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure};
+use anyhow::{Context, bail, ensure};
 use backends::cuda::{DeviceMemory, Gpu, PinnedHostMemory};
 use backends::loopback::{CONSUMER, LoopbackPair};
 use backends::tcp::{BlockingNode, TcpConfig};
@@ -111,11 +111,13 @@ impl Ends {
             Ends::Tcp { sender, .. } => sender.transfer(req, LIMIT)?,
         };
         let seconds = start.elapsed().as_secs_f64();
+        if let Some(reason) = out.reason {
+            bail!("the receiver refused the transfer: {reason}");
+        }
         ensure!(
-            out.recompute.is_empty() && out.reason.is_none(),
-            "{} blocks came back for recompute ({:?})",
-            out.recompute.len(),
-            out.reason
+            out.recompute.is_empty(),
+            "{} blocks came back for recompute",
+            out.recompute.len()
         );
         Ok(seconds)
     }
@@ -123,6 +125,9 @@ impl Ends {
 
 /// Runs every route and block size on `args.engine`'s backend.
 pub(super) fn main(args: &GpuArgs, backend: &str) -> anyhow::Result<()> {
+    if !matches!(backend, "loopback" | "tcp") {
+        bail!("--engine takes loopback or tcp, not {backend:?}");
+    }
     let gpu = Gpu::open(args.device)?;
     let len = usize::try_from(args.bytes)?;
     let pattern = MemoryRegion::zeroed(len);
@@ -142,16 +147,20 @@ pub(super) fn main(args: &GpuArgs, backend: &str) -> anyhow::Result<()> {
         ];
         for (route, src, dst) in routes {
             // The source holds the pattern: host memory directly, GPU memory by a plain copy of it.
+            let what = || format!("{backend}, {route}, {block}-byte blocks");
             copy(&gpu, &pattern, src, len)?;
-            let (ends, s, d) = Ends::new(backend, layout, src, dst)?;
+            let (ends, s, d) = Ends::new(backend, layout, src, dst).with_context(what)?;
+            // One untimed transfer first: lanes, staging buffers and copy engines are made on first use.
+            ends.transfer(&s, &d).with_context(what)?;
             let (mut engine_s, mut plain_s, mut verified) = (Vec::new(), Vec::new(), 0u64);
             for _ in 0..args.repeats {
                 clear(&gpu, dst, len)?;
-                engine_s.push(ends.transfer(&s, &d)?);
+                engine_s.push(ends.transfer(&s, &d).with_context(what)?);
                 copy(&gpu, dst, &check, bytes)?;
                 ensure!(
-                    check.read(0..bytes)?[..] == pattern.read(0..bytes)?[..],
-                    "{backend} {route} at {block} B blocks: the destination differs from the source"
+                    same(&check, &pattern, bytes)?,
+                    "{}: the destination differs from the source",
+                    what()
                 );
                 verified += bytes as u64;
                 let start = Instant::now();
@@ -180,11 +189,30 @@ pub(super) fn main(args: &GpuArgs, backend: &str) -> anyhow::Result<()> {
 /// Copies the first `len` bytes of `src` to `dst`, host or GPU on either side.
 fn copy(gpu: &Gpu, src: &MemoryRegion, dst: &MemoryRegion, len: usize) -> anyhow::Result<()> {
     if src.kind().is_host() && dst.kind().is_host() {
-        dst.copy_from(0, &src.read(0..len)?)?;
+        // Two views at once: taken in order of address, as every holder of several views does.
+        if src.address() < dst.address() {
+            let from = src.read(0..len)?;
+            dst.copy_from(0, &from)?;
+        } else {
+            let mut to = dst.write(0..len)?;
+            to.copy_from_slice(&src.read(0..len)?);
+        }
     } else {
         gpu.plain_copy(src, 0, dst, 0, len)?;
     }
     Ok(())
+}
+
+/// Whether the first `len` bytes of two host regions are equal (views taken in order of address).
+fn same(a: &MemoryRegion, b: &MemoryRegion, len: usize) -> anyhow::Result<bool> {
+    let (first, second) = if a.address() < b.address() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let x = first.read(0..len)?;
+    let y = second.read(0..len)?;
+    Ok(x[..] == y[..])
 }
 
 /// Zeroes `len` bytes of `region`, host or GPU.
