@@ -117,7 +117,6 @@ async fn read_loop(
             Some(Ok(Some((memory, _)))) if staged(&ctx.cfg, memory.kind()) => Some(memory.kind()),
             _ => None,
         };
-        let into_staging = staged_kind.is_some();
         // The frame before is handed on here unless this one lands in the same stager, which hands it on
         // once this payload's first piece has landed.
         if unplaced.as_ref().map(|u| u.kind) != staged_kind
@@ -126,7 +125,7 @@ async fn read_loop(
             return Some(why);
         }
         let result = match placement {
-            Some(Ok(Some((memory, range)))) if into_staging => {
+            Some(Ok(Some((memory, range)))) if staged_kind.is_some() => {
                 let len = range.len();
                 let stager = match stagers.get(memory.kind(), ctx.cfg.stage_bytes) {
                     Ok(stager) => stager,
@@ -250,6 +249,8 @@ fn hand_on(
     stagers.flush().map_err(|e| e.to_string())?;
     let mut refused = None;
     deliver(ctx, peer, &held, &mut refused);
+    // The lane may wait for bytes next: the driver acknowledges what was just handed on.
+    ctx.wake.notify_one();
     match refused {
         Some((header, e)) => Err(refuse(ctx, lane, peer, Some(&header), &e)),
         None => Ok(()),
@@ -257,12 +258,12 @@ fn hand_on(
 }
 
 /// Hands the engine a staged frame whose device copy has completed; keeps a refusal that costs the lane.
+/// (The driver is woken as for any data frame: every few frames, or when the lane waits.)
 fn deliver(ctx: &Context, peer: PeerId, held: &Unplaced, refused: &mut Option<(Header, Error)>) {
     let result = ctx
         .station
         .engine()
         .handle_data(Instant::now(), peer, &held.header, held.crc);
-    ctx.wake.notify_one();
     if let Err(e) = result
         && fatal(&e)
     {
