@@ -33,14 +33,14 @@ impl BlockCopier {
         len: usize,
     ) -> Result<(), ConnectorError> {
         if src.kind().is_host() && dst.kind().is_host() {
-            // Two views at once: taken in order of address, as every holder of several views does.
-            if src.address() < dst.address() {
-                let from = src.read(src_at..src_at + len)?;
-                dst.copy_from(dst_at, &from)?;
-            } else {
-                let mut to = dst.write(dst_at..dst_at + len)?;
-                to.copy_from_slice(&src.read(src_at..src_at + len)?);
-            }
+            src.with_views(
+                src_at..src_at + len,
+                dst,
+                dst_at..dst_at + len,
+                |from, to| {
+                    to.copy_from_slice(from);
+                },
+            )?;
             return Ok(());
         }
         self.gpu_copy(src, src_at, dst, dst_at, len)

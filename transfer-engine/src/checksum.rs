@@ -9,6 +9,14 @@ pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes)
 }
 
+/// CRC-32C of `a ++ b` from the CRC-32C of `a` and that of `b` (`b_len` bytes long): the checksum of a
+/// whole from the checksums of its pieces, without reading the bytes again.
+#[must_use]
+pub fn crc32c_combine(a: u32, b: u32, b_len: usize) -> u32 {
+    let algorithm = crc_fast::CrcAlgorithm::Crc32Iscsi;
+    crc_fast::checksum_combine(algorithm, u64::from(a), u64::from(b), b_len as u64) as u32
+}
+
 /// Copies `src` into `dst` (same length) and returns the CRC-32C of the bytes now in `dst`, reading each
 /// chunk back while it is still in cache: one pass over memory instead of two.
 ///
@@ -35,5 +43,8 @@ mod tests {
         let mut dst = vec![0; src.len()];
         assert_eq!(copy_and_crc32c(&mut dst, &src), crc32c(&src));
         assert_eq!(dst, src);
+        let (a, b) = src.split_at(77_777);
+        assert_eq!(crc32c_combine(crc32c(a), crc32c(b), b.len()), crc32c(&src));
+        assert_eq!(crc32c_combine(crc32c(&[]), crc32c(a), a.len()), crc32c(a));
     }
 }

@@ -82,7 +82,7 @@ pub mod wire;
 pub use backoff::Backoff;
 pub use bucket::{DEFAULT_CELL_BYTES, TokenBucket};
 pub use budget::RetransmitBudget;
-pub use checksum::{copy_and_crc32c, crc32c};
+pub use checksum::{copy_and_crc32c, crc32c, crc32c_combine};
 pub use config::{EngineConfig, Placement};
 pub use engine::Engine;
 pub use error::Error;

@@ -115,7 +115,7 @@ impl CopyEngine {
         let mut report = |b: BlockCopied| {
             whole = match (whole, b.crc32c) {
                 (None, Some(crc)) if b.offset == 0 => Some(crc),
-                (Some(acc), Some(crc)) => Some(combine(acc, crc, b.len)),
+                (Some(acc), Some(crc)) => Some(transfer_engine::crc32c_combine(acc, crc, b.len)),
                 _ => None,
             };
             on_block(b);
@@ -365,12 +365,6 @@ impl Blocks {
     }
 }
 
-/// CRC-32C of `a ++ b` from the CRCs of `a` and of `b` (`b_len` bytes).
-fn combine(a: u32, b: u32, b_len: usize) -> u32 {
-    let algorithm = crc_fast::CrcAlgorithm::Crc32Iscsi;
-    crc_fast::checksum_combine(algorithm, u64::from(a), u64::from(b), b_len as u64) as u32
-}
-
 fn done(b: &Range<usize>, crc32c: Option<u32>) -> BlockCopied {
     BlockCopied {
         offset: b.start,
@@ -417,18 +411,12 @@ fn host_to_host(
             "source and destination are the same memory".into(),
         ));
     }
-    // Two views of two regions: taken in order of address, as every holder of several views does.
-    let (from, mut to) = if src.address() <= dst.address() {
-        let from = src.read(src_range)?;
-        (from, dst.write(dst_range)?)
-    } else {
-        let to = dst.write(dst_range)?;
-        (src.read(src_range)?, to)
-    };
-    for b in blocks.iter() {
-        let crc = transfer_engine::copy_and_crc32c(&mut to[b.clone()], &from[b.clone()]);
-        on_block(done(&b, Some(crc)));
-    }
+    src.with_views(src_range, dst, dst_range, |from, to| {
+        for b in blocks.iter() {
+            let crc = transfer_engine::copy_and_crc32c(&mut to[b.clone()], &from[b.clone()]);
+            on_block(done(&b, Some(crc)));
+        }
+    })?;
     Ok(())
 }
 
@@ -441,7 +429,7 @@ mod tests {
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 13 + i / 97) as u8).collect();
         let mut acc = transfer_engine::crc32c(&data[..4096]);
         for chunk in data[4096..].chunks(4096) {
-            acc = combine(acc, transfer_engine::crc32c(chunk), chunk.len());
+            acc = transfer_engine::crc32c_combine(acc, transfer_engine::crc32c(chunk), chunk.len());
         }
         assert_eq!(acc, transfer_engine::crc32c(&data));
     }

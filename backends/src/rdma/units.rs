@@ -62,14 +62,9 @@ impl UnitCopies {
         range: Range<usize>,
     ) -> Result<u32, RdmaError> {
         if from.kind().is_host() && to.kind().is_host() {
-            // Two views at once: taken in order of address, as every holder of several views does.
-            let crc = if from.address() < to.address() {
-                let src = from.read(range.clone())?;
-                transfer_engine::copy_and_crc32c(&mut to.write(range)?, &src)
-            } else {
-                let mut dst = to.write(range.clone())?;
-                transfer_engine::copy_and_crc32c(&mut dst, &from.read(range)?)
-            };
+            let crc = from.with_views(range.clone(), to, range, |src, dst| {
+                transfer_engine::copy_and_crc32c(dst, src)
+            })?;
             return Ok(crc);
         }
         self.device_copy(from, to, range)
@@ -197,8 +192,7 @@ mod gpu {
             memory: &MemoryRegion,
             range: Range<usize>,
         ) -> Result<u32, CudaError> {
-            let algorithm = crc_fast::CrcAlgorithm::Crc32Iscsi;
-            let mut crc = crc_fast::checksum(algorithm, &[]) as u32;
+            let mut crc = transfer_engine::crc32c(&[]);
             for start in range.clone().step_by(PIECE) {
                 let end = (start + PIECE).min(range.end);
                 let report = self
@@ -207,12 +201,7 @@ mod gpu {
                 let piece = report.crc32c.ok_or_else(|| {
                     CudaError::Invalid("a copy to host memory came back without a checksum".into())
                 })?;
-                crc = crc_fast::checksum_combine(
-                    algorithm,
-                    u64::from(crc),
-                    u64::from(piece),
-                    (end - start) as u64,
-                ) as u32;
+                crc = transfer_engine::crc32c_combine(crc, piece, end - start);
             }
             Ok(crc)
         }

@@ -191,19 +191,16 @@ impl<S: StageSlot> Stager<S> {
         Ok(())
     }
 
-    /// The oldest prefetched unit, once its device copy has completed, with the CRC-32C of its host copy.
+    /// The oldest prefetched unit, once its device copy has completed (its CRC-32C on demand).
     /// Its buffer is free again when the returned view drops.
     pub fn take(&mut self) -> Result<StagedUnit<'_>, StagingError> {
         let (slot, len) = self
             .fetched
             .pop_front()
             .ok_or_else(|| StagingError::Invalid("no unit was prefetched".into()))?;
-        let taken = self.slots[slot].fetched_crc32c();
+        let fetched = self.slots[slot].fetched_crc32c();
         let bytes = &self.slots[slot].bytes()?[..len];
-        Ok(StagedUnit {
-            crc32c: taken.unwrap_or_else(|| transfer_engine::crc32c(bytes)),
-            bytes,
-        })
+        Ok(StagedUnit { bytes, fetched })
     }
 
     /// Whether [`Stager::take`] would return without waiting (an async driver polls this, or yields,
@@ -240,11 +237,12 @@ impl<S: StageSlot> Stager<S> {
     }
 }
 
-/// A staged unit, ready to send: its host bytes and their CRC-32C.
+/// A staged unit, ready to send: its host bytes, and their CRC-32C on demand.
 #[derive(Debug)]
 pub struct StagedUnit<'a> {
     bytes: &'a [u8],
-    crc32c: u32,
+    /// The CRC-32C the slot took while copying, if it did.
+    fetched: Option<u32>,
 }
 
 impl StagedUnit<'_> {
@@ -254,10 +252,11 @@ impl StagedUnit<'_> {
         self.bytes
     }
 
-    /// CRC-32C of [`StagedUnit::bytes`].
+    /// CRC-32C of [`StagedUnit::bytes`]: the one taken while copying, or a pass over the bytes (each call).
     #[must_use]
     pub fn crc32c(&self) -> u32 {
-        self.crc32c
+        self.fetched
+            .unwrap_or_else(|| transfer_engine::crc32c(self.bytes))
     }
 }
 

@@ -103,6 +103,7 @@ pub(crate) async fn send_staged(
     for i in 0..frames.len() {
         let (memory, range) = (frames[i].memory.clone(), frames[i].range.clone());
         if range.len() > cap {
+            // Staged twice: once for the CRC the header carries, once to send.
             frames[i].header.crc = staged_crc(stager, &memory, range.clone(), stall).await?;
             write_parts(wr, &[&frames[i].header.encode()], stall).await?;
             // Each piece's device copy runs while the one before is on the socket.
@@ -143,7 +144,7 @@ pub(crate) async fn send_staged(
 }
 
 /// The CRC-32C of `range` of `memory`, staged a buffer at a time (the next buffer's copy in flight while
-/// one is checksummed).
+/// one is checksummed), combined from the pieces' CRCs.
 async fn staged_crc(
     stager: &mut AnyStager,
     memory: &MemoryRegion,
@@ -151,7 +152,7 @@ async fn staged_crc(
     stall: Duration,
 ) -> io::Result<u32> {
     let pieces = pieces(range, stager.unit_capacity());
-    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    let mut crc = transfer_engine::crc32c(&[]);
     stager
         .prefetch(memory, pieces[0].clone())
         .map_err(staging)?;
@@ -160,9 +161,10 @@ async fn staged_crc(
             stager.prefetch(memory, next.clone()).map_err(staging)?;
         }
         settled(stager, stall).await?;
-        digest.update(stager.take().map_err(staging)?.bytes());
+        let unit = stager.take().map_err(staging)?;
+        crc = transfer_engine::crc32c_combine(crc, unit.crc32c(), unit.bytes().len());
     }
-    Ok(digest.finalize() as u32)
+    Ok(crc)
 }
 
 /// Receives a payload through `stager` into `range` of `memory` and returns its CRC-32C (folded into the

@@ -189,14 +189,7 @@ pub(super) fn main(args: &GpuArgs, backend: &str) -> anyhow::Result<()> {
 /// Copies the first `len` bytes of `src` to `dst`, host or GPU on either side.
 fn copy(gpu: &Gpu, src: &MemoryRegion, dst: &MemoryRegion, len: usize) -> anyhow::Result<()> {
     if src.kind().is_host() && dst.kind().is_host() {
-        // Two views at once: taken in order of address, as every holder of several views does.
-        if src.address() < dst.address() {
-            let from = src.read(0..len)?;
-            dst.copy_from(0, &from)?;
-        } else {
-            let mut to = dst.write(0..len)?;
-            to.copy_from_slice(&src.read(0..len)?);
-        }
+        src.with_views(0..len, dst, 0..len, |from, to| to.copy_from_slice(from))?;
     } else {
         gpu.plain_copy(src, 0, dst, 0, len)?;
     }
