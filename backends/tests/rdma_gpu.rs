@@ -27,6 +27,51 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// A producer (engine 1) and a consumer (engine 2) on `cfg`'s provider, connected, with `src` and `dst`
+/// registered; moves the whole region in each mode, calling `clear` before and `check` after each.
+fn each_mode_through(
+    cfg: &RdmaConfig,
+    layout: KvLayout,
+    src: MemoryRegion,
+    dst: MemoryRegion,
+    mut clear: impl FnMut(),
+    mut check: impl FnMut(TransferMode),
+) -> Result<(), backends::rdma::RdmaError> {
+    let start = |id: u32| {
+        let mut cfg = cfg.clone();
+        cfg.engine.engine_id = id;
+        RdmaNode::start(cfg)
+    };
+    let (producer, consumer) = (start(1)?, start(2)?);
+    let src = producer.register_kv_region(layout, src).unwrap();
+    let dst = consumer.register_kv_region(layout, dst).unwrap();
+    consumer.publish_segment("kv", dst).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let peer = rt
+        .block_on(producer.connect(consumer.address()))
+        .unwrap()
+        .peer;
+    for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
+        clear();
+        let req = TransferRequest::whole(peer, &src, &dst)
+            .unwrap()
+            .with_mode(mode);
+        let out = rt
+            .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
+            .unwrap();
+        assert!(
+            out.recompute.is_empty(),
+            "{} {mode:?}: {out:?}",
+            cfg.provider
+        );
+        check(mode);
+    }
+    Ok(())
+}
+
 /// What a GPU region is refused for on this machine: no GPU support in the build, or no driver.
 fn no_gpu_here() -> &'static str {
     if cfg!(feature = "cuda") {
@@ -73,47 +118,25 @@ fn staged_regions_move_through_their_mirrors_byte_identical() {
     let layout = KvLayout::new(2, 8, 256 << 10, 16, Dtype::Bf16).unwrap();
     let len = layout.total_bytes() as usize;
     let data: Vec<u8> = (0..len).map(|i| (i * 13 + i / 4099) as u8).collect();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
     for (provider, domain) in [("tcp", Some("lo")), ("shm", None)] {
-        let start = |id: u32| {
-            let mut cfg = config(provider, domain, false);
-            cfg.engine.engine_id = id;
-            cfg.stage_host_memory = true;
-            RdmaNode::start(cfg)
-        };
-        let (producer, consumer) = match (start(1), start(2)) {
-            (Ok(p), Ok(c)) => (p, c),
-            (Err(e), _) | (_, Err(e)) => {
-                say(&format!("not run: provider {provider} unusable here: {e}"));
-                continue;
-            }
-        };
-        let src = producer
-            .register_kv_region(layout, MemoryRegion::from_vec(data.clone()))
-            .unwrap();
+        let mut cfg = config(provider, domain, false);
+        cfg.stage_host_memory = true;
         let pool = MemoryRegion::zeroed(len);
-        let dst = consumer.register_kv_region(layout, pool.clone()).unwrap();
-        consumer.publish_segment("kv", dst).unwrap();
-        let peer = rt
-            .block_on(producer.connect(consumer.address()))
-            .unwrap()
-            .peer;
-        for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
-            pool.fill_with(|_, b| b.fill(0)).unwrap();
-            let req = TransferRequest::whole(peer, &src, &dst)
-                .unwrap()
-                .with_mode(mode);
-            let out = rt
-                .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
-                .unwrap();
-            assert!(out.recompute.is_empty(), "{provider} {mode:?}: {out:?}");
-            assert!(
-                pool.to_vec().unwrap() == data,
-                "{provider} {mode:?}: the destination differs from the source"
-            );
+        let moved = each_mode_through(
+            &cfg,
+            layout,
+            MemoryRegion::from_vec(data.clone()),
+            pool.clone(),
+            || pool.fill_with(|_, b| b.fill(0)).unwrap(),
+            |mode| {
+                assert!(
+                    pool.to_vec().unwrap() == data,
+                    "{provider} {mode:?}: the destination differs from the source"
+                );
+            },
+        );
+        if let Err(e) = moved {
+            say(&format!("not run: provider {provider} unusable here: {e}"));
         }
     }
 }
@@ -183,52 +206,27 @@ fn gpu_regions_move_byte_identical_staged_and_in_place() {
         )
         .unwrap();
     let dst_memory = DeviceMemory::alloc(&gpu, len).unwrap().into_region();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
     for (provider, domain, gpu_memory) in [("tcp", Some("lo"), false), (&*in_place, None, true)] {
-        let start = |id: u32| {
-            let mut cfg = config(provider, domain, gpu_memory);
-            cfg.engine.engine_id = id;
-            RdmaNode::start(cfg)
-        };
-        let (producer, consumer) = match (start(1), start(2)) {
-            (Ok(p), Ok(c)) => (p, c),
-            (Err(e), _) | (_, Err(e)) => {
-                say(&format!(
-                    "not run: {provider} with FI_HMEM {gpu_memory}: {e}"
-                ));
-                assert!(gpu_memory, "the staged half must run: {e}");
-                continue;
-            }
-        };
-        let src = producer
-            .register_kv_region(layout, src_memory.clone())
-            .unwrap();
-        let dst = consumer
-            .register_kv_region(layout, dst_memory.clone())
-            .unwrap();
-        consumer.publish_segment("kv", dst).unwrap();
-        let peer = rt
-            .block_on(producer.connect(consumer.address()))
-            .unwrap()
-            .peer;
-        for mode in [TransferMode::packetized(), TransferMode::Exclusive] {
-            gpu.zero(&dst_memory, 0..len).unwrap();
-            let req = TransferRequest::whole(peer, &src, &dst)
-                .unwrap()
-                .with_mode(mode);
-            let out = rt
-                .block_on(producer.transfer(req, std::time::Duration::from_secs(60)))
-                .unwrap();
-            assert!(out.recompute.is_empty(), "{provider} {mode:?}: {out:?}");
-            let back = MemoryRegion::zeroed(len);
-            engine.copy(&dst_memory, 0..len, &back, 0, |_| {}).unwrap();
-            assert!(
-                back.to_vec().unwrap() == data,
-                "{provider} {mode:?}: bytes differ"
-            );
+        let moved = each_mode_through(
+            &config(provider, domain, gpu_memory),
+            layout,
+            src_memory.clone(),
+            dst_memory.clone(),
+            || gpu.zero(&dst_memory, 0..len).unwrap(),
+            |mode| {
+                let back = MemoryRegion::zeroed(len);
+                engine.copy(&dst_memory, 0..len, &back, 0, |_| {}).unwrap();
+                assert!(
+                    back.to_vec().unwrap() == data,
+                    "{provider} {mode:?}: bytes differ"
+                );
+            },
+        );
+        if let Err(e) = moved {
+            say(&format!(
+                "not run: {provider} with FI_HMEM {gpu_memory}: {e}"
+            ));
+            assert!(gpu_memory, "the staged half must run: {e}");
         }
     }
 }
