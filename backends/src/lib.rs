@@ -69,6 +69,7 @@ mod codec;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod discovery;
+mod gpu_support;
 pub mod loopback;
 #[cfg(feature = "rdma")]
 pub mod rdma;
@@ -77,3 +78,4 @@ mod station;
 pub mod tcp;
 
 pub use board::{IncomingSession, Outcome, Received, WaitError};
+pub use gpu_support::{NO_GPU_SUPPORT, check_gpu};

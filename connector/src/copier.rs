@@ -19,7 +19,10 @@ impl BlockCopier {
     pub fn check(kind: MemoryKind) -> Result<(), ConnectorError> {
         match kind {
             MemoryKind::Host | MemoryKind::PinnedHost => Ok(()),
-            MemoryKind::Device { ordinal } => check_gpu(ordinal),
+            // The connector's own feature decides (`backends` may have GPU support through another crate).
+            MemoryKind::Device { .. } if !cfg!(feature = "cuda") => Err(no_gpu(kind)),
+            MemoryKind::Device { ordinal } => backends::check_gpu(ordinal)
+                .map_err(|why| ConnectorError::Gpu(format!("KV caches on GPU {ordinal}: {why}"))),
         }
     }
 
@@ -80,21 +83,6 @@ impl BlockCopier {
     }
 }
 
-#[cfg(feature = "cuda")]
-fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
-    backends::cuda::Gpu::open(ordinal)
-        .map(|_| ())
-        .map_err(|e| ConnectorError::Gpu(format!("KV caches on GPU {ordinal}: {e}")))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn check_gpu(ordinal: u32) -> Result<(), ConnectorError> {
-    Err(no_gpu(MemoryKind::Device { ordinal }))
-}
-
-#[cfg(not(feature = "cuda"))]
 fn no_gpu(kind: MemoryKind) -> ConnectorError {
-    ConnectorError::Gpu(format!(
-        "KV caches in {kind} need GPU support: build `connector` with feature `cuda`"
-    ))
+    ConnectorError::Gpu(format!("KV caches in {kind}: {}", backends::NO_GPU_SUPPORT))
 }

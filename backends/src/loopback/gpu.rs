@@ -62,7 +62,8 @@ impl GpuPlacer {
             src.kind()
         };
         Err(Error::InvalidRequest(format!(
-            "{kind} can be moved by the loopback backend only when backends is built with feature `cuda`"
+            "{kind} cannot be moved by the loopback backend: {}",
+            crate::NO_GPU_SUPPORT
         )))
     }
 }

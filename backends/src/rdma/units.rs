@@ -85,17 +85,8 @@ impl UnitCopies {
     /// Checks that units in memory of GPU `ordinal` can be checksummed and staged here (a build with feature
     /// `cuda`, a driver, the GPU).
     pub(crate) fn check_device(ordinal: u32) -> Result<(), RdmaError> {
-        #[cfg(feature = "cuda")]
-        {
-            crate::cuda::Gpu::open(ordinal)
-                .map(|_| ())
-                .map_err(|e| RdmaError::Config(format!("GPU {ordinal} cannot be used: {e}")))
-        }
-        #[cfg(not(feature = "cuda"))]
-        Err(RdmaError::Config(format!(
-            "memory of GPU {ordinal} cannot be used: this build has no GPU support (build `backends` \
-             with feature `cuda`)"
-        )))
+        crate::check_gpu(ordinal)
+            .map_err(|why| RdmaError::Config(format!("GPU {ordinal} cannot be used: {why}")))
     }
 
     #[cfg(feature = "cuda")]
@@ -142,9 +133,7 @@ impl UnitCopies {
 
 #[cfg(not(feature = "cuda"))]
 fn no_gpu(kind: MemoryKind) -> RdmaError {
-    RdmaError::Config(format!(
-        "{kind} cannot be used: this build has no GPU support (feature `cuda`)"
-    ))
+    RdmaError::Config(format!("{kind} cannot be used: {}", crate::NO_GPU_SUPPORT))
 }
 
 #[cfg(feature = "cuda")]

@@ -40,7 +40,7 @@ pub(crate) fn staged(cfg: &TcpConfig, kind: MemoryKind) -> bool {
 /// Checks, at registration, that lanes will be able to stage memory of `kind` (a driver for its GPU).
 pub(crate) fn check_stageable(kind: MemoryKind) -> Result<(), String> {
     match kind {
-        MemoryKind::Device { ordinal } => gpu::check(ordinal),
+        MemoryKind::Device { ordinal } => crate::check_gpu(ordinal),
         MemoryKind::Host | MemoryKind::PinnedHost => Ok(()),
     }
 }
@@ -122,10 +122,6 @@ mod gpu {
     use crate::cuda::Gpu;
     use crate::staging::{AnyStager, Stager, StagingError};
 
-    pub(super) fn check(ordinal: u32) -> Result<(), String> {
-        Gpu::open(ordinal).map(|_| ()).map_err(|e| e.to_string())
-    }
-
     pub(super) fn stager(ordinal: u32, unit: usize) -> Result<AnyStager, StagingError> {
         let gpu = Gpu::open(ordinal)?;
         Ok(Stager::pinned(&gpu, unit)?.boxed())
@@ -136,14 +132,7 @@ mod gpu {
 mod gpu {
     use crate::staging::{AnyStager, StagingError};
 
-    const NO_CUDA: &str = "this build has no GPU support: build `backends` with feature `cuda` to send or \
-                           receive GPU memory over TCP";
-
-    pub(super) fn check(_: u32) -> Result<(), String> {
-        Err(NO_CUDA.into())
-    }
-
     pub(super) fn stager(_: u32, _: usize) -> Result<AnyStager, StagingError> {
-        Err(StagingError::Copy(NO_CUDA.into()))
+        Err(StagingError::Copy(crate::NO_GPU_SUPPORT.into()))
     }
 }
