@@ -380,9 +380,13 @@ fn place(
                 end.gpu
                     .place(src_memory, src_range, &dst_memory, dst_range)?
             } else {
-                let payload = src_memory.read(src_range)?;
-                let mut dst = dst_memory.write(dst_range)?;
-                Some(transfer_engine::copy_and_crc32c(&mut dst, &payload))
+                // Both views at once, in the one order every holder of two views keeps: the pair's two
+                // directions place at the same time when both ends save and load.
+                Some(
+                    src_memory.with_views(src_range, &dst_memory, dst_range, |src, dst| {
+                        transfer_engine::copy_and_crc32c(dst, src)
+                    })?,
+                )
             }
         }
         None => None,
