@@ -3,12 +3,20 @@
 //! loads into its own GPU KV caches, byte-identical (ignored: needs a GPU; `scripts/gpu-check.sh` runs it).
 #![allow(unsafe_code)] // one fixture: host bytes presented as GPU memory, never dereferenced.
 
+mod common;
+
+use common::Kv;
 use connector::{ConnectorConfig, KvConnector, Role, namespace};
 use transfer_engine::{MemoryKind, MemoryRegion, RawMemory};
 
-const LAYERS: u32 = 2;
-const BLOCK: u64 = 4096;
-const POOL: u32 = 16;
+const KV: Kv = Kv {
+    layers: 2,
+    block: 4096,
+    pool: 16,
+};
+const LAYERS: u32 = KV.layers;
+const BLOCK: u64 = KV.block;
+const POOL: u32 = KV.pool;
 
 fn pair() -> (KvConnector, KvConnector) {
     let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
@@ -19,10 +27,6 @@ fn pair() -> (KvConnector, KvConnector) {
         ..p.clone()
     };
     KvConnector::loopback_pair(p, c).unwrap()
-}
-
-fn pool_bytes() -> usize {
-    (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize
 }
 
 /// Host bytes that claim to be memory of GPU 0 (never dereferenced: GPU memory is refused before use).
@@ -57,7 +61,7 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
     }
     let (p, c) = pair();
     for node in [&p, &c] {
-        let gpu = MemoryRegion::from_raw_memory(ClaimsToBeGpu(vec![0; pool_bytes()].into()));
+        let gpu = MemoryRegion::from_raw_memory(ClaimsToBeGpu(vec![0; KV.pool_bytes()].into()));
         let err = node.register_kv_caches(gpu, POOL).unwrap_err().to_string();
         let why = if cfg!(feature = "cuda") {
             "no CUDA driver"
@@ -66,7 +70,7 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
         };
         assert!(err.contains("GPU") && err.contains(why), "{err}");
         // Host KV caches still register.
-        node.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+        node.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
             .unwrap();
     }
     say("not run: KV caches in GPU memory (no GPU); the refusal was checked");
@@ -77,10 +81,11 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
 mod with_gpu {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
     use backends::tcp::TcpConfig;
-    use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role};
+    use connector::{ConnectorConfig, KvConnector, Role};
     use transfer_engine::MemoryRegion;
 
-    use super::{BLOCK, LAYERS, POOL, pair, pool_bytes, say};
+    use super::common::{begin_save, plan_load};
+    use super::{BLOCK, KV, LAYERS, POOL, pair, say};
 
     struct Setup {
         gpu: Gpu,
@@ -95,7 +100,7 @@ mod with_gpu {
         }
         let gpu = Gpu::open(0).unwrap();
         let engine = CopyEngine::new(&gpu, 1 << 20).unwrap();
-        let data = (0..pool_bytes())
+        let data = (0..KV.pool_bytes())
             .map(|i| (i / 4096 + 1) as u8 ^ i as u8)
             .collect();
         Setup { gpu, engine, data }
@@ -104,35 +109,31 @@ mod with_gpu {
     impl Setup {
         /// GPU KV caches holding `data` (or zeroes).
         fn kv(&mut self, filled: bool) -> MemoryRegion {
-            let kv = DeviceMemory::alloc(&self.gpu, pool_bytes())
+            let kv = DeviceMemory::alloc(&self.gpu, KV.pool_bytes())
                 .unwrap()
                 .into_region();
             if filled {
                 let host = MemoryRegion::from_vec(self.data.clone());
                 self.engine
-                    .copy(&host, 0..pool_bytes(), &kv, 0, |_| {})
+                    .copy(&host, 0..KV.pool_bytes(), &kv, 0, |_| {})
                     .unwrap();
             } else {
-                self.gpu.zero(&kv, 0..pool_bytes()).unwrap();
+                self.gpu.zero(&kv, 0..KV.pool_bytes()).unwrap();
             }
             kv
         }
 
         /// Checks that blocks `to` of `kv` hold blocks `from` of `data`, every layer.
         fn check(&mut self, kv: &MemoryRegion, from: &[u32], to: &[u32], what: &str) {
-            let back = MemoryRegion::zeroed(pool_bytes());
+            let back = MemoryRegion::zeroed(KV.pool_bytes());
             self.engine
-                .copy(kv, 0..pool_bytes(), &back, 0, |_| {})
+                .copy(kv, 0..KV.pool_bytes(), &back, 0, |_| {})
                 .unwrap();
             let back = back.to_vec().unwrap();
-            let at = |layer: u32, block: u32| {
-                (u64::from(layer) * u64::from(POOL) + u64::from(block)) as usize * BLOCK as usize
-            };
             for layer in 0..LAYERS {
                 for (&s, &d) in from.iter().zip(to) {
-                    let (s, d) = (at(layer, s), at(layer, d));
                     assert!(
-                        back[d..d + BLOCK as usize] == self.data[s..s + BLOCK as usize],
+                        back[KV.block_range(layer, d)] == self.data[KV.block_range(layer, s)],
                         "{what}: layer {layer} block {d} differs"
                     );
                 }
@@ -140,36 +141,17 @@ mod with_gpu {
         }
     }
 
-    fn request<'a>(id: &'a str, tokens: &'a [u32], extras: &'a RequestExtras) -> KvRequest<'a> {
-        KvRequest {
-            id,
-            tokens,
-            extras,
-            external_keys: None,
-            transfer_params: None,
-        }
-    }
-
     /// Saves blocks 0-2 on `p` (from its GPU KV caches into its host store), then loads them on `c` into
     /// blocks 5-7 of its KV caches.
     fn save_then_load(p: &KvConnector, c: &KvConnector, tokens: &[u32]) {
-        let extras = RequestExtras::default();
-        p.get_num_new_matched_tokens(&request("a", tokens, &extras), 0)
-            .unwrap();
-        p.update_state_after_alloc("a", &[0, 1, 2], 0).unwrap();
-        p.bind_connector_metadata(p.build_connector_meta());
+        begin_save(p, "a", tokens, &[0, 1, 2]);
         for layer in 0..LAYERS {
             p.save_kv_layer(layer).unwrap();
         }
         p.wait_for_save().unwrap();
         p.clear_connector_metadata();
         p.request_finished("a");
-        let (n, _) = c
-            .get_num_new_matched_tokens(&request("b", tokens, &extras), 0)
-            .unwrap();
-        assert_eq!(n, 48);
-        c.update_state_after_alloc("b", &[5, 6, 7], n).unwrap();
-        c.bind_connector_metadata(c.build_connector_meta());
+        assert_eq!(plan_load(c, "b", tokens, &[5, 6, 7]), 48);
         c.start_load_kv().unwrap();
         c.wait_for_all_loads().unwrap();
         assert!(c.failed_blocks().is_empty());

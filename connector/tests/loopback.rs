@@ -1,12 +1,20 @@
 //! Producer and consumer connectors in one process over the loopback backend: the local tier store's
 //! eviction between a lookup and the load hands back exactly the blocks that are gone.
 
+mod common;
+
+use common::{Kv, begin_save, plan_load, request};
 use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
-const LAYERS: u32 = 2;
-const BLOCK: u64 = 4096;
-const POOL: u32 = 16;
+const KV: Kv = Kv {
+    layers: 2,
+    block: 4096,
+    pool: 16,
+};
+const LAYERS: u32 = KV.layers;
+const BLOCK: u64 = KV.block;
+const POOL: u32 = KV.pool;
 
 fn pair(store_blocks: u32) -> (KvConnector, KvConnector) {
     let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
@@ -19,22 +27,8 @@ fn pair(store_blocks: u32) -> (KvConnector, KvConnector) {
     KvConnector::loopback_pair(p, c).unwrap()
 }
 
-fn request<'a>(id: &'a str, tokens: &'a [u32], extras: &'a RequestExtras) -> KvRequest<'a> {
-    KvRequest {
-        id,
-        tokens,
-        extras,
-        external_keys: None,
-        transfer_params: None,
-    }
-}
-
 fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
-    let extras = RequestExtras::default();
-    p.get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
-        .unwrap();
-    p.update_state_after_alloc(id, blocks, 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
+    begin_save(p, id, tokens, blocks);
     for layer in 0..LAYERS {
         p.save_kv_layer(layer).unwrap();
     }
@@ -44,7 +38,7 @@ fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
 #[test]
 fn blocks_evicted_after_the_lookup_are_recomputed_the_rest_load() {
     let (p, c) = pair(4);
-    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let bytes = KV.pool_bytes();
     let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096) as u8).collect());
     let dst = MemoryRegion::zeroed(bytes);
     p.register_kv_caches(src.clone(), POOL).unwrap();
@@ -88,7 +82,7 @@ fn blocks_evicted_after_the_lookup_are_recomputed_the_rest_load() {
 #[test]
 fn a_serving_engines_own_keys_are_used_as_they_are() {
     let (p, c) = pair(16);
-    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let bytes = KV.pool_bytes();
     p.register_kv_caches(MemoryRegion::from_vec(vec![3; bytes]), POOL)
         .unwrap();
     let dst = MemoryRegion::zeroed(bytes);
@@ -179,33 +173,6 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
     assert!(err.contains("1.5"), "{err}");
 }
 
-/// The producer's side of a save started for `blocks` of `tokens`, with no layer saved yet.
-fn begin_save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
-    let extras = RequestExtras::default();
-    p.get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
-        .unwrap();
-    p.update_state_after_alloc(id, blocks, 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
-}
-
-/// The consumer starts loading `tokens` into `blocks` while the producer may still be saving them; returns
-/// the tokens matched.
-fn begin_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
-    let extras = RequestExtras::default();
-    let (n, _) = c
-        .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
-        .unwrap();
-    c.update_state_after_alloc(id, blocks, n).unwrap();
-    c.bind_connector_metadata(c.build_connector_meta());
-    c.start_load_kv().unwrap();
-    n
-}
-
-fn block_bytes(m: &MemoryRegion, layer: u32, block: u32) -> Vec<u8> {
-    let at = (u64::from(layer) * u64::from(POOL) + u64::from(block)) as usize * BLOCK as usize;
-    m.read(at..at + BLOCK as usize).unwrap().to_vec()
-}
-
 /// A producer that has saved layer 0 of three blocks (the prefill still computing the rest), and a consumer
 /// that found them being saved, started loading them into blocks 5-7 and has layer 0.
 fn streaming_after_layer_0() -> (
@@ -216,7 +183,7 @@ fn streaming_after_layer_0() -> (
     Vec<u32>,
 ) {
     let (p, c) = pair(16);
-    let bytes = (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize;
+    let bytes = KV.pool_bytes();
     let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
     let dst = MemoryRegion::zeroed(bytes);
     p.register_kv_caches(src.clone(), POOL).unwrap();
@@ -224,7 +191,8 @@ fn streaming_after_layer_0() -> (
     let a: Vec<u32> = (0..16 * 3 + 1).collect();
     begin_save(&p, "a", &a, &[0, 1, 2]);
     p.save_kv_layer(0).unwrap();
-    assert_eq!(begin_load(&c, "a", &a, &[5, 6, 7]), 48);
+    assert_eq!(plan_load(&c, "a", &a, &[5, 6, 7]), 48);
+    c.start_load_kv().unwrap();
     c.wait_for_layer_load(0).unwrap();
     (p, c, src, dst, a)
 }
@@ -233,16 +201,16 @@ fn streaming_after_layer_0() -> (
 fn a_load_streams_each_layer_as_the_producer_saves_it() {
     let (p, c, src, dst, _) = streaming_after_layer_0();
     for (s, d) in [(0, 5), (1, 6), (2, 7)] {
-        assert_eq!(block_bytes(&dst, 0, d), block_bytes(&src, 0, s));
+        assert_eq!(KV.block_bytes(&dst, 0, d), KV.block_bytes(&src, 0, s));
         // Layer 1 is not saved yet, so not one byte of it moved.
-        assert!(block_bytes(&dst, 1, d).iter().all(|&b| b == 0));
+        assert!(KV.block_bytes(&dst, 1, d).iter().all(|&b| b == 0));
     }
     p.save_kv_layer(1).unwrap();
     p.wait_for_save().unwrap();
     c.wait_for_layer_load(1).unwrap();
     assert!(c.failed_blocks().is_empty());
     for (s, d) in [(0, 5), (1, 6), (2, 7)] {
-        assert_eq!(block_bytes(&dst, 1, d), block_bytes(&src, 1, s));
+        assert_eq!(KV.block_bytes(&dst, 1, d), KV.block_bytes(&src, 1, s));
     }
     let snap = p.metrics().snapshot();
     assert_eq!((snap.streamed_loads, snap.abandoned_blocks), (1, 0));

@@ -1,15 +1,23 @@
 //! Producer and consumer connectors over TCP (two nodes on loopback sockets): save layer by layer, load
 //! layer by layer into other blocks, weight updates, failures handed back for recompute.
 
+mod common;
+
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use common::{Kv, begin_save, plan_load, request};
+use connector::{ConnectorConfig, KvConnector, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
-const LAYERS: u32 = 4;
-const BLOCK: u64 = 8192;
-const POOL: u32 = 32;
+const KV: Kv = Kv {
+    layers: 4,
+    block: 8192,
+    pool: 32,
+};
+const LAYERS: u32 = KV.layers;
+const BLOCK: u64 = KV.block;
+const POOL: u32 = KV.pool;
 
 fn config(role: Role) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
@@ -40,33 +48,9 @@ fn pair() -> (KvConnector, KvConnector) {
     (producer, consumer)
 }
 
-fn pool_bytes() -> usize {
-    (u64::from(LAYERS) * u64::from(POOL) * BLOCK) as usize
-}
-
-fn block_range(layer: u32, block: u32) -> std::ops::Range<usize> {
-    let at = ((u64::from(layer) * u64::from(POOL) + u64::from(block)) * BLOCK) as usize;
-    at..at + BLOCK as usize
-}
-
-/// Starts the producer's step for `id`: plans the save of blocks `blocks`, no layer saved yet.
-fn begin_save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
-    let extras = RequestExtras::default();
-    let req = KvRequest {
-        id,
-        tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
-    assert_eq!(p.get_num_new_matched_tokens(&req, 0).unwrap(), (0, false));
-    p.update_state_after_alloc(id, blocks, 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
-}
-
 /// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.
 fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
-    begin_save(p, id, tokens, blocks);
+    assert_eq!(begin_save(p, id, tokens, blocks), (0, false));
     for layer in 0..LAYERS {
         p.save_kv_layer(layer).unwrap();
     }
@@ -79,27 +63,11 @@ fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
     assert_eq!(params.map(|x| x.producer), p.control_addr());
 }
 
-/// Plans and starts the consumer's load for `id` into `blocks`; returns the tokens it loads.
-fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
-    let extras = RequestExtras::default();
-    let req = KvRequest {
-        id,
-        tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
-    let (n, _) = c.get_num_new_matched_tokens(&req, 0).unwrap();
-    c.update_state_after_alloc(id, blocks, n).unwrap();
-    c.bind_connector_metadata(c.build_connector_meta());
-    n
-}
-
 #[test]
 fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
     let (p, c) = pair();
-    let src = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
-    let dst = MemoryRegion::zeroed(pool_bytes());
+    let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
+    let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src.clone(), POOL).unwrap();
     c.register_kv_caches(dst.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (1000..1000 + 16 * 5 + 3).collect();
@@ -122,8 +90,8 @@ fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
         // Layer `layer` is whole now: the consumer could compute it.
         for (i, &b) in dst_blocks[..5].iter().enumerate() {
             assert!(
-                dst.read(block_range(layer, b)).unwrap()[..]
-                    == src.read(block_range(layer, 3 + i as u32)).unwrap()[..],
+                dst.read(KV.block_range(layer, b)).unwrap()[..]
+                    == src.read(KV.block_range(layer, 3 + i as u32)).unwrap()[..],
                 "layer {layer} block {b}"
             );
         }
@@ -131,7 +99,10 @@ fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
     assert!(c.failed_blocks().is_empty());
     assert_eq!(c.get_finished().1, vec!["a".to_string()]);
     assert!(
-        dst.read(block_range(0, 9)).unwrap().iter().all(|&b| b == 0),
+        dst.read(KV.block_range(0, 9))
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0),
         "block 5 was not loaded"
     );
     let snap = c.metrics().snapshot();
@@ -153,13 +124,7 @@ fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
     let mut longer = tokens[..64].to_vec();
     longer.extend(5000..5040);
     let extras = RequestExtras::default();
-    let req = KvRequest {
-        id: "b",
-        tokens: &longer,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
+    let req = request("b", &longer, &extras);
     assert_eq!(
         c.get_num_new_matched_tokens(&req, 16).unwrap().0,
         48,
@@ -170,9 +135,9 @@ fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
 #[test]
 fn after_a_weight_update_no_old_block_is_found_or_served() {
     let (p, c) = pair();
-    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
-    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
     let tokens: Vec<u32> = (0..40).collect();
     produce(&p, "old", &tokens, &[0, 1]);
@@ -203,8 +168,8 @@ fn after_a_weight_update_no_old_block_is_found_or_served() {
 #[test]
 fn a_producer_that_dies_mid_load_yields_recompute_not_wrong_kv() {
     let (p, c) = pair();
-    let src = MemoryRegion::from_vec(vec![0xAB; pool_bytes()]);
-    let dst = MemoryRegion::zeroed(pool_bytes());
+    let src = MemoryRegion::from_vec(vec![0xAB; KV.pool_bytes()]);
+    let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src, POOL).unwrap();
     c.register_kv_caches(dst.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (0..16 * 8 + 1).collect();
@@ -223,7 +188,7 @@ fn a_producer_that_dies_mid_load_yields_recompute_not_wrong_kv() {
     for b in dst_blocks.iter().filter(|b| !failed.contains(b)) {
         for layer in 0..LAYERS {
             assert!(
-                dst.read(block_range(layer, *b))
+                dst.read(KV.block_range(layer, *b))
                     .unwrap()
                     .iter()
                     .all(|&x| x == 0xAB)
@@ -239,7 +204,7 @@ fn a_producer_that_dies_mid_load_yields_recompute_not_wrong_kv() {
 #[test]
 fn roles_refuse_what_they_never_do() {
     let (p, c) = pair();
-    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
     assert!(
         c.save_kv_layer(0)
@@ -249,13 +214,7 @@ fn roles_refuse_what_they_never_do() {
     );
     let tokens: Vec<u32> = (0..40).collect();
     let extras = RequestExtras::default();
-    let req = KvRequest {
-        id: "p",
-        tokens: &tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
+    let req = request("p", &tokens, &extras);
     assert_eq!(
         p.get_num_new_matched_tokens(&req, 0).unwrap().0,
         0,
@@ -283,9 +242,9 @@ fn a_control_peer_sending_garbage_gets_an_error_and_the_producer_keeps_serving()
         r.read_line(&mut line).unwrap();
         assert!(line.contains("\"reply\":\"error\""), "{line}");
     }
-    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
-    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
     let tokens: Vec<u32> = (0..33).collect();
     produce(&p, "ok", &tokens, &[0, 1]);
@@ -330,9 +289,9 @@ fn a_consumer_finds_its_producer_through_discovery() {
         Some(addr),
     )
     .unwrap();
-    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
-    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
     let tokens: Vec<u32> = (0..17).collect();
     produce(&p, "d", &tokens, &[0, 1]);
@@ -343,7 +302,7 @@ fn a_consumer_finds_its_producer_through_discovery() {
 fn a_both_connector_loads_from_its_own_tier_store() {
     let both =
         KvConnector::tcp(config(Role::Both), TcpConfig::with_engine_id(3), None, None).unwrap();
-    let kv = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i % 249) as u8).collect());
+    let kv = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i % 249) as u8).collect());
     both.register_kv_caches(kv.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (0..16 * 3 + 2).collect();
     produce(&both, "first", &tokens, &[0, 1, 2]);
@@ -355,8 +314,8 @@ fn a_both_connector_loads_from_its_own_tier_store() {
     for layer in 0..LAYERS {
         for (from, to) in [(0, 20), (2, 22)] {
             assert!(
-                kv.read(block_range(layer, to)).unwrap()[..]
-                    == kv.read(block_range(layer, from)).unwrap()[..]
+                kv.read(KV.block_range(layer, to)).unwrap()[..]
+                    == kv.read(KV.block_range(layer, from)).unwrap()[..]
             );
         }
     }
@@ -376,20 +335,14 @@ fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
         None,
     )
     .unwrap();
-    p.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
-    c.register_kv_caches(MemoryRegion::zeroed(pool_bytes()), POOL)
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
     let tokens: Vec<u32> = (0..33).collect();
     produce(&p, "t", &tokens, &[0, 1]);
     let extras = RequestExtras::default();
-    let mut req = KvRequest {
-        id: "t",
-        tokens: &tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
+    let mut req = request("t", &tokens, &extras);
     assert_eq!(
         c.get_num_new_matched_tokens(&req, 0).unwrap().0,
         0,
@@ -446,13 +399,7 @@ fn a_producer_that_never_answers_is_an_error_not_a_hang() {
     let c = KvConnector::tcp(cfg, TcpConfig::with_engine_id(2), None, Some(addr)).unwrap();
     let tokens: Vec<u32> = (0..40).collect();
     let extras = RequestExtras::default();
-    let req = KvRequest {
-        id: "s",
-        tokens: &tokens,
-        extras: &extras,
-        external_keys: None,
-        transfer_params: None,
-    };
+    let req = request("s", &tokens, &extras);
     let started = std::time::Instant::now();
     let err = c.get_num_new_matched_tokens(&req, 0).unwrap_err();
     assert!(err.to_string().contains("no answer"), "{err}");
@@ -463,13 +410,13 @@ fn a_producer_that_never_answers_is_an_error_not_a_hang() {
 #[test]
 fn a_consumer_asking_mid_prefill_streams_each_layer_as_the_producer_saves_it() {
     let (p, c) = pair();
-    let src = MemoryRegion::from_vec((0..pool_bytes()).map(|i| (i * 5 % 251) as u8).collect());
-    let dst = MemoryRegion::zeroed(pool_bytes());
+    let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 5 % 251) as u8).collect());
+    let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src.clone(), POOL).unwrap();
     c.register_kv_caches(dst.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (7000..7000 + 16 * 3 + 1).collect();
     // The prefill has saved layers 0 and 1 of its three blocks; it is still computing the rest.
-    begin_save(&p, "s", &tokens, &[0, 1, 2]);
+    assert_eq!(begin_save(&p, "s", &tokens, &[0, 1, 2]), (0, false));
     p.save_kv_layer(0).unwrap();
     p.save_kv_layer(1).unwrap();
     // The consumer's lookup over the control channel counts the blocks being saved, and its load gets
@@ -481,12 +428,15 @@ fn a_consumer_asking_mid_prefill_streams_each_layer_as_the_producer_saves_it() {
     for (i, b) in [10u32, 11, 12].into_iter().enumerate() {
         for layer in 0..2 {
             assert!(
-                dst.read(block_range(layer, b)).unwrap()[..]
-                    == src.read(block_range(layer, i as u32)).unwrap()[..]
+                dst.read(KV.block_range(layer, b)).unwrap()[..]
+                    == src.read(KV.block_range(layer, i as u32)).unwrap()[..]
             );
         }
         assert!(
-            dst.read(block_range(2, b)).unwrap().iter().all(|&x| x == 0),
+            dst.read(KV.block_range(2, b))
+                .unwrap()
+                .iter()
+                .all(|&x| x == 0),
             "layer 2 is not saved yet"
         );
     }
@@ -501,8 +451,8 @@ fn a_consumer_asking_mid_prefill_streams_each_layer_as_the_producer_saves_it() {
     for (i, b) in [10u32, 11, 12].into_iter().enumerate() {
         for layer in 2..LAYERS {
             assert!(
-                dst.read(block_range(layer, b)).unwrap()[..]
-                    == src.read(block_range(layer, i as u32)).unwrap()[..]
+                dst.read(KV.block_range(layer, b)).unwrap()[..]
+                    == src.read(KV.block_range(layer, i as u32)).unwrap()[..]
             );
         }
     }

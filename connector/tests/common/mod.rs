@@ -1,0 +1,81 @@
+//! What the connector's test files share: the shape of their KV caches, and the scheduler's steps that
+//! start a save and a load.
+#![allow(dead_code)] // each test file uses part of it
+
+use std::ops::Range;
+
+use connector::{KvConnector, KvRequest, RequestExtras};
+use transfer_engine::MemoryRegion;
+
+/// KV caches of `layers` layers of `pool` blocks of `block` bytes, layer-major.
+pub(crate) struct Kv {
+    pub(crate) layers: u32,
+    pub(crate) block: u64,
+    pub(crate) pool: u32,
+}
+
+impl Kv {
+    /// Bytes of the whole KV caches.
+    pub(crate) const fn pool_bytes(&self) -> usize {
+        (self.layers as u64 * self.pool as u64 * self.block) as usize
+    }
+
+    /// Where block `block` of layer `layer` lies in the KV caches.
+    pub(crate) fn block_range(&self, layer: u32, block: u32) -> Range<usize> {
+        let at =
+            ((u64::from(layer) * u64::from(self.pool) + u64::from(block)) * self.block) as usize;
+        at..at + self.block as usize
+    }
+
+    /// A copy of block `block` of layer `layer` of `memory`.
+    pub(crate) fn block_bytes(&self, memory: &MemoryRegion, layer: u32, block: u32) -> Vec<u8> {
+        memory
+            .read(self.block_range(layer, block))
+            .unwrap()
+            .to_vec()
+    }
+}
+
+/// A request for `tokens` with no keys or transfer parameters of the serving engine's.
+pub(crate) fn request<'a>(
+    id: &'a str,
+    tokens: &'a [u32],
+    extras: &'a RequestExtras,
+) -> KvRequest<'a> {
+    KvRequest {
+        id,
+        tokens,
+        extras,
+        external_keys: None,
+        transfer_params: None,
+    }
+}
+
+/// The producer's scheduler step that starts saving `id`'s `tokens` from `blocks`, no layer saved yet;
+/// returns what its lookup answered (tokens found elsewhere, and whether they load asynchronously).
+pub(crate) fn begin_save(
+    p: &KvConnector,
+    id: &str,
+    tokens: &[u32],
+    blocks: &[u32],
+) -> (usize, bool) {
+    let extras = RequestExtras::default();
+    let found = p
+        .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
+        .unwrap();
+    p.update_state_after_alloc(id, blocks, 0).unwrap();
+    p.bind_connector_metadata(p.build_connector_meta());
+    found
+}
+
+/// The consumer's scheduler step that plans loading `id`'s `tokens` into `blocks` (the load not yet
+/// started); returns the tokens it will load.
+pub(crate) fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
+    let extras = RequestExtras::default();
+    let (n, _) = c
+        .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
+        .unwrap();
+    c.update_state_after_alloc(id, blocks, n).unwrap();
+    c.bind_connector_metadata(c.build_connector_meta());
+    n
+}
