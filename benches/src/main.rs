@@ -116,7 +116,7 @@ fn demo() -> anyhow::Result<()> {
     );
     run::main(&run::RunArgs::demo())?;
     println!(
-        "\n   The same over TCP (two nodes, real loopback sockets, 2 lanes), beside a plain socket copy\n   and the same copy checksummed at both ends, as the engine's transfers are.\n"
+        "\n   The same over TCP (two nodes, real loopback sockets, 2 lanes), beside a plain socket copy.\n"
     );
     dispatch(&[
         "run",

@@ -26,29 +26,12 @@ pub(crate) const RUN_COLUMNS: [&str; 10] = [
     "recompute_blocks",
 ];
 
-/// Columns of the `run --backend tcp` table: the plain limit and the checksummed one.
-pub(crate) const TCP_COLUMNS: [&str; 12] = [
-    "backend",
-    "mode",
-    "block",
-    "bytes",
-    "gbps",
-    "limit_gbps",
-    "ratio",
-    "crc_limit_gbps",
-    "crc_ratio",
-    "p50_ms",
-    "p99_ms",
-    "recompute_blocks",
-];
-
 /// Which backend carries the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Backend {
     /// Two engines in one process; the limit is a plain memcpy of the same blocks.
     Loopback,
-    /// Two TCP nodes over real loopback sockets; the limits are a plain socket copy of the same bytes,
-    /// and the same copy checksummed at both ends
+    /// Two TCP nodes over real loopback sockets; the limit is a plain socket copy of the same bytes.
     Tcp,
     /// Two libfabric nodes (feature `rdma`) on `--provider`; limits: the provider's own write loop, and
     /// memcpy (`shm`) or the plain socket copy (`tcp`).
@@ -159,13 +142,6 @@ pub(crate) struct RunRow {
     pub(crate) p99_ms: f64,
     pub(crate) retransmits: u64,
     pub(crate) recompute_blocks: usize,
-    /// TCP only: a plain socket copy that also takes the CRC-32C of every byte at both ends, as the
-    /// engine does: the raw limit of a checksummed transfer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) crc_limit_gbps: Option<f64>,
-    /// TCP only: `gbps / crc_limit_gbps`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) crc_ratio: Option<f64>,
     /// RDMA only: the libfabric provider that carried the bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) provider: Option<String>,
@@ -229,10 +205,10 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
         progress.inc(1);
     }
     progress.finish_and_clear();
-    let columns: &[&str] = match args.backend {
-        Backend::Rdma => &RDMA_COLUMNS,
-        Backend::Tcp => &TCP_COLUMNS,
-        Backend::Loopback => &RUN_COLUMNS,
+    let columns: &[&str] = if args.backend == Backend::Rdma {
+        &RDMA_COLUMNS
+    } else {
+        &RUN_COLUMNS
     };
     print_rows(&rows, args.json, columns)
 }
@@ -290,7 +266,7 @@ fn tcp_row(
     staged: bool,
 ) -> anyhow::Result<RunRow> {
     let run = crate::tcp::run_tcp(layout, mode, iterations, staged)?;
-    let mut r = row(
+    Ok(row(
         if staged { "tcp-staged" } else { "tcp" },
         layout,
         mode,
@@ -298,10 +274,7 @@ fn tcp_row(
         run.limit_gbps,
         run.retransmits,
         run.recompute_blocks,
-    );
-    r.crc_limit_gbps = Some(run.crc_limit_gbps);
-    r.crc_ratio = Some(r.gbps / run.crc_limit_gbps);
-    Ok(r)
+    ))
 }
 
 /// A result row from measured transfer times and the limit measured beside them.
@@ -332,8 +305,6 @@ pub(crate) fn row(
         p99_ms: quantile(&mut seconds, 0.99) * 1e3,
         retransmits,
         recompute_blocks,
-        crc_limit_gbps: None,
-        crc_ratio: None,
         provider: None,
         provider_limit_gbps: None,
         provider_ratio: None,

@@ -20,10 +20,6 @@ pub(crate) struct TcpRun {
     /// connections as the lane pool holds, with 4 MiB writes: the median of one copy before each transfer
     /// of the run.
     pub(crate) limit_gbps: f64,
-    /// GB/s of the same socket copy with a CRC-32C taken of every byte at both ends
-    /// ([`SocketCopy::run_checksummed`]): the raw limit of a transfer checksummed end to end, as the
-    /// engine's is. The median of one copy before each transfer, as `limit_gbps`.
-    pub(crate) crc_limit_gbps: f64,
     /// Slices sent again, over every transfer.
     pub(crate) retransmits: u64,
     /// Blocks handed back for recompute, over every transfer.
@@ -62,14 +58,12 @@ pub(crate) fn run_tcp(
     let limit = Duration::from_secs(600);
     let mut seconds = Vec::with_capacity(iterations);
     let mut limits = Vec::with_capacity(iterations + 1);
-    let mut crc_limits = Vec::with_capacity(iterations + 1);
     let mut copy = SocketCopy::new(bytes, LIMIT_WRITE_BYTES, lanes)?;
     let mut recompute_blocks = 0;
     for i in 0..=iterations {
-        // The limits are measured before every transfer, warm-up included, and their medians reported:
-        // one copy alone swings with whatever else the machine does in that second.
+        // The limit is measured before every transfer, warm-up included, and its median reported: one
+        // copy alone swings with whatever else the machine does in that second.
         limits.push(copy.run()?);
-        crc_limits.push(copy.run_checksummed()?);
         let req = TransferRequest::whole(peer, &src, &dst)?.with_mode(mode);
         let out = sender.transfer(req, limit)?;
         if let Some(reason) = out.reason {
@@ -97,7 +91,6 @@ pub(crate) fn run_tcp(
     Ok(TcpRun {
         seconds,
         limit_gbps: crate::report::quantile(&mut limits, 0.5),
-        crc_limit_gbps: crate::report::quantile(&mut crc_limits, 0.5),
         retransmits: sender.node().stats().engine.retransmits,
         recompute_blocks,
     })
