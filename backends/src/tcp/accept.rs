@@ -24,6 +24,7 @@ use super::context::lock;
 use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
 use super::lane;
 use super::peer_link::PeerLink;
+use super::socket;
 use super::state::NodeState;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
@@ -66,7 +67,8 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
 }
 
 async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) {
-    let _ = stream.set_nodelay(true);
+    // A socket the kernel will not configure still serves, with the kernel's settings.
+    let _ = socket::configure(&stream, &node.ctx.cfg);
     let limit = node.ctx.cfg.handshake_timeout;
     let result = async {
         let hello = node.hello()?;

@@ -16,6 +16,7 @@ use super::context::lock;
 use super::handshake::{self};
 use super::lane_state::LaneState;
 use super::peer_link::{LaneHandle, PeerLink};
+use super::socket;
 use super::state::NodeState;
 use super::state::PeerInfo;
 
@@ -34,7 +35,7 @@ pub(crate) async fn dial(
             what: format!("connecting to {addr}"),
             waited: limit,
         })??;
-    stream.set_nodelay(true)?;
+    socket::configure(&stream, &node.ctx.cfg)?;
     let mut hello = node.hello()?;
     hello.want = want;
     // A later lane to a peer proves it belongs to the peer's connection group with the group's token.

@@ -50,6 +50,7 @@ mod node;
 mod peer_link;
 mod reach;
 mod reader;
+mod socket;
 mod stage;
 mod staged_io;
 mod state;
@@ -66,6 +67,7 @@ pub use blocking::BlockingNode;
 pub use handshake::Segment;
 pub use limit::{SocketCopy, socket_copy_gbps};
 pub use node::{NodeStats, TcpNode};
+pub use socket::SocketBuffers;
 pub use state::PeerInfo;
 pub use transfer_engine::Namespace;
 
@@ -115,6 +117,9 @@ pub struct TcpConfig {
     /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
     /// address its connection came from).
     pub dial_back: bool,
+    /// Kernel socket buffers of lanes: small send buffers between nodes on one host, the kernel's
+    /// autotuning across hosts (see [`SocketBuffers`]).
+    pub socket_buffers: SocketBuffers,
     /// Bytes of each of a lane's two staging buffers, through which GPU regions are sent and received
     /// (feature `cuda`: pinned buffers). A frame larger than this is staged a buffer at a time.
     pub stage_bytes: usize,
@@ -146,6 +151,7 @@ impl Default for TcpConfig {
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,
+            socket_buffers: SocketBuffers::default(),
             stage_bytes: 4 << 20,
             stage_host_memory: false,
         }
