@@ -68,7 +68,11 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
 
 async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) {
     // A socket the kernel will not configure still serves, with the kernel's settings.
-    let _ = socket::configure(&stream, &node.ctx.cfg);
+    if let Err(e) = socket::configure(&stream, from.ip(), &node.ctx.cfg) {
+        node.ctx.log(format!(
+            "lane from {from}: socket settings refused ({e}); kept the kernel's"
+        ));
+    }
     let limit = node.ctx.cfg.handshake_timeout;
     let result = async {
         let hello = node.hello()?;

@@ -35,7 +35,7 @@ pub(crate) async fn dial(
             what: format!("connecting to {addr}"),
             waited: limit,
         })??;
-    socket::configure(&stream, &node.ctx.cfg)?;
+    socket::configure(&stream, addr.ip(), &node.ctx.cfg)?;
     let mut hello = node.hello()?;
     hello.want = want;
     // A later lane to a peer proves it belongs to the peer's connection group with the group's token.

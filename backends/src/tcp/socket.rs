@@ -1,6 +1,7 @@
 //! The kernel settings of a lane's socket, set on both ends before the handshake.
 
 use std::io;
+use std::net::IpAddr;
 
 use tokio::net::TcpStream;
 
@@ -15,6 +16,10 @@ use super::TcpConfig;
 /// GB/s packetized and 5.8-6.4 exclusive with autotuning, 7.5-7.8 and 8.5-9.2 with a 512 KiB send buffer
 /// (4 alternating pairs; see the README). Across hosts a small buffer would cap a lane at buffer / round
 /// trip, so there the kernel decides unless told.
+///
+/// The kernel caps what is asked at `net.core.wmem_max` and `net.core.rmem_max` (212,992 bytes on a stock
+/// Linux; 4 MiB on the development VM), and keeps twice the figure it grants. A receive buffer is best set
+/// before connecting; set after, as here, it may not change the window scale the handshake agreed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SocketBuffers {
     /// `SO_SNDBUF` of lanes whose peer is on this host (a loopback address). Default: 512 KiB.
@@ -35,13 +40,12 @@ impl Default for SocketBuffers {
     }
 }
 
-/// Applies the node's settings to a lane's socket, dialed or accepted: `TCP_NODELAY` (frames are written
-/// whole, never in pieces worth delaying) and the buffers of [`SocketBuffers`].
-pub(super) fn configure(stream: &TcpStream, cfg: &TcpConfig) -> io::Result<()> {
+/// Applies the node's settings to a lane's socket to `peer`, dialed or accepted: `TCP_NODELAY` (frames are
+/// written whole, never in pieces worth delaying) and the buffers of [`SocketBuffers`].
+pub(super) fn configure(stream: &TcpStream, peer: IpAddr, cfg: &TcpConfig) -> io::Result<()> {
     stream.set_nodelay(true)?;
     let buffers = &cfg.socket_buffers;
-    let same_host = stream.peer_addr()?.ip().is_loopback();
-    let send = if same_host {
+    let send = if same_host(peer) {
         buffers.same_host_send
     } else {
         buffers.send
@@ -54,6 +58,12 @@ pub(super) fn configure(stream: &TcpStream, cfg: &TcpConfig) -> io::Result<()> {
         socket.set_recv_buffer_size(bytes)?;
     }
     Ok(())
+}
+
+/// Whether a peer at `ip` is on this host: a loopback address, also as an IPv4 peer of a dual-stack
+/// listener shows it (`::ffff:127.0.0.1`).
+fn same_host(ip: IpAddr) -> bool {
+    ip.to_canonical().is_loopback()
 }
 
 #[cfg(test)]
@@ -74,14 +84,24 @@ mod tests {
         socket2::SockRef::from(s).send_buffer_size().unwrap()
     }
 
+    #[test]
+    fn loopback_peers_are_on_this_host_in_every_spelling() {
+        for ip in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert!(same_host(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["10.0.0.7", "::ffff:10.0.0.7", "fe80::1", "0.0.0.0"] {
+            assert!(!same_host(ip.parse().unwrap()), "{ip}");
+        }
+    }
+
     #[tokio::test]
     async fn same_host_lanes_get_the_same_host_send_buffer_and_others_the_kernels() {
         let (a, b) = pair().await;
-        let autotuned = send_buffer(&a);
+        let autotuned = send_buffer(&b);
         let mut cfg = TcpConfig::default();
         cfg.socket_buffers.same_host_send = Some(96 << 10);
         cfg.socket_buffers.send = Some(3 << 20);
-        configure(&a, &cfg).unwrap();
+        configure(&a, a.peer_addr().unwrap().ip(), &cfg).unwrap();
         assert!(a.nodelay().unwrap());
         let set = send_buffer(&a);
         assert!(
@@ -90,10 +110,10 @@ mod tests {
         );
         // Left to the kernel: the buffer is what it was.
         cfg.socket_buffers.same_host_send = None;
-        configure(&b, &cfg).unwrap();
+        configure(&b, b.peer_addr().unwrap().ip(), &cfg).unwrap();
         assert_eq!(send_buffer(&b), autotuned);
         cfg.socket_buffers.receive = Some(200 << 10);
-        configure(&b, &cfg).unwrap();
+        configure(&b, b.peer_addr().unwrap().ip(), &cfg).unwrap();
         let received = socket2::SockRef::from(&b).recv_buffer_size().unwrap();
         assert!(
             (200 << 10..=2 * (200 << 10)).contains(&received),
