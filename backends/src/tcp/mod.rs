@@ -7,6 +7,9 @@
 //! - Writes: each lane's writer takes a batch of frames (up to [`TcpConfig::batch_bytes`]) and hands the
 //!   kernel their sealed headers and payloads in one vectored `sendmsg`, the payloads read straight from
 //!   the source region. An exclusive-lane unit is a batch of its own.
+//! - Sockets: `TCP_NODELAY`, and a small send buffer when the peer is on this host, so the bytes the
+//!   kernel queues are still in cache when they are copied out; across hosts the kernel's autotuning
+//!   ([`SocketBuffers`]).
 //! - Reads: each lane's reader decodes a header, asks the engine where the payload goes and receives it
 //!   with `recv` straight into the destination region (no intermediate buffer), reading the next header in
 //!   the same syscall; the CRC is taken over the bytes where they landed.
