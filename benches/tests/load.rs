@@ -1,31 +1,22 @@
 //! Several client processes against one server process, each moving its own byte pattern, every session
 //! checked by the server against its client's pattern on arrival.
 
-use std::process::Command;
+mod common;
+
+use common::te_bench_json;
 
 #[test]
 fn concurrent_client_processes_each_land_their_own_bytes() {
-    let out = Command::new(env!("CARGO_BIN_EXE_te-bench"))
-        .args([
-            "load",
-            "--clients",
-            "4",
-            "--total-bytes",
-            "16MiB",
-            "--iterations",
-            "1",
-            "--json",
-        ])
-        .output()
-        .expect("running te-bench load");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "te-bench load failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let row: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or("")).expect("one JSON object");
+    let row = te_bench_json(&[
+        "load",
+        "--clients",
+        "4",
+        "--total-bytes",
+        "16MiB",
+        "--iterations",
+        "1",
+        "--json",
+    ]);
     println!("{row}");
     assert_eq!(row["transfers"].as_u64(), Some(8));
     assert_eq!(row["verified"].as_u64(), Some(8), "{row}");

@@ -1,33 +1,24 @@
 //! `te-bench pd` runs prefill and decode as two processes and reports every figure the issue names, with
 //! no block of an old weight version served after the change.
 
-use std::process::Command;
+mod common;
+
+use common::te_bench_json;
 
 #[test]
 fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
-    let out = Command::new(env!("CARGO_BIN_EXE_te-bench"))
-        .args([
-            "pd",
-            "--requests",
-            "12",
-            "--layers",
-            "4",
-            "--max-trace-blocks",
-            "2",
-            "--compute-us",
-            "20",
-            "--json",
-        ])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .output()
-        .expect("running te-bench pd");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let v = te_bench_json(&[
+        "pd",
+        "--requests",
+        "12",
+        "--layers",
+        "4",
+        "--max-trace-blocks",
+        "2",
+        "--compute-us",
+        "20",
+        "--json",
+    ]);
     for key in [
         "ttft_ms_engine",
         "ttft_ms_recompute",

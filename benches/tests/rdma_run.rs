@@ -2,36 +2,28 @@
 //! ceiling beside the machine's limit (feature `rdma`).
 #![cfg(feature = "rdma")]
 
-use std::process::Command;
+mod common;
+
+use common::te_bench_json;
 
 #[test]
 fn run_over_shm_reports_both_limits() {
-    let out = Command::new(env!("CARGO_BIN_EXE_te-bench"))
-        .args([
-            "run",
-            "--backend",
-            "rdma",
-            "--provider",
-            "shm",
-            "--mode",
-            "exclusive",
-            "--block-bytes",
-            "256KiB",
-            "--total-bytes",
-            "16MiB",
-            "--iterations",
-            "1",
-            "--json",
-        ])
-        .output()
-        .expect("running te-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    let v = te_bench_json(&[
+        "run",
+        "--backend",
+        "rdma",
+        "--provider",
+        "shm",
+        "--mode",
+        "exclusive",
+        "--block-bytes",
+        "256KiB",
+        "--total-bytes",
+        "16MiB",
+        "--iterations",
+        "1",
+        "--json",
+    ]);
     for key in [
         "gbps",
         "limit_gbps",
