@@ -2,10 +2,13 @@
 //! awaited and consumed one by one with the producer's prefetch window following, and a dead peer that
 //! ends its sessions promptly instead of at their deadline.
 
+mod common;
+
 use std::time::Duration;
 
 use backends::tcp::{TcpConfig, TcpError, TcpNode};
 use backends::{IncomingSession, WaitError};
+use common::pattern;
 use tokio::time::timeout;
 use transfer_engine::{
     BlockId, Dtype, Event, KvLayout, MemoryRegion, TransferMode, TransferRequest,
@@ -15,18 +18,6 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn layout(layers: u32, blocks: u32, block_bytes: u64) -> KvLayout {
     KvLayout::new(layers, blocks, block_bytes, 16, Dtype::Bf16).unwrap()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Two nodes, each over memory the caller handed it, connected.

@@ -3,9 +3,12 @@
 //! it is sent, and received into one and copied to its region after, exactly as GPU bytes are through
 //! pinned buffers. The GPU's own copies are tested by `tests/cuda.rs` on a machine with a GPU.
 
+mod common;
+
 use std::time::Duration;
 
 use backends::tcp::{TcpConfig, TcpNode};
+use common::pattern;
 use tokio::time::timeout;
 use transfer_engine::{Dtype, KvLayout, MemoryRegion, RegionHandle, TransferMode, TransferRequest};
 
@@ -17,18 +20,6 @@ fn config(id: u32, staged: bool, stage_bytes: usize) -> TcpConfig {
         stage_bytes,
         ..TcpConfig::with_engine_id(id)
     }
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// A sender and a receiver with a filled source region and an empty destination of `layout`, connected.

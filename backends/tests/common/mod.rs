@@ -1,5 +1,6 @@
 //! Fixtures shared by the integration tests.
 #![allow(unsafe_code)] // one fixture: host bytes presented as GPU memory, never dereferenced.
+#![allow(dead_code)] // each test file uses part of it
 
 use transfer_engine::{MemoryKind, RawMemory};
 
@@ -19,4 +20,17 @@ unsafe impl RawMemory for ClaimsToBeGpu {
     fn kind(&self) -> MemoryKind {
         MemoryKind::Device { ordinal: 0 }
     }
+}
+
+/// `len` pseudo-random bytes of `seed` (xorshift), the same for the same seed.
+pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }
