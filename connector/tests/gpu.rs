@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::Kv;
-use connector::{ConnectorConfig, KvConnector, Role, namespace};
+use common::{Kv, loopback_pair};
+use connector::KvConnector;
 use transfer_engine::{MemoryKind, MemoryRegion, RawMemory};
 
 const KV: Kv = Kv {
@@ -14,19 +14,10 @@ const KV: Kv = Kv {
     block: 4096,
     pool: 16,
 };
-const LAYERS: u32 = KV.layers;
-const BLOCK: u64 = KV.block;
 const POOL: u32 = KV.pool;
 
 fn pair() -> (KvConnector, KvConnector) {
-    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
-    (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, 16);
-    let c = ConnectorConfig {
-        role: Role::Consumer,
-        store_blocks: 0,
-        ..p.clone()
-    };
-    KvConnector::loopback_pair(p, c).unwrap()
+    loopback_pair(&KV, 16)
 }
 
 /// Host bytes that claim to be memory of GPU 0 (never dereferenced: GPU memory is refused before use).
@@ -84,8 +75,11 @@ mod with_gpu {
     use connector::{ConnectorConfig, KvConnector, Role};
     use transfer_engine::MemoryRegion;
 
-    use super::common::{begin_save, plan_load};
-    use super::{BLOCK, KV, LAYERS, POOL, pair, say};
+    use super::common::{begin_save, plan_load, tcp_pair};
+    use super::{KV, POOL, pair, say};
+
+    const LAYERS: u32 = KV.layers;
+    const BLOCK: u64 = KV.block;
 
     struct Setup {
         gpu: Gpu,
@@ -179,23 +173,7 @@ mod with_gpu {
         s.check(&dst, &[0, 1, 2], &[5, 6, 7], "loopback");
 
         // TCP: loads land in the consumer's GPU KV caches through the lanes' pinned staging.
-        let p = KvConnector::tcp(
-            config(Role::Producer),
-            TcpConfig {
-                listen: None,
-                ..TcpConfig::with_engine_id(1)
-            },
-            None,
-            None,
-        )
-        .unwrap();
-        let c = KvConnector::tcp(
-            config(Role::Consumer),
-            TcpConfig::with_engine_id(2),
-            None,
-            p.control_addr(),
-        )
-        .unwrap();
+        let (p, c) = tcp_pair(config);
         let (src, dst) = (s.kv(true), s.kv(false));
         p.register_kv_caches(src, POOL).unwrap();
         c.register_kv_caches(dst.clone(), POOL).unwrap();

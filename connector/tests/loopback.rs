@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Kv, begin_save, plan_load, request};
+use common::{Kv, begin_save, loopback_pair, plan_load, request};
 use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
@@ -17,14 +17,7 @@ const BLOCK: u64 = KV.block;
 const POOL: u32 = KV.pool;
 
 fn pair(store_blocks: u32) -> (KvConnector, KvConnector) {
-    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
-    (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, store_blocks);
-    let c = ConnectorConfig {
-        role: Role::Consumer,
-        store_blocks: 0,
-        ..p.clone()
-    };
-    KvConnector::loopback_pair(p, c).unwrap()
+    loopback_pair(&KV, store_blocks)
 }
 
 fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {

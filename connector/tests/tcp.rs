@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use common::{Kv, begin_save, plan_load, request};
+use common::{Kv, begin_save, plan_load, request, tcp_pair};
 use connector::{ConnectorConfig, KvConnector, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
@@ -28,24 +28,7 @@ fn config(role: Role) -> ConnectorConfig {
 }
 
 fn pair() -> (KvConnector, KvConnector) {
-    let producer = KvConnector::tcp(
-        config(Role::Producer),
-        TcpConfig {
-            listen: None,
-            ..TcpConfig::with_engine_id(1)
-        },
-        None,
-        None,
-    )
-    .unwrap();
-    let consumer = KvConnector::tcp(
-        config(Role::Consumer),
-        TcpConfig::with_engine_id(2),
-        None,
-        producer.control_addr(),
-    )
-    .unwrap();
-    (producer, consumer)
+    tcp_pair(config)
 }
 
 /// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.

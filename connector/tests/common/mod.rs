@@ -4,7 +4,8 @@
 
 use std::ops::Range;
 
-use connector::{KvConnector, KvRequest, RequestExtras};
+use backends::tcp::TcpConfig;
+use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
 /// KV caches of `layers` layers of `pool` blocks of `block` bytes, layer-major.
@@ -78,4 +79,40 @@ pub(crate) fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32
     c.update_state_after_alloc(id, blocks, n).unwrap();
     c.bind_connector_metadata(c.build_connector_meta());
     n
+}
+
+/// A producer (holding `store_blocks` in its store) and a consumer of KV caches shaped `kv`, in one
+/// process over the loopback backend.
+pub(crate) fn loopback_pair(kv: &Kv, store_blocks: u32) -> (KvConnector, KvConnector) {
+    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    (p.layers, p.block_bytes, p.store_blocks) = (kv.layers, kv.block, store_blocks);
+    let c = ConnectorConfig {
+        role: Role::Consumer,
+        store_blocks: 0,
+        ..p.clone()
+    };
+    KvConnector::loopback_pair(p, c).unwrap()
+}
+
+/// A producer and a consumer over TCP on this host, each configured by `config` for its role; the consumer
+/// knows the producer's control address.
+pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector, KvConnector) {
+    let producer = KvConnector::tcp(
+        config(Role::Producer),
+        TcpConfig {
+            listen: None,
+            ..TcpConfig::with_engine_id(1)
+        },
+        None,
+        None,
+    )
+    .unwrap();
+    let consumer = KvConnector::tcp(
+        config(Role::Consumer),
+        TcpConfig::with_engine_id(2),
+        None,
+        producer.control_addr(),
+    )
+    .unwrap();
+    (producer, consumer)
 }
