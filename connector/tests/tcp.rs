@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use common::{Kv, begin_save, plan_load, request, tcp_pair};
+use common::{Kv, begin_save, plan_load, request, tcp_pair, tcp_producer};
 use connector::{ConnectorConfig, KvConnector, RequestExtras, Role, namespace};
 use transfer_engine::MemoryRegion;
 
@@ -238,16 +238,7 @@ fn a_control_peer_sending_garbage_gets_an_error_and_the_producer_keeps_serving()
 fn a_consumer_finds_its_producer_through_discovery() {
     use backends::discovery::{Discovery, Embedded};
     let registry = Embedded::new();
-    let p = KvConnector::tcp(
-        config(Role::Producer),
-        TcpConfig {
-            listen: None,
-            ..TcpConfig::with_engine_id(1)
-        },
-        None,
-        None,
-    )
-    .unwrap();
+    let p = tcp_producer(config);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -94,10 +94,9 @@ pub(crate) fn loopback_pair(kv: &Kv, store_blocks: u32) -> (KvConnector, KvConne
     KvConnector::loopback_pair(p, c).unwrap()
 }
 
-/// A producer and a consumer over TCP on this host, each configured by `config` for its role; the consumer
-/// knows the producer's control address.
-pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector, KvConnector) {
-    let producer = KvConnector::tcp(
+/// A producer over TCP on this host (engine 1, dialing only), configured by `config`.
+pub(crate) fn tcp_producer(config: impl Fn(Role) -> ConnectorConfig) -> KvConnector {
+    KvConnector::tcp(
         config(Role::Producer),
         TcpConfig {
             listen: None,
@@ -106,7 +105,13 @@ pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector
         None,
         None,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A producer and a consumer over TCP on this host, each configured by `config` for its role; the consumer
+/// knows the producer's control address.
+pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector, KvConnector) {
+    let producer = tcp_producer(&config);
     let consumer = KvConnector::tcp(
         config(Role::Consumer),
         TcpConfig::with_engine_id(2),
