@@ -91,6 +91,8 @@ struct Setup {
     deadline: Duration,
     max_retries: u32,
     prefetch: Option<u32>,
+    /// The sender's `coalesce_bytes` (0: one slice a frame).
+    coalesce_bytes: u32,
 }
 
 fn setup(inp: &mut Input<'_>) -> Setup {
@@ -133,6 +135,7 @@ fn setup(inp: &mut Input<'_>) -> Setup {
         deadline: Duration::from_millis(20 * (1 + u64::from(d % 32))),
         max_retries: 1 + u32::from(d / 32 % 8),
         prefetch: (inp.u8() % 4 == 0).then_some(0),
+        coalesce_bytes: 256 * u32::from(inp.u8() % 8),
     }
 }
 
@@ -213,6 +216,7 @@ fuzz_target!(|data: &[u8]| {
         rng_seed: seed,
         max_retries: s.max_retries,
         deadline: s.deadline,
+        coalesce_bytes: s.coalesce_bytes,
         ..EngineConfig::default()
     };
     let seed = u64::from(inp.u8());

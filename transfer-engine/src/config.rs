@@ -29,6 +29,13 @@ pub struct EngineConfig {
     pub default_mode: TransferMode,
     /// Class used when a request names none (through the default class policy).
     pub default_class: TrafficClass,
+    /// Slices sent for the first time go out back to back in one data frame, a coalesced frame of
+    /// following slices of one block, up to this many payload bytes (and at most
+    /// [`crate::MAX_COALESCED_SLICES`] slices). Each slice is still acknowledged, resent (alone) and given
+    /// up on its own; the frame's CRC covers them all. It spares per-frame work where frames cost more
+    /// than bytes (a TCP lane). Up to one
+    /// slice (the default, 0): one slice a frame.
+    pub coalesce_bytes: u32,
     /// Most sessions one peer may have open towards this engine at once; more opens are refused (each
     /// holds receiver state proportional to its plan).
     pub max_incoming_per_peer: usize,
@@ -47,6 +54,7 @@ impl Default for EngineConfig {
             default_mode: TransferMode::auto(),
             default_class: TrafficClass::BulkKv,
             max_incoming_per_peer: 256,
+            coalesce_bytes: 0,
         }
     }
 }

@@ -91,8 +91,8 @@ pub use layout::{BlockId, Dtype, KvLayout};
 pub use memory::{Bytes, BytesMut, MemoryKind, MemoryRegion, RawMemory, SHARD_BYTES};
 pub use namespace::{HASH_SEED, Namespace, NamespaceId};
 pub use plan::{
-    AUTO_MAX_UNIT_BYTES, DEFAULT_EXCLUSIVE_MIN_BYTES, DEFAULT_SLICE_BYTES, MIN_SLICE_BYTES,
-    TransferMode,
+    AUTO_MAX_UNIT_BYTES, DEFAULT_EXCLUSIVE_MIN_BYTES, DEFAULT_SLICE_BYTES, MAX_COALESCED_SLICES,
+    MIN_SLICE_BYTES, TransferMode,
 };
 pub use policy::{TrafficClass, TransferShape};
 pub use region::{AccessKey, RegionHandle, RegionId};

@@ -12,6 +12,9 @@ use crate::wire::MAX_PAYLOAD;
 pub const DEFAULT_SLICE_BYTES: u32 = 64 * 1024;
 /// Smallest slice allowed: below this, headers eat the link.
 pub const MIN_SLICE_BYTES: u32 = 256;
+/// Most slices one coalesced data frame may carry (see [`crate::EngineConfig::coalesce_bytes`]): bounds
+/// the receiver's check of a frame, whatever a peer claims.
+pub const MAX_COALESCED_SLICES: usize = 64;
 /// Default smallest contiguous run that auto mode sends exclusive: 1 MiB.
 pub const DEFAULT_EXCLUSIVE_MIN_BYTES: u64 = 1 << 20;
 /// Largest unit auto mode makes of a contiguous run: 1 MiB. Larger units gain nothing on the wire (drivers
@@ -251,6 +254,34 @@ impl Plan {
             });
             done += blocks;
         }
+    }
+
+    /// Whether unit `next` is the slice that follows slice `prev` in the same block: the two can travel
+    /// back to back in one coalesced data frame.
+    pub(crate) fn follows(&self, prev: usize, next: usize) -> bool {
+        let (Some(p), Some(n)) = (self.units.get(prev), self.units.get(next)) else {
+            return false;
+        };
+        !p.exclusive
+            && !n.exclusive
+            && (p.layer, p.first) == (n.layer, n.first)
+            && p.offset + u64::from(p.len) == n.offset
+    }
+
+    /// The units a data frame of `bytes` payload starting at unit `first` carries: one unit of exactly that
+    /// length, or a coalesced run of following slices of one block whose lengths add up to it (at most
+    /// [`MAX_COALESCED_SLICES`]). `None` when no such run exists.
+    pub(crate) fn frame_units(&self, first: usize, bytes: u32) -> Option<Range<usize>> {
+        let mut total = u64::from(self.units.get(first)?.len);
+        let mut end = first + 1;
+        while total < u64::from(bytes) && end - first < MAX_COALESCED_SLICES {
+            if !self.follows(end - 1, end) {
+                return None;
+            }
+            total += u64::from(self.units[end].len);
+            end += 1;
+        }
+        (total == u64::from(bytes)).then_some(first..end)
     }
 
     fn push(&mut self, unit: Unit) {

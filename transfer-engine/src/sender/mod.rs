@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::Ctx;
-use crate::plan::Plan;
+use crate::plan::{MAX_COALESCED_SLICES, Plan};
 use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header};
 use crate::{
@@ -77,7 +77,9 @@ pub(crate) struct SenderSession {
     units: Vec<UnitState>,
     next_new: usize,
     resend: VecDeque<u32>,
-    timers: BinaryHeap<Reverse<(Instant, u32, u16)>>,
+    /// Retransmit timers: at this time, the units `first..first + count` sent as `attempt` are due
+    /// again unless acknowledged (one entry for every slice of a coalesced frame).
+    timers: BinaryHeap<Reverse<(Instant, u32, u16, u32)>>,
     control_due: bool,
     control_attempt: u32,
     control_timer: Option<Instant>,
@@ -229,13 +231,13 @@ impl SenderSession {
                 self.units[unit as usize] = UnitState::Parked { attempt, last_sent };
                 self.in_flight_bytes -= u64::from(self.spec.plan.units[unit as usize].len);
                 let delay = self.retransmit_delay(u32::from(attempt), ctx);
-                self.timers.push(Reverse((now + delay, unit, attempt)));
+                self.timers.push(Reverse((now + delay, unit, attempt, 1)));
                 continue;
             }
             let len = u64::from(self.spec.plan.units[unit as usize].len);
             self.stats.retransmits += 1;
             self.stats.retransmit_bytes += len;
-            return Some(self.send_unit(unit, attempt, now, ctx));
+            return Some(self.send_units(unit, 1, attempt, now, ctx));
         }
         let unit = self.next_new;
         let next = self.spec.plan.units.get(unit)?;
@@ -251,21 +253,55 @@ impl SenderSession {
         if self.in_flight_bytes > 0 && self.in_flight_bytes + len > ctx.cfg.window_bytes {
             return None;
         }
-        self.next_new += 1;
-        self.in_flight_bytes += len;
-        ctx.budget.on_first_send();
-        Some(self.send_unit(unit as u32, 0, now, ctx))
+        let count = self.coalesced(unit, ctx);
+        for i in unit..unit + count {
+            self.in_flight_bytes += u64::from(self.spec.plan.units[i].len);
+            ctx.budget.on_first_send();
+        }
+        self.next_new += count;
+        Some(self.send_units(unit as u32, count as u32, 0, now, ctx))
     }
-    fn send_unit(&mut self, index: u32, attempt: u16, now: Instant, ctx: &mut Ctx<'_>) -> Transmit {
+    /// How many units from `first` (sent for the first time) go out in one frame: the following slices of
+    /// its block, within the coalescing limit and the window.
+    fn coalesced(&self, first: usize, ctx: &Ctx<'_>) -> usize {
+        let plan = &self.spec.plan;
+        let limit = u64::from(ctx.cfg.coalesce_bytes);
+        let mut bytes = u64::from(plan.units[first].len);
+        let mut end = first + 1;
+        while end - first < MAX_COALESCED_SLICES && plan.follows(end - 1, end) {
+            let more = bytes + u64::from(plan.units[end].len);
+            if more > limit || self.in_flight_bytes + more > ctx.cfg.window_bytes {
+                break;
+            }
+            bytes = more;
+            end += 1;
+        }
+        end - first
+    }
+    /// Sends units `index..index + count` (one unit, or following slices of one block) as `attempt`, in
+    /// one frame.
+    fn send_units(
+        &mut self,
+        index: u32,
+        count: u32,
+        attempt: u16,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+    ) -> Transmit {
         let unit = self.spec.plan.units[index as usize];
-        self.units[index as usize] = UnitState::InFlight {
-            attempt,
-            sent_at: now,
-        };
+        let mut len = 0u32;
+        for i in index..index + count {
+            self.units[i as usize] = UnitState::InFlight {
+                attempt,
+                sent_at: now,
+            };
+            len += self.spec.plan.units[i as usize].len;
+        }
         let delay = self.retransmit_delay(u32::from(attempt), ctx);
-        self.timers.push(Reverse((now + delay, index, attempt)));
-        self.stats.slices_sent += 1;
-        self.stats.bytes_sent += u64::from(unit.len);
+        self.timers
+            .push(Reverse((now + delay, index, attempt, count)));
+        self.stats.slices_sent += u64::from(count);
+        self.stats.bytes_sent += u64::from(len);
         let layout = &self.spec.src_layout;
         let src_block = BlockId::new(unit.layer, self.spec.src_blocks[unit.first as usize]);
         let mut header = Header::new(FrameKind::Data, self.spec.id.0);
@@ -273,12 +309,12 @@ impl SenderSession {
         header.layer = unit.layer;
         header.block = self.spec.dst_blocks[unit.first as usize];
         header.offset = unit.offset;
-        header.length = unit.len;
+        header.length = len;
         header.sequence = index;
         let payload = PayloadRef {
             region: self.spec.src_region,
             offset: layout.block_offset(src_block) + unit.offset,
-            len: unit.len,
+            len,
         };
         let lane = if unit.exclusive {
             Lane::Exclusive
@@ -337,32 +373,38 @@ impl SenderSession {
                 self.control_due = true;
             }
         }
-        while let Some(&Reverse((t, unit, attempt))) = self.timers.peek() {
+        while let Some(&Reverse((t, first, attempt, count))) = self.timers.peek() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            match self.units[unit as usize] {
-                UnitState::InFlight { attempt: a, .. } if a == attempt => {
-                    self.retry(unit, attempt, ctx)
-                }
-                UnitState::Parked {
-                    attempt: a,
-                    last_sent,
-                } if a == attempt => {
-                    // A refused resend counts as a try: a unit the budget keeps refusing is handed back
-                    // after max_retries, not only at the deadline.
-                    if u32::from(attempt) >= ctx.cfg.max_retries {
-                        self.fail(unit, ctx);
-                    } else {
-                        let attempt = attempt + 1;
-                        self.units[unit as usize] = UnitState::Resend { attempt, last_sent };
-                        self.in_flight_bytes += u64::from(self.spec.plan.units[unit as usize].len);
-                        self.resend.push_back(unit);
-                    }
-                }
-                _ => {}
+            for unit in first..first + count {
+                self.on_timer(unit, attempt, ctx);
             }
+        }
+    }
+    /// The retransmit timer of `unit`, sent as `attempt`, went off.
+    fn on_timer(&mut self, unit: u32, attempt: u16, ctx: &mut Ctx<'_>) {
+        match self.units[unit as usize] {
+            UnitState::InFlight { attempt: a, .. } if a == attempt => {
+                self.retry(unit, attempt, ctx)
+            }
+            UnitState::Parked {
+                attempt: a,
+                last_sent,
+            } if a == attempt => {
+                // A refused resend counts as a try: a unit the budget keeps refusing is handed back
+                // after max_retries, not only at the deadline.
+                if u32::from(attempt) >= ctx.cfg.max_retries {
+                    self.fail(unit, ctx);
+                } else {
+                    let attempt = attempt + 1;
+                    self.units[unit as usize] = UnitState::Resend { attempt, last_sent };
+                    self.in_flight_bytes += u64::from(self.spec.plan.units[unit as usize].len);
+                    self.resend.push_back(unit);
+                }
+            }
+            _ => {}
         }
     }
     /// Schedules `unit` (last sent as `attempt`) for resending, or gives it up if it has no tries left.

@@ -150,3 +150,42 @@ fn layers_go_out_only_as_the_producer_writes_them() {
     s.layers_written(2);
     assert_eq!(layers(&mut s, &mut w), vec![1, 1]);
 }
+
+#[test]
+fn coalesced_frames_stop_at_the_block_the_limit_and_the_window() {
+    let mut w = World::new();
+    // One layer of blocks 0 and 1, 4 KiB each in 1 KiB slices: units 0..4 and 4..8.
+    let layout = KvLayout::new(1, 2, 4096, 16, Dtype::F16).unwrap();
+    let mode = TransferMode::Packetized { slice_bytes: 1024 };
+    let plan = Plan::build(4096, 0..1, &[0, 1], &[0, 1], mode).unwrap();
+    let mut s = SenderSession::new(SenderSpec {
+        plan,
+        src_layout: layout,
+        ..sender().spec
+    });
+    kinds(&mut s, &mut w);
+    s.on_open_ack();
+    let frames = |s: &mut SenderSession, w: &mut World| -> Vec<(u32, u32)> {
+        std::iter::from_fn(|| {
+            s.poll_transmit(epoch(), &mut w.ctx())
+                .map(|t| (t.header.sequence, t.header.length))
+        })
+        .collect()
+    };
+    // Up to 3 KiB a frame and 6 KiB in flight: block 0 goes as 3 + 1 slices, and the window cuts the
+    // third frame short.
+    (w.cfg.coalesce_bytes, w.cfg.window_bytes) = (3072, 6144);
+    assert_eq!(
+        frames(&mut s, &mut w),
+        vec![(0, 3072), (3, 1024), (4, 2048)]
+    );
+    s.on_ack(epoch(), std::slice::from_ref(&(0..4)), &mut w.ctx())
+        .unwrap();
+    assert_eq!(frames(&mut s, &mut w), vec![(6, 2048)]);
+    // One timer covers a frame's slices: when it goes off, each unacknowledged one is resent alone.
+    s.handle_timeout(epoch() + Duration::from_secs(1), &mut w.ctx());
+    assert_eq!(
+        frames(&mut s, &mut w),
+        vec![(4, 1024), (5, 1024), (6, 1024), (7, 1024)]
+    );
+}

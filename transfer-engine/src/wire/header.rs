@@ -22,7 +22,8 @@ pub enum FrameKind {
     OpenAck,
     /// Receiver to sender: the session is refused (payload: the reason, UTF-8).
     Reject,
-    /// Sender to receiver: one unit of KV bytes (a packetized slice or an exclusive block).
+    /// Sender to receiver: one unit of KV bytes (a packetized slice or an exclusive block), or a coalesced
+    /// run of following slices of one block (see [`crate::EngineConfig::coalesce_bytes`]).
     Data,
     /// Receiver to sender: selective acknowledgement (payload: ranges of verified units).
     Ack,
@@ -71,7 +72,7 @@ pub struct Header {
     pub offset: u64,
     /// Payload bytes following the header.
     pub length: u32,
-    /// Unit index within the session (data, nack).
+    /// Unit index within the session (data: its first unit; nack).
     pub sequence: u32,
     /// CRC-32C of the payload.
     pub crc: u32,

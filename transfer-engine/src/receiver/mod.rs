@@ -1,7 +1,11 @@
 //! The receiving end of a session: checks every data header against the plan, tracks verified units,
 //! acknowledges selectively, and reports blocks and layers as they complete.
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::config::{EngineConfig, Placement};
@@ -166,6 +170,12 @@ impl ReceiverSession {
 
     /// Where the payload of this data frame goes, after checking every header field against the plan.
     pub(crate) fn placement(&self, header: &Header) -> Result<Placement, Error> {
+        self.frame(header).map(|(placement, _)| placement)
+    }
+
+    /// Where a data frame's payload goes, and the units it carries: one, or a coalesced run of following
+    /// slices of one block (see [`EngineConfig::coalesce_bytes`]).
+    fn frame(&self, header: &Header) -> Result<(Placement, Range<usize>), Error> {
         let mismatch = |reason: String| Error::FrameMismatch {
             session: self.spec.id,
             reason,
@@ -178,11 +188,13 @@ impl ReceiverSession {
             )));
         };
         let block = self.spec.dst_blocks[unit.first as usize];
-        if (header.layer, header.block, header.offset, header.length)
-            != (unit.layer, block, unit.offset, unit.len)
-        {
+        let units = self.spec.plan.frame_units(seq, header.length);
+        let Some(units) = units.filter(|_| {
+            (header.layer, header.block, header.offset) == (unit.layer, block, unit.offset)
+        }) else {
             return Err(mismatch(format!(
-                "unit {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{}",
+                "unit {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{} \
+                 (or a run of its block's following slices)",
                 header.layer,
                 header.block,
                 header.offset,
@@ -191,20 +203,23 @@ impl ReceiverSession {
                 unit.offset,
                 unit.len
             )));
-        }
-        if self.verified[seq] || self.is_closed() {
-            return Ok(Placement::Discard);
+        };
+        // A frame any of whose units already verified is not placed: a late duplicate must never
+        // overwrite what was handed on.
+        if units.clone().any(|u| self.verified[u]) || self.is_closed() {
+            return Ok((Placement::Discard, units));
         }
         let offset = self
             .spec
             .dst_layout
             .block_offset(BlockId::new(unit.layer, block))
             + unit.offset;
-        Ok(Placement::Write {
+        let placement = Placement::Write {
             region: self.spec.dst_region,
             offset,
-            len: unit.len,
-        })
+            len: header.length,
+        };
+        Ok((placement, units))
     }
 
     /// A data frame's payload was placed (or discarded) and its CRC computed.
@@ -214,27 +229,41 @@ impl ReceiverSession {
         payload_crc: u32,
         events: &mut VecDeque<Event>,
     ) -> Result<(), Error> {
-        let placement = self.placement(header)?;
-        let seq = header.sequence;
+        let (placement, units) = self.frame(header)?;
         if placement == Placement::Discard {
             if !self.is_closed() {
                 self.stats.duplicates += 1;
-                self.pending_acks.push(seq);
+                // Acknowledged again: the units that verified (the others come again alone).
+                let verified = units.filter(|u| self.verified[*u]);
+                self.pending_acks.extend(verified.map(|u| u as u32));
             }
             return Ok(());
         }
         if payload_crc != header.crc {
             self.stats.checksum_failures += 1;
-            if !std::mem::replace(&mut self.nack_queued[seq as usize], true) {
-                self.pending_nacks.push_back((seq, header.attempt));
+            for seq in units {
+                if !std::mem::replace(&mut self.nack_queued[seq], true) {
+                    self.pending_nacks.push_back((seq as u32, header.attempt));
+                }
             }
             return Ok(());
         }
-        self.verified[seq as usize] = true;
-        self.pending_acks.push(seq);
+        for seq in units {
+            self.verify(seq, events);
+        }
+        if self.stats.blocks_delivered == self.slot_units_left.len() as u64 {
+            self.finish(events);
+        }
+        Ok(())
+    }
+
+    /// Unit `seq` arrived whole: acknowledges it and reports the blocks and layers it completes.
+    fn verify(&mut self, seq: usize, events: &mut VecDeque<Event>) {
+        let unit = self.spec.plan.units[seq];
+        self.verified[seq] = true;
+        self.pending_acks.push(seq as u32);
         self.stats.slices_received += 1;
-        self.stats.bytes_received += u64::from(header.length);
-        let unit = self.spec.plan.units[seq as usize];
+        self.stats.bytes_received += u64::from(unit.len);
         for slot in self.spec.plan.slots(&unit) {
             self.slot_units_left[slot] -= 1;
             if self.slot_units_left[slot] > 0 {
@@ -256,10 +285,6 @@ impl ReceiverSession {
                 });
             }
         }
-        if self.stats.blocks_delivered == self.slot_units_left.len() as u64 {
-            self.finish(events);
-        }
-        Ok(())
     }
 
     /// The sender is done: whatever has not verified is to be recomputed.
@@ -370,103 +395,5 @@ impl ReceiverSession {
             lane: Lane::Shared,
             class: TrafficClass::Collective,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tests_support::epoch;
-    use crate::{Dtype, TransferMode};
-
-    /// A receiver of 2 layers x 2 blocks of 1 KiB in exclusive units (4 units), and the data headers of
-    /// its units with the CRC of `payload`.
-    fn receiver() -> (ReceiverSession, Vec<Header>) {
-        let layout = KvLayout::new(2, 4, 1024, 16, Dtype::F16).unwrap();
-        let plan = Plan::build(1024, 0..2, &[0, 1], &[2, 3], TransferMode::Exclusive).unwrap();
-        let headers = plan
-            .units
-            .iter()
-            .enumerate()
-            .map(|(seq, u)| {
-                let mut h = Header::new(FrameKind::Data, 7);
-                (h.layer, h.block, h.offset, h.length) =
-                    (u.layer, [2, 3][u.first as usize], u.offset, u.len);
-                h.sequence = seq as u32;
-                h.crc = crate::crc32c(&[5; 1024]);
-                h
-            })
-            .collect();
-        let spec = ReceiverSpec {
-            id: SessionId(7),
-            peer: PeerId(1),
-            dst_region: RegionId(1),
-            dst_layout: layout,
-            dst_blocks: vec![2, 3],
-            plan,
-            expires: epoch() + Duration::from_secs(10),
-        };
-        (ReceiverSession::new(spec), headers)
-    }
-
-    fn drain(rx: &mut ReceiverSession) -> Vec<FrameKind> {
-        std::iter::from_fn(|| rx.poll_transmit().map(|t| t.header.kind)).collect()
-    }
-
-    #[test]
-    fn delivered_then_closed_then_acknowledged() {
-        let (mut rx, headers) = receiver();
-        let mut events = VecDeque::new();
-        assert_eq!(drain(&mut rx), vec![FrameKind::OpenAck]);
-        for h in &headers {
-            assert!(matches!(rx.placement(h), Ok(Placement::Write { .. })));
-            rx.on_data(h, h.crc, &mut events).unwrap();
-        }
-        assert_eq!(rx.state, RxState::Resolved);
-        assert!(matches!(events.back(), Some(Event::Completed { .. })));
-        assert_eq!(drain(&mut rx), vec![FrameKind::Ack]);
-        // A late duplicate is acknowledged again, never placed.
-        assert_eq!(rx.placement(&headers[0]), Ok(Placement::Discard));
-        rx.on_data(&headers[0], headers[0].crc, &mut events)
-            .unwrap();
-        rx.on_close(&mut events);
-        assert_eq!(rx.state, RxState::Closing);
-        assert!(!rx.is_done());
-        assert_eq!(drain(&mut rx), vec![FrameKind::Ack, FrameKind::CloseAck]);
-        assert!(rx.is_done());
-    }
-
-    #[test]
-    fn a_corrupt_slice_is_nacked_once_and_an_expired_session_reports_what_is_missing() {
-        let (mut rx, headers) = receiver();
-        let mut events = VecDeque::new();
-        drain(&mut rx);
-        for _ in 0..3 {
-            rx.on_data(&headers[1], !headers[1].crc, &mut events)
-                .unwrap();
-        }
-        assert_eq!(
-            drain(&mut rx),
-            vec![FrameKind::Nack],
-            "one nack however often it is corrupted"
-        );
-        rx.on_data(&headers[0], headers[0].crc, &mut events)
-            .unwrap();
-        rx.expire(&mut events);
-        assert!(rx.is_done());
-        let missing = events.iter().find_map(|e| match e {
-            Event::Recompute { blocks, .. } => Some(blocks.clone()),
-            _ => None,
-        });
-        // Units 1..4 never verified: block 3 of layer 0 and both blocks of layer 1.
-        assert_eq!(
-            missing,
-            Some(vec![
-                BlockId::new(0, 3),
-                BlockId::new(1, 2),
-                BlockId::new(1, 3)
-            ])
-        );
-        assert_eq!(rx.placement(&headers[2]), Ok(Placement::Discard));
     }
 }
