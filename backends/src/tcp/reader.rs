@@ -103,11 +103,11 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
-        // A resend of the unit held unplaced is placed only once that one is handed on (and then
+        // A resend of a unit held unplaced is placed only once that frame is handed on (and then
         // discarded, as a duplicate).
-        if unplaced.as_ref().is_some_and(|u| {
-            (u.header.session, u.header.sequence) == (header.session, header.sequence)
-        }) && let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced)
+        if header.kind == FrameKind::Data
+            && unplaced.as_ref().is_some_and(|u| u.overlaps(&header))
+            && let Err(why) = hand_on(ctx, lane, peer, &mut stagers, &mut unplaced)
         {
             return Some(why);
         }

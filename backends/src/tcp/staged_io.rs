@@ -34,6 +34,17 @@ pub(crate) struct Unplaced {
     pub(crate) kind: transfer_engine::MemoryKind,
 }
 
+impl Unplaced {
+    /// Whether data frame `next` carries any byte this frame carries (a resend of one of its units: the
+    /// frame may be a coalesced run of several).
+    pub(crate) fn overlaps(&self, next: &Header) -> bool {
+        let (held, end) = (&self.header, |h: &Header| h.offset + u64::from(h.length));
+        (held.session, held.layer, held.block) == (next.session, next.layer, next.block)
+            && held.offset < end(next)
+            && next.offset < end(held)
+    }
+}
+
 fn staging(e: StagingError) -> io::Error {
     io::Error::other(e)
 }
@@ -218,4 +229,37 @@ pub(crate) async fn recv_staged(
             .map_err(staging)?;
     }
     Ok(digest.finalize() as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer_engine::wire::FrameKind;
+
+    fn data(session: u64, block: u32, offset: u64, length: u32) -> Header {
+        let mut h = Header::new(FrameKind::Data, session);
+        (h.layer, h.block, h.offset, h.length) = (3, block, offset, length);
+        h
+    }
+
+    #[test]
+    fn a_resend_of_any_unit_of_a_held_coalesced_frame_overlaps_it() {
+        // Held: slices 2..6 of 1 KiB (bytes 2048..6144) of block 7, as one frame.
+        let held = Unplaced {
+            header: data(9, 7, 2048, 4096),
+            crc: 0,
+            kind: transfer_engine::MemoryKind::Host,
+        };
+        for offset in [2048, 3072, 5120] {
+            assert!(held.overlaps(&data(9, 7, offset, 1024)), "{offset}");
+        }
+        for other in [
+            data(9, 7, 1024, 1024),
+            data(9, 7, 6144, 1024),
+            data(9, 8, 3072, 1024),
+            data(10, 7, 3072, 1024),
+        ] {
+            assert!(!held.overlaps(&other), "{other:?}");
+        }
+    }
 }
