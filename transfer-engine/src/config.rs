@@ -29,12 +29,13 @@ pub struct EngineConfig {
     pub default_mode: TransferMode,
     /// Class used when a request names none (through the default class policy).
     pub default_class: TrafficClass,
-    /// Slices sent for the first time go out back to back in one data frame, a coalesced frame of
-    /// following slices of one block, up to this many payload bytes (and at most
-    /// [`crate::MAX_COALESCED_SLICES`] slices). Each slice is still acknowledged, resent (alone) and given
-    /// up on its own; the frame's CRC covers them all. It spares per-frame work where frames cost more
-    /// than bytes (a TCP lane). Up to one
-    /// slice (the default, 0): one slice a frame.
+    /// Packetized slices sent for the first time go out back to back in one data frame, a coalesced
+    /// frame of following slices of one block, up to this many payload bytes (at most
+    /// [`crate::MAX_COALESCED_SLICES`] slices and [`crate::wire::MAX_PAYLOAD`] bytes, and within the
+    /// session's window). Each slice is still acknowledged, resent (alone) and given up on its own; the
+    /// frame's CRC covers them all. It spares per-frame work where a frame costs more than its bytes (a
+    /// TCP lane). Exclusive units always go alone. A value below two slices (the default is 0) sends one
+    /// slice a frame.
     pub coalesce_bytes: u32,
     /// Most sessions one peer may have open towards this engine at once; more opens are refused (each
     /// holds receiver state proportional to its plan).
@@ -72,8 +73,8 @@ pub enum Placement {
         /// Bytes.
         len: u32,
     },
-    /// Do not place it (the unit already verified: a late duplicate must never overwrite it); still call
-    /// [`crate::Engine::handle_data`] so the unit is acknowledged again.
+    /// Do not place it (a unit it carries already verified: a late duplicate must never overwrite it);
+    /// still call [`crate::Engine::handle_data`] so the verified units are acknowledged again.
     Discard,
 }
 

@@ -367,6 +367,13 @@ mod tests {
                 .all(|u| !u.exclusive && u.len == 1024)
         );
         assert_eq!(total(&plan), 5 * 4096);
+        // A frame may coalesce the four slices of block 7, never the exclusive unit before them, and
+        // nothing runs past the last unit.
+        assert_eq!(plan.frame_units(1, 4096), Some(1..5));
+        assert_eq!(plan.frame_units(0, 16384 + 1024), None);
+        assert!(!plan.follows(0, 1));
+        assert_eq!(plan.frame_units(4, 2048), None);
+        assert_eq!(plan.frame_units(5, 1024), None);
     }
 
     #[test]

@@ -7,9 +7,10 @@ use std::ops::AddAssign;
 pub struct Counters {
     /// Payload bytes put on the wire, retransmits included.
     pub bytes_sent: u64,
-    /// Data frames put on the wire, retransmits included.
+    /// Units put on the wire (slices and exclusive units; each slice of a coalesced frame counts),
+    /// retransmits included.
     pub slices_sent: u64,
-    /// Data frames sent again.
+    /// Units sent again (resends always go one unit a frame).
     pub retransmits: u64,
     /// Payload bytes sent again.
     pub retransmit_bytes: u64,
@@ -17,7 +18,7 @@ pub struct Counters {
     pub bytes_acked: u64,
     /// Payload bytes received that verified and were applied.
     pub bytes_received: u64,
-    /// Data frames received that verified and were applied.
+    /// Units received that verified and were applied (each slice of a coalesced frame counts).
     pub slices_received: u64,
     /// Data frames received for units already applied.
     pub duplicates: u64,

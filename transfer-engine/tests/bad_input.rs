@@ -292,7 +292,7 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
         err,
         Error::Wire(WireError::UnsupportedVersion {
             got: 9,
-            supported: 1
+            supported: transfer_engine::wire::VERSION
         })
     );
     assert!(err.to_string().contains("upgrade"), "{err}");

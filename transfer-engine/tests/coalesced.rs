@@ -8,13 +8,22 @@ use std::time::Duration;
 
 use common::{A, Action, B, Pair, config, layout};
 use transfer_engine::wire::FrameKind;
-use transfer_engine::{EngineConfig, Event, TransferMode, TransferRequest};
+use transfer_engine::{EngineConfig, Event, RegionHandle, TransferMode, TransferRequest};
 
 fn coalescing(engine_id: u32) -> EngineConfig {
     EngineConfig {
         coalesce_bytes: 6 * 1024,
         ..config(engine_id)
     }
+}
+
+/// Moves every block of `src` into `dst` in 2 KiB slices, and runs the pair until it is done.
+fn move_packetized(pair: &mut Pair, src: &RegionHandle, dst: &RegionHandle) {
+    let req = TransferRequest::whole(B, src, dst)
+        .unwrap()
+        .with_mode(TransferMode::Packetized { slice_bytes: 2048 });
+    pair.a.submit(pair.now, req).unwrap();
+    pair.run(Duration::from_secs(5));
 }
 
 #[test]
@@ -36,11 +45,7 @@ fn first_sends_travel_coalesced_and_a_lost_or_corrupt_frame_comes_back_slice_by_
             _ => Action::Pass,
         }
     });
-    let req = TransferRequest::whole(B, &src, &dst)
-        .unwrap()
-        .with_mode(TransferMode::Packetized { slice_bytes: 2048 });
-    pair.a.submit(pair.now, req).unwrap();
-    pair.run(Duration::from_secs(5));
+    move_packetized(&mut pair, &src, &dst);
 
     assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
     assert!(
@@ -86,11 +91,7 @@ fn first_sends_travel_coalesced_and_a_lost_or_corrupt_frame_comes_back_slice_by_
 fn without_coalescing_every_frame_carries_one_slice() {
     let mut pair = Pair::new();
     let (src, dst) = pair.regions(layout(1, 2, 8192), 6);
-    let req = TransferRequest::whole(B, &src, &dst)
-        .unwrap()
-        .with_mode(TransferMode::Packetized { slice_bytes: 2048 });
-    pair.a.submit(pair.now, req).unwrap();
-    pair.run(Duration::from_secs(5));
+    move_packetized(&mut pair, &src, &dst);
     assert_eq!(pair.bytes_a(src.id), pair.bytes_b(dst.id));
     let lengths: Vec<u32> = pair
         .frames

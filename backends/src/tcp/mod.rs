@@ -176,15 +176,15 @@ impl TcpConfig {
 /// group's CRC over before the kernel copies it. On the 2-core development VM, 4 MiB blocks in 64 KiB slices
 /// moved 5.9-7.9 GB/s one slice a frame and 8.0-9.3 coalesced (4 alternating pairs); 256 KiB, 1 MiB and
 /// 2 MiB did about as well as 512 KiB (README, "TCP beside a steady socket limit").
-pub const TCP_COALESCE_BYTES: u32 = 512 << 10;
+pub const TCP_COALESCE_BYTES: u32 = writer::FOLD_BYTES as u32;
 
 /// Engine settings suited to TCP: TCP itself never loses a byte on a live connection, so the engine only
 /// needs to resend after a lane is lost. Its retransmit floor starts at 100 ms (the measured round trip
 /// takes over once acks arrive, but includes the frames queued ahead in lanes and socket buffers, which a
 /// 5 ms floor mistakes for loss before the first sample). Slices sent for the first time travel coalesced,
-/// up to [`TCP_COALESCE_BYTES`] a frame: on a stream, each frame costs the sender, the receiver and both
-/// kernels work of its own, while a slice's worth is only as the unit of resending and progress, which
-/// coalescing keeps.
+/// up to [`TCP_COALESCE_BYTES`] a frame: on a stream each frame costs the sender, the receiver and both
+/// kernels work of its own, and slices matter only as the unit of resending and progress, which coalescing
+/// keeps.
 #[must_use]
 pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
     // A fresh seed per process: session ids start at a random point drawn from it, so a restarted peer

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::config::{EngineConfig, Placement};
-use crate::plan::Plan;
+use crate::plan::{MAX_COALESCED_SLICES, Plan};
 use crate::wire::control::{encode_ranges, to_ranges};
 use crate::wire::{FrameKind, Header};
 use crate::{
@@ -194,7 +194,7 @@ impl ReceiverSession {
         }) else {
             return Err(mismatch(format!(
                 "unit {seq} addresses layer {} block {} bytes {}+{}, expected layer {} block {block} bytes {}+{} \
-                 (or a run of its block's following slices)",
+                 (or a run of up to {MAX_COALESCED_SLICES} following slices of its block)",
                 header.layer,
                 header.block,
                 header.offset,

@@ -1,7 +1,6 @@
 //! The receiving session's state machine, driven by hand.
 
 use super::*;
-use crate::plan::MAX_COALESCED_SLICES;
 use crate::tests_support::epoch;
 use crate::{Dtype, TransferMode};
 
@@ -23,16 +22,20 @@ fn receiver() -> (ReceiverSession, Vec<Header>) {
             h
         })
         .collect();
-    let spec = ReceiverSpec {
+    (session(layout, plan, vec![2, 3]), headers)
+}
+
+/// Session 7 from peer 1 into region 1, expiring 10 s after the epoch.
+fn session(dst_layout: KvLayout, plan: Plan, dst_blocks: Vec<u32>) -> ReceiverSession {
+    ReceiverSession::new(ReceiverSpec {
         id: SessionId(7),
         peer: PeerId(1),
         dst_region: RegionId(1),
-        dst_layout: layout,
-        dst_blocks: vec![2, 3],
+        dst_layout,
+        dst_blocks,
         plan,
         expires: epoch() + Duration::from_secs(10),
-    };
-    (ReceiverSession::new(spec), headers)
+    })
 }
 
 fn drain(rx: &mut ReceiverSession) -> Vec<FrameKind> {
@@ -112,16 +115,7 @@ fn packetized(slices: u64) -> (ReceiverSession, impl Fn(u32, u32) -> Header) {
         h.crc = 99;
         h
     };
-    let spec = ReceiverSpec {
-        id: SessionId(7),
-        peer: PeerId(1),
-        dst_region: RegionId(1),
-        dst_layout: layout,
-        dst_blocks: vec![0, 1],
-        plan,
-        expires: epoch() + Duration::from_secs(10),
-    };
-    (ReceiverSession::new(spec), header)
+    (session(layout, plan, vec![0, 1]), header)
 }
 
 /// The units acknowledged by the next frame out, which must be an ack.
@@ -201,6 +195,7 @@ fn a_frame_is_refused_unless_it_carries_whole_following_slices_of_one_block() {
     let mut wrong_offset = header(1, 2);
     wrong_offset.offset = 0;
     assert!(refused(&wrong_offset));
+    assert!(refused(&header(7, 2)), "past the plan's last unit");
 
     let (rx, header) = packetized(MAX_COALESCED_SLICES as u64 + 1);
     let most = MAX_COALESCED_SLICES as u32;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::config::Ctx;
 use crate::plan::{MAX_COALESCED_SLICES, Plan};
 use crate::rtt::RttEstimator;
-use crate::wire::{FrameKind, Header};
+use crate::wire::{FrameKind, Header, MAX_PAYLOAD};
 use crate::{
     BlockId, Body, Counters, Lane, PayloadRef, PeerId, RegionId, SessionId, TrafficClass, Transmit,
 };
@@ -78,7 +78,7 @@ pub(crate) struct SenderSession {
     next_new: usize,
     resend: VecDeque<u32>,
     /// Retransmit timers: at this time, the units `first..first + count` sent as `attempt` are due
-    /// again unless acknowledged (one entry for every slice of a coalesced frame).
+    /// again unless acknowledged (one entry covers all the slices of a coalesced frame).
     timers: BinaryHeap<Reverse<(Instant, u32, u16, u32)>>,
     control_due: bool,
     control_attempt: u32,
@@ -265,7 +265,7 @@ impl SenderSession {
     /// its block, within the coalescing limit and the window.
     fn coalesced(&self, first: usize, ctx: &Ctx<'_>) -> usize {
         let plan = &self.spec.plan;
-        let limit = u64::from(ctx.cfg.coalesce_bytes);
+        let limit = u64::from(ctx.cfg.coalesce_bytes.min(MAX_PAYLOAD));
         let mut bytes = u64::from(plan.units[first].len);
         let mut end = first + 1;
         while end - first < MAX_COALESCED_SLICES && plan.follows(end - 1, end) {

@@ -189,3 +189,31 @@ fn coalesced_frames_stop_at_the_block_the_limit_and_the_window() {
         vec![(4, 1024), (5, 1024), (6, 1024), (7, 1024)]
     );
 }
+
+#[test]
+fn a_coalesced_frame_never_exceeds_the_largest_payload() {
+    let mut w = World::new();
+    // One block of two 1 GiB slices: together they would pass the wire's 1 GiB payload limit.
+    let block = 2u64 << 30;
+    let layout = KvLayout::new(1, 1, block, 16, Dtype::F16).unwrap();
+    let mode = TransferMode::Packetized {
+        slice_bytes: crate::wire::MAX_PAYLOAD,
+    };
+    let plan = Plan::build(block, 0..1, &[0], &[0], mode).unwrap();
+    let mut s = SenderSession::new(SenderSpec {
+        plan,
+        src_layout: layout,
+        src_blocks: vec![0],
+        dst_blocks: vec![0],
+        ..sender().spec
+    });
+    (w.cfg.coalesce_bytes, w.cfg.window_bytes) = (u32::MAX, u64::MAX);
+    kinds(&mut s, &mut w);
+    s.on_open_ack();
+    let lengths: Vec<u32> = std::iter::from_fn(|| {
+        s.poll_transmit(epoch(), &mut w.ctx())
+            .map(|t| t.header.length)
+    })
+    .collect();
+    assert_eq!(lengths, vec![crate::wire::MAX_PAYLOAD; 2]);
+}

@@ -36,16 +36,16 @@ pub fn encode_frame(header: &Header, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{FrameKind, MAX_CONTROL_PAYLOAD};
+    use crate::wire::{FrameKind, MAX_CONTROL_PAYLOAD, VERSION};
 
     #[test]
     fn reserved_bytes_must_be_zero() {
-        // A CloseAck with reserved = 0xBEEF and a valid header checksum (from issue 13).
-        let hex = "564b01080000efbe2a00000000000000000000000000000000000000000000000000000000000000000000001c4b1c1e";
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
+        // A CloseAck with reserved = 0xBEEF and a valid header checksum (the header of issue 13, in this
+        // frame format version).
+        let mut bytes = Header::new(FrameKind::CloseAck, 42).encode();
+        bytes[6..8].copy_from_slice(&0xBEEFu16.to_le_bytes());
+        let hcrc = crate::crc32c(&bytes[..44]);
+        bytes[44..48].copy_from_slice(&hcrc.to_le_bytes());
         assert_eq!(Header::decode(&bytes), Err(WireError::Reserved(0xBEEF)));
         // Decode then encode is the identity for every header that decodes.
         let h = Header::new(FrameKind::CloseAck, 42);
@@ -132,17 +132,20 @@ mod tests {
             decode_frame(&long),
             Err(WireError::TrailingBytes { extra: 1 })
         );
-        let mut v2 = bytes.clone();
-        v2[2] = 2;
-        let err = decode_frame(&v2).unwrap_err();
+        let mut other = bytes.clone();
+        other[2] = VERSION + 1;
+        let err = decode_frame(&other).unwrap_err();
         assert_eq!(
             err,
             WireError::UnsupportedVersion {
-                got: 2,
-                supported: 1
+                got: VERSION + 1,
+                supported: VERSION
             }
         );
-        assert!(err.to_string().contains("version 2"));
+        assert!(
+            err.to_string()
+                .contains(&format!("version {}", VERSION + 1))
+        );
         let mut magic = bytes;
         magic[0] = 0;
         assert!(matches!(decode_frame(&magic), Err(WireError::BadMagic(_))));
