@@ -10,7 +10,8 @@
 //! between two nodes in this process (median of `--iterations`) and prints: GB/s; `provider_limit_gbps`,
 //! a plain loop of `fi_writedata`s of the same unit size with the same window and no engine;
 //! `limit_gbps`, memcpy for `shm` and a plain loopback socket copy for `tcp`; both ratios; recompute
-//! blocks; and the CPU time the process spent per unit (both ends, all threads).
+//! blocks; and the CPU time the process spent per unit (both ends, all threads). Slices are sent one a
+//! frame here (`coalesce_bytes` 0), so the per-unit cost is that of a frame.
 
 #[cfg(not(feature = "rdma"))]
 fn main() {
@@ -131,6 +132,9 @@ mod bench {
         let config = |id| {
             let mut c = RdmaConfig::new(id, provider.clone());
             c.domain.clone_from(&a.domain);
+            // One slice a frame: this measures the cost of each unit (te-bench measures the node's
+            // default, coalesced frames).
+            c.engine.coalesce_bytes = 0;
             c
         };
         let producer = RdmaNode::start(config(1))?;

@@ -1,6 +1,6 @@
 //! `te-bench run --backend rdma --provider P`: two libfabric nodes in this process, beside two limits
-//! measured in the same run: the provider's own ceiling (a plain loop of `fi_writedata`s of the same unit
-//! size with the same window and no engine) and the machine's raw limit (memcpy for `shm`, the plain socket
+//! measured in the same run: the provider's own ceiling (a plain loop of `fi_writedata`s of the size the
+//! engine's data frames have, with the same window and no engine) and the machine's raw limit (memcpy for `shm`, the plain socket
 //! copy for `tcp`).
 
 use std::time::Duration;
@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use backends::rdma::{Provider, RdmaConfig, RdmaNode, provider_limit_gbps};
 use backends::tcp::SocketCopy;
-use transfer_engine::{KvLayout, MemoryRegion, TransferMode, TransferRequest};
+use transfer_engine::{
+    KvLayout, MAX_COALESCED_SLICES, MemoryRegion, TransferMode, TransferRequest,
+};
 
 /// What an RDMA run measured.
 pub(crate) struct RdmaRun {
@@ -109,13 +111,13 @@ pub(crate) fn node_config(engine_id: u32, provider: &str, domain: Option<&str>) 
 }
 
 /// The provider's own ceiling for a transfer of `layout` in `mode` by a node of `cfg`: a plain loop of its
-/// writes of the plan's unit size, with the node's window.
+/// writes of the size of the engine's data frames, with the node's window.
 pub(crate) fn provider_ceiling(
     cfg: &RdmaConfig,
     layout: KvLayout,
     mode: TransferMode,
 ) -> anyhow::Result<f64> {
-    let unit = unit_bytes(layout, mode);
+    let unit = frame_bytes(layout, mode, cfg.engine.coalesce_bytes);
     let window = cfg
         .window_units
         .min(usize::try_from(cfg.window_bytes / unit.max(1))?.max(1));
@@ -147,9 +149,11 @@ pub(crate) fn raw_limit(
     }
 }
 
-/// The unit size a plan of `layout` in `mode` uses: whole blocks (exclusive, and auto for blocks of its
-/// threshold or more), otherwise slices. The provider's own loop is measured with units of this size.
-fn unit_bytes(layout: KvLayout, mode: TransferMode) -> u64 {
+/// The payload of (most of) the data frames a plan of `layout` in `mode` is sent in: whole blocks
+/// (exclusive, and auto for blocks of its threshold or more), otherwise slices, coalesced up to
+/// `coalesce_bytes` within a block (see `EngineConfig::coalesce_bytes`). The provider's own loop is
+/// measured with writes of this size.
+fn frame_bytes(layout: KvLayout, mode: TransferMode, coalesce_bytes: u32) -> u64 {
     match mode {
         TransferMode::Exclusive => layout.block_bytes,
         TransferMode::Auto {
@@ -157,7 +161,10 @@ fn unit_bytes(layout: KvLayout, mode: TransferMode) -> u64 {
             ..
         } if layout.block_bytes >= exclusive_min_bytes => layout.block_bytes,
         TransferMode::Packetized { slice_bytes } | TransferMode::Auto { slice_bytes, .. } => {
-            u64::from(slice_bytes).min(layout.block_bytes)
+            let slice = u64::from(slice_bytes).min(layout.block_bytes).max(1);
+            let per_frame =
+                (u64::from(coalesce_bytes) / slice).clamp(1, MAX_COALESCED_SLICES as u64);
+            (slice * per_frame).min(layout.block_bytes)
         }
     }
 }

@@ -149,7 +149,11 @@ impl RdmaConfig {
 }
 
 /// Engine settings for RDMA: the transport is reliable, so (as for TCP) the retransmit floor starts at
-/// 100 ms and each process draws a fresh seed for its session ids.
+/// 100 ms and each process draws a fresh seed for its session ids; and (as for TCP) slices sent for the
+/// first time travel coalesced, up to [`crate::tcp::TCP_COALESCE_BYTES`] a frame, each frame being a
+/// header message, a write post and two completions whatever its size. On libfabric's `shm` and `tcp`
+/// providers here, 4 MiB blocks in 64 KiB slices moved 5.0-5.4 and 2.8-3.5 GB/s one slice a frame,
+/// 6.1-7.3 and 4.4-5.8 coalesced (2 alternating pairs each).
 #[must_use]
 pub fn rdma_engine_config(engine_id: u32) -> EngineConfig {
     crate::tcp::tcp_engine_config(engine_id)
