@@ -268,20 +268,33 @@ impl Plan {
             && p.offset + u64::from(p.len) == n.offset
     }
 
+    /// The lengths of unit `first` and of the slices that follow it in its block, in order, at most
+    /// [`MAX_COALESCED_SLICES`] in all: what one data frame starting at `first` may carry. Empty when
+    /// there is no unit `first`.
+    pub(crate) fn coalescible(&self, first: usize) -> impl Iterator<Item = u32> + '_ {
+        let following = (first + 1..self.units.len())
+            .take(MAX_COALESCED_SLICES - 1)
+            .take_while(move |&i| self.follows(i - 1, i));
+        self.units
+            .get(first)
+            .into_iter()
+            .map(|u| u.len)
+            .chain(following.map(|i| self.units[i].len))
+    }
+
     /// The units a data frame of `bytes` payload starting at unit `first` carries: one unit of exactly that
-    /// length, or a coalesced run of following slices of one block whose lengths add up to it (at most
-    /// [`MAX_COALESCED_SLICES`]). `None` when no such run exists.
+    /// length, or a coalesced run of following slices of one block whose lengths add up to it (see
+    /// [`Plan::coalescible`]). `None` when no such run exists.
     pub(crate) fn frame_units(&self, first: usize, bytes: u32) -> Option<Range<usize>> {
-        let mut total = u64::from(self.units.get(first)?.len);
-        let mut end = first + 1;
-        while total < u64::from(bytes) && end - first < MAX_COALESCED_SLICES {
-            if !self.follows(end - 1, end) {
-                return None;
+        let (mut total, mut count) = (0u64, 0);
+        for len in self.coalescible(first) {
+            if total >= u64::from(bytes) {
+                break;
             }
-            total += u64::from(self.units[end].len);
-            end += 1;
+            total += u64::from(len);
+            count += 1;
         }
-        (total == u64::from(bytes)).then_some(first..end)
+        (count > 0 && total == u64::from(bytes)).then_some(first..first + count)
     }
 
     fn push(&mut self, unit: Unit) {

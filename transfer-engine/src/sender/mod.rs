@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::Ctx;
-use crate::plan::{MAX_COALESCED_SLICES, Plan};
+use crate::plan::Plan;
 use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header, MAX_PAYLOAD};
 use crate::{
@@ -264,19 +264,18 @@ impl SenderSession {
     /// How many units from `first` (sent for the first time) go out in one frame: the following slices of
     /// its block, within the coalescing limit and the window.
     fn coalesced(&self, first: usize, ctx: &Ctx<'_>) -> usize {
-        let plan = &self.spec.plan;
         let limit = u64::from(ctx.cfg.coalesce_bytes.min(MAX_PAYLOAD));
-        let mut bytes = u64::from(plan.units[first].len);
-        let mut end = first + 1;
-        while end - first < MAX_COALESCED_SLICES && plan.follows(end - 1, end) {
-            let more = bytes + u64::from(plan.units[end].len);
-            if more > limit || self.in_flight_bytes + more > ctx.cfg.window_bytes {
+        let (mut bytes, mut count) = (0u64, 0);
+        for len in self.spec.plan.coalescible(first) {
+            let more = bytes + u64::from(len);
+            // The first unit always goes (the window let it through already).
+            if count > 0 && (more > limit || self.in_flight_bytes + more > ctx.cfg.window_bytes) {
                 break;
             }
             bytes = more;
-            end += 1;
+            count += 1;
         }
-        end - first
+        count
     }
     /// Sends units `index..index + count` (one unit, or following slices of one block) as `attempt`, in
     /// one frame.
