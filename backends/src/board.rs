@@ -340,6 +340,13 @@ impl Board {
         .await
     }
 
+    /// Waits until receiving session `session` is known here (announced, or finished and still
+    /// remembered).
+    pub(crate) async fn wait_announced(&self, session: SessionId) -> Result<(), WaitError> {
+        self.wait_for(|s| s.receiving.contains_key(&session).then_some(Ok(())))
+            .await
+    }
+
     /// Waits until receiving session `session` is over.
     pub(crate) async fn wait_received(&self, session: SessionId) -> Result<Received, WaitError> {
         self.wait_for(|s| {

@@ -76,6 +76,8 @@ pub mod rdma;
 pub mod staging;
 mod station;
 pub mod tcp;
+pub mod transport;
 
 pub use board::{IncomingSession, Outcome, Received, WaitError};
 pub use gpu_support::{NO_GPU_SUPPORT, check_gpu};
+pub use transport::{Fault, PeerAddress, PeerInfo, Segment, Transport, TransportError};

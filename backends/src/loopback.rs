@@ -11,10 +11,13 @@
 //! await transfers, accept incoming sessions, await them layer by layer and consume layers, subscribe to
 //! events.
 
+mod as_transport;
 mod credit;
 mod gpu;
 mod threads;
 mod tier_moves;
+
+pub use as_transport::{LoopbackNode, Side};
 
 pub use tier_moves::{TierMoveReport, TierRegions};
 
@@ -73,6 +76,17 @@ pub enum LoopbackError {
     /// A wait on the receiving or sending side ended without its answer.
     #[error(transparent)]
     Wait(#[from] WaitError),
+    /// The other end was shut down: its sessions ended with recompute, and new ones are refused.
+    #[error("{0}")]
+    Unreachable(String),
+    /// This end cannot do that (a consumer does not send, a producer does not receive).
+    #[error("a loopback {end} cannot {what}")]
+    Unsupported {
+        /// Which end.
+        end: &'static str,
+        /// What it cannot do.
+        what: &'static str,
+    },
     /// Transfers did not finish within the time allowed.
     #[error("{pending} session(s) did not finish within {waited:?}")]
     Stalled {
@@ -94,6 +108,10 @@ pub struct LoopbackEnd {
     peer_id: PeerId,
     /// Moves units where either side is GPU memory (the consumer's).
     gpu: gpu::GpuPlacer,
+    /// Regions offered to the other end by name.
+    segments: std::sync::Mutex<Vec<crate::transport::Segment>>,
+    /// Why the other end is gone, once it was shut down.
+    peer_gone: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -217,8 +235,8 @@ impl LoopbackEnd {
 pub struct LoopbackPair {
     producer: Arc<LoopbackEnd>,
     consumer: Arc<LoopbackEnd>,
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    /// Each end's thread and the flag that stops it: producer, then consumer.
+    threads: [(Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>); 2],
     /// Runs the blocking waits of [`LoopbackPair::transfer_all`].
     rt: tokio::runtime::Runtime,
 }
@@ -238,6 +256,8 @@ impl LoopbackPair {
             wake: WakeHandle::Producer(ack_tx.clone()),
             peer_id: PRODUCER,
             gpu: gpu::GpuPlacer::new(),
+            segments: std::sync::Mutex::default(),
+            peer_gone: std::sync::Mutex::default(),
         });
         let consumer = Arc::new(LoopbackEnd {
             station: Station::new(consumer),
@@ -245,18 +265,27 @@ impl LoopbackPair {
             wake: WakeHandle::Consumer(data_tx.clone()),
             peer_id: CONSUMER,
             gpu: gpu::GpuPlacer::new(),
+            segments: std::sync::Mutex::default(),
+            peer_gone: std::sync::Mutex::default(),
         });
-        let stop = Arc::new(AtomicBool::new(false));
+        let stops = [
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        ];
         let credit = Arc::new(Credit::new(IN_FLIGHT_BYTES));
-        let threads = vec![
-            threads::spawn_producer(
-                producer.clone(),
-                data_tx,
-                ack_rx,
-                credit.clone(),
-                stop.clone(),
-            ),
-            threads::spawn_consumer(consumer.clone(), data_rx, ack_tx, credit, stop.clone()),
+        let producer_thread = threads::spawn_producer(
+            producer.clone(),
+            data_tx,
+            ack_rx,
+            credit.clone(),
+            stops[0].clone(),
+        );
+        let consumer_thread =
+            threads::spawn_consumer(consumer.clone(), data_rx, ack_tx, credit, stops[1].clone());
+        let [p, c] = stops;
+        let threads = [
+            (p, std::sync::Mutex::new(Some(producer_thread))),
+            (c, std::sync::Mutex::new(Some(consumer_thread))),
         ];
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -265,7 +294,6 @@ impl LoopbackPair {
         Self {
             producer,
             consumer,
-            stop,
             threads,
             rt,
         }
@@ -297,6 +325,9 @@ impl LoopbackPair {
 
     /// Starts a transfer from the producer to the consumer; await it with [`LoopbackEnd::wait`].
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, LoopbackError> {
+        if let Some(reason) = lock(&self.producer.peer_gone).clone() {
+            return Err(LoopbackError::Unreachable(reason));
+        }
         if req.peer != CONSUMER {
             return Err(Error::InvalidRequest(format!(
                 "a loopback producer sends only to its consumer ({CONSUMER:?}), not {:?}",
@@ -408,88 +439,42 @@ impl LoopbackPair {
     }
 }
 
+impl LoopbackPair {
+    /// Stops one end, as a process exiting would: its thread ends, its waiters are woken with
+    /// [`WaitError::Closed`], and the other end notices at once: its sessions with this end end with
+    /// recompute, and new ones are refused. Idempotent.
+    pub fn shutdown(&self, side: Side) {
+        let (this, other, index) = match side {
+            Side::Producer => (&self.producer, &self.consumer, 0),
+            Side::Consumer => (&self.consumer, &self.producer, 1),
+        };
+        let (stop, thread) = &self.threads[index];
+        stop.store(true, Ordering::Relaxed);
+        this.wake();
+        let thread = lock(thread).take();
+        let Some(thread) = thread else {
+            return;
+        };
+        let _ = thread.join();
+        this.station.board.close();
+        let reason = format!("the loopback {side} was shut down");
+        *lock(&other.peer_gone) = Some(reason.clone());
+        let mut engine = other.station.engine();
+        engine.abort_peer(this.peer_id, &reason);
+        other.station.drain_events(&mut engine);
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Drop for LoopbackPair {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.producer.wake();
-        self.consumer.wake();
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        self.producer.station.board.close();
-        self.consumer.station.board.close();
+        self.shutdown(Side::Producer);
+        self.shutdown(Side::Consumer);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use transfer_engine::{Dtype, TransferMode};
-
-    fn fill(bytes: &mut [u8], seed: u8) {
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 11) as u8;
-        }
-    }
-
-    #[test]
-    fn small_transfer_arrives_in_each_mode() {
-        for mode in [
-            TransferMode::Exclusive,
-            TransferMode::Packetized { slice_bytes: 1024 },
-            TransferMode::auto(),
-        ] {
-            let pair = LoopbackPair::with_defaults();
-            let layout = KvLayout::new(4, 8, 4096, 16, Dtype::F16).unwrap();
-            let mut kv = vec![0; layout.total_bytes() as usize];
-            fill(&mut kv, 7);
-            let src = pair
-                .producer()
-                .register_kv_region(layout, MemoryRegion::from_vec(kv.clone()))
-                .unwrap();
-            let dst = pair.consumer().kv_region(layout).unwrap();
-            let mut events = pair.consumer().subscribe();
-            let req = TransferRequest::whole(CONSUMER, &src, &dst)
-                .unwrap()
-                .with_mode(mode);
-            let out = pair.transfer(req, Duration::from_secs(10)).unwrap();
-            assert!(out.recompute.is_empty(), "{mode:?}");
-            let received = pair
-                .block_on(pair.consumer().wait_received(out.session))
-                .unwrap();
-            assert!(received.recompute.is_empty());
-            assert_eq!(
-                pair.consumer().memory(dst.id).unwrap().to_vec().unwrap(),
-                kv
-            );
-            assert_eq!(pair.producer().refused().1, 0);
-            assert_eq!(pair.consumer().refused().1, 0);
-            // The close handshake follows completion; then the session is forgotten.
-            let start = std::time::Instant::now();
-            while pair.producer().live_sessions() > 0 && start.elapsed() < Duration::from_secs(5) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            assert_eq!(pair.producer().live_sessions(), 0);
-            let mut layers = 0;
-            while let Ok(e) = events.try_recv() {
-                layers += usize::from(matches!(e, Event::LayerComplete { .. }));
-            }
-            assert_eq!(layers, 4);
-        }
-    }
-
-    #[test]
-    fn the_same_memory_on_both_ends_is_refused_at_submit() {
-        let pair = LoopbackPair::with_defaults();
-        let layout = KvLayout::new(1, 2, 4096, 16, Dtype::F16).unwrap();
-        let memory = MemoryRegion::zeroed(layout.total_bytes() as usize);
-        let src = pair
-            .producer()
-            .register_kv_region(layout, memory.clone())
-            .unwrap();
-        let dst = pair.consumer().register_kv_region(layout, memory).unwrap();
-        let req = TransferRequest::whole(CONSUMER, &src, &dst).unwrap();
-        let err = pair.submit(req).unwrap_err();
-        assert!(err.to_string().contains("same memory"), "{err}");
-    }
-}
+mod tests;

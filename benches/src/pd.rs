@@ -1,4 +1,5 @@
-//! `te-bench pd`: prefill/decode disaggregation through the connector, two OS processes over TCP.
+//! `te-bench pd`: prefill/decode disaggregation through the connector, two OS processes over TCP or RDMA
+//! (`--backend rdma --provider shm|tcp`: the same connector code over libfabric).
 //!
 //! This process is the decode instance; it spawns itself as the prefill instance (`pd --prefill-child`)
 //! and drives it over the child's stdin and stdout, one JSON line per command. For each request of a
@@ -23,18 +24,17 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use backends::tcp::TcpConfig;
 use clap::Args;
-use connector::{
-    ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, ScopedKey, namespace,
-};
+use connector::{ConnectorConfig, KvRequest, RequestExtras, Role, ScopedKey, namespace};
 use serde::Serialize;
 use transfer_engine::MemoryRegion;
 
 use crate::args::{fmt_size, parse_size};
 use crate::report::quantile;
+use backend::PdBackend;
 use child::{ChildCommand, PrefillChild, prefill_child};
 
+mod backend;
 mod child;
 
 /// Tokens behind one trace hash id (the Mooncake traces hash 512-token blocks).
@@ -86,6 +86,12 @@ pub(crate) struct PdArgs {
     /// overlap of the transfer with the prefill's compute).
     #[arg(long)]
     sequential: bool,
+    /// What carries the KV between the two processes.
+    #[arg(long, value_enum, default_value_t = PdBackend::Tcp)]
+    backend: PdBackend,
+    /// libfabric provider of `--backend rdma`: shm (same host), tcp, or another that `fi_info` lists.
+    #[arg(long, default_value = "shm")]
+    provider: String,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -97,6 +103,10 @@ pub(crate) struct PdArgs {
 /// The report's JSON object.
 #[derive(Debug, Serialize)]
 struct PdReport {
+    /// The transport (`tcp` or `rdma`).
+    backend: &'static str,
+    /// The libfabric provider of `--backend rdma` (none over TCP).
+    provider: Option<String>,
     requests: usize,
     /// Whether the decode asked only after the prefill finished (`--sequential`).
     sequential: bool,
@@ -188,10 +198,10 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
     }
     let change_at = args.weight_change_at.unwrap_or(requests.len() / 2);
     let mut child = PrefillChild::spawn(args)?;
-    let decode = std::sync::Arc::new(KvConnector::tcp(
-        config(args, Role::Consumer),
-        TcpConfig::with_engine_id(2),
-        None,
+    let decode = std::sync::Arc::new(backend::connector(
+        args,
+        Role::Consumer,
+        2,
         Some(child.control),
     )?);
     if let Some(addr) = args.metrics_listen {
@@ -297,6 +307,8 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
     let block_all_layers = args.block_bytes * u64::from(args.layers);
     let recompute_total: f64 = ttft_recompute.iter().sum::<f64>() / 1e3;
     let report = PdReport {
+        backend: args.backend.name(),
+        provider: (args.backend == PdBackend::Rdma).then(|| args.provider.clone()),
         requests: requests.len(),
         sequential: args.sequential,
         ttft_ms_engine: quantile(&mut ttft_engine.clone(), 0.5),

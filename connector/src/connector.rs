@@ -4,21 +4,22 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use backends::Transport;
 use backends::loopback::{CONSUMER, LoopbackPair};
 use backends::tcp::{TcpConfig, TcpNode};
 use policy::Namespace;
-use tokio::runtime::Runtime;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle};
 
 use crate::config::{ConnectorConfig, Role};
 use crate::control::{self, ControlClient};
+use crate::data_plane::DataPlane;
 use crate::error::ConnectorError;
 use crate::keys::VllmHasher;
 use crate::metrics::Metrics;
 use crate::producer::{ProducerCore, lock};
+use crate::runtime::{OwnRuntime, refuse_on_runtime_thread};
 use crate::state::{SchedulerState, WorkerState};
 use crate::store::TierStore;
-use crate::transport::Transport;
 
 /// Where a consumer's KV comes from.
 #[derive(Debug)]
@@ -76,8 +77,8 @@ pub struct KvConnector {
     pub(crate) cfg: ConnectorConfig,
     pub(crate) namespace: Mutex<Namespace>,
     pub(crate) hasher: VllmHasher,
-    pub(crate) rt: Arc<Runtime>,
-    pub(crate) transport: Transport,
+    pub(crate) rt: Arc<OwnRuntime>,
+    pub(crate) transport: DataPlane,
     pub(crate) producer: Option<Arc<ProducerCore>>,
     pub(crate) source: Source,
     pub(crate) control_addr: Option<SocketAddr>,
@@ -97,20 +98,25 @@ impl std::fmt::Debug for KvConnector {
     }
 }
 
-fn runtime() -> Result<Arc<Runtime>, ConnectorError> {
-    Ok(Arc::new(
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?,
-    ))
+fn runtime(call: &'static str) -> Result<Arc<OwnRuntime>, ConnectorError> {
+    refuse_on_runtime_thread(call)?;
+    Ok(Arc::new(OwnRuntime::new()?))
 }
 
 impl KvConnector {
+    /// Runs `f` on the connector's runtime for blocking call `call` (refused on a runtime thread).
+    pub(crate) fn block_on<F: std::future::Future>(
+        &self,
+        call: &'static str,
+        f: F,
+    ) -> Result<F::Output, ConnectorError> {
+        self.rt.block_on(call, f)
+    }
+
     fn assemble(
         cfg: ConnectorConfig,
-        rt: Arc<Runtime>,
-        transport: Transport,
+        rt: Arc<OwnRuntime>,
+        transport: DataPlane,
         source: Source,
     ) -> Result<KvConnector, ConnectorError> {
         cfg.validate()?;
@@ -172,29 +178,80 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
+        let rt = runtime("KvConnector::tcp")?;
         // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
         // handshake checks the model and block size only.
         tcp.namespace = Namespace {
             weight_version: 0,
             ..cfg.namespace.clone()
         };
-        let node = rt.block_on(TcpNode::start(tcp))?;
+        let node = rt.block_on("KvConnector::tcp", TcpNode::start(tcp))??;
+        if cfg.role.loads() && node.local_addr().is_none() {
+            return Err(ConnectorError::Config(
+                "a consumer's TCP node must listen (set TcpConfig::listen): producers connect to it".into(),
+            ));
+        }
+        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
+    }
+
+    /// A connector over RDMA (libfabric: verbs, efa, or here its tcp and shm providers), with the same
+    /// control channel as [`KvConnector::tcp`]: the consumer names its endpoint in each load, and the
+    /// producer reaches it and writes into the KV caches it published.
+    #[cfg(feature = "rdma")]
+    pub fn rdma(
+        cfg: ConnectorConfig,
+        rdma: backends::rdma::RdmaConfig,
+        control_listen: Option<SocketAddr>,
+        producer: Option<SocketAddr>,
+    ) -> Result<KvConnector, ConnectorError> {
+        let rt = runtime("KvConnector::rdma")?;
+        let node = backends::rdma::RdmaNode::start(rdma)?;
+        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
+    }
+
+    /// A connector over a transport the caller started (any backend): producers serve lookups and loads
+    /// on `control_listen`, consumers ask `producer`, as in [`KvConnector::tcp`]. The connector shuts the
+    /// transport down when it is dropped.
+    pub fn over(
+        cfg: ConnectorConfig,
+        transport: Arc<dyn Transport>,
+        control_listen: Option<SocketAddr>,
+        producer: Option<SocketAddr>,
+    ) -> Result<KvConnector, ConnectorError> {
+        Self::remote(
+            cfg,
+            runtime("KvConnector::over")?,
+            transport,
+            control_listen,
+            producer,
+        )
+    }
+
+    /// The one path of every connector whose producer and consumer talk over a control channel.
+    fn remote(
+        cfg: ConnectorConfig,
+        rt: Arc<OwnRuntime>,
+        transport: Arc<dyn Transport>,
+        control_listen: Option<SocketAddr>,
+        producer: Option<SocketAddr>,
+    ) -> Result<KvConnector, ConnectorError> {
+        if cfg.role.loads() && transport.address().is_none() {
+            return Err(ConnectorError::Config(format!(
+                "a consumer's {} node needs an address producers can reach",
+                transport.backend()
+            )));
+        }
         let source = match (cfg.role.loads(), producer) {
             (false, _) => Source::None,
             // Without a default producer, only requests whose transfer parameters name one load
             // (and a `both` connector's own tier store).
             (true, default) => Source::Remote(Remotes::new(default, cfg.load_timeout)),
         };
-        if cfg.role.loads() && node.local_addr().is_none() {
-            return Err(ConnectorError::Config(
-                "a consumer's TCP node must listen (set TcpConfig::listen): producers connect to it".into(),
-            ));
-        }
-        let mut c = Self::assemble(cfg, rt, Transport::Tcp(Arc::new(node)), source)?;
+        let mut c = Self::assemble(cfg, rt, DataPlane::new(transport), source)?;
         if let Some(core) = c.producer.clone() {
             let addr = control_listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
-            let listener = c.rt.block_on(tokio::net::TcpListener::bind(addr))?;
+            let listener =
+                c.rt.block_on("KvConnector::tcp", tokio::net::TcpListener::bind(addr))??;
             c.control_addr = Some(listener.local_addr()?);
             c.rt.spawn(control::serve(core, listener));
         }
@@ -212,18 +269,18 @@ impl KvConnector {
                 "a loopback pair is one producer and one consumer".into(),
             ));
         }
-        let pair = Arc::new(LoopbackPair::with_defaults());
+        let (producer_end, consumer_end) = LoopbackPair::with_defaults().into_nodes();
         let p = Self::assemble(
             producer,
-            runtime()?,
-            Transport::LoopbackProducer(pair.clone()),
+            runtime("KvConnector::loopback_pair")?,
+            DataPlane::new(Arc::new(producer_end)),
             Source::None,
         )?;
         let core = p.producer.clone().expect("a producer has a store");
         let c = Self::assemble(
             consumer,
-            runtime()?,
-            Transport::LoopbackConsumer(pair),
+            runtime("KvConnector::loopback_pair")?,
+            DataPlane::new(Arc::new(consumer_end)),
             Source::Local(core, CONSUMER),
         )?;
         Ok((p, c))
@@ -327,9 +384,7 @@ impl KvConnector {
         }
         if self.cfg.role.loads() {
             let handle = self.transport.register(layout, memory.clone())?;
-            if let Transport::Tcp(node) = &self.transport {
-                node.publish_segment(control::KV_SEGMENT, handle);
-            }
+            self.transport.publish(control::KV_SEGMENT, handle)?;
             *lock(&self.kv_handle) = Some(handle);
         }
         lock(&self.worker).kv = Some((memory, layout));
@@ -339,10 +394,8 @@ impl KvConnector {
 
 impl Drop for KvConnector {
     fn drop(&mut self) {
-        // The TCP node stops its tasks on drop, which needs its runtime.
+        // A TCP node stops its tasks on shutdown, which needs its runtime.
         let _guard = self.rt.enter();
-        if let Transport::Tcp(node) = &self.transport {
-            node.shutdown();
-        }
+        self.transport.shutdown();
     }
 }

@@ -5,7 +5,7 @@
 //! consumer                                        producer
 //!   {"op":"lookup","ns":..,"keys":[hex..]}     ->
 //!                                              <-  {"reply":"found","blocks":n}
-//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r} ->
+//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"tcp:ip:port","blocks":[..],"class":1,"request":r} ->
 //!                                              <-  {"reply":"started","session":s,"served":n}
 //! ```
 //! A lookup counts blocks stored whole and blocks being saved now (a load streams their layers as they
@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use backends::PeerAddress;
+use backends::transport::BadAddress;
 use policy::NamespaceId;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -25,7 +27,6 @@ use transfer_engine::{PeerId, RegionHandle, SessionId, TrafficClass};
 use crate::error::ConnectorError;
 use crate::keys::{BlockHash, ScopedKey};
 use crate::producer::{ProducerCore, Started};
-use crate::transport::Transport;
 
 /// Longest control line accepted (16 MiB: about 250,000 keys).
 pub const MAX_LINE: u64 = 16 << 20;
@@ -190,13 +191,12 @@ async fn answer(
 
 /// Connects the producer's node to a consumer's and finds its KV pool.
 async fn reach(core: &ProducerCore, addr: &str) -> Result<(PeerId, RegionHandle), String> {
-    let Transport::Tcp(node) = &core.transport else {
-        return Err("this producer has no TCP node".into());
-    };
-    let addr: SocketAddr = addr
-        .parse()
-        .map_err(|_| format!("{addr:?} is not a socket address"))?;
-    let info = node.connect(addr, None).await.map_err(|e| e.to_string())?;
+    let addr: PeerAddress = addr.parse().map_err(|e: BadAddress| e.to_string())?;
+    let info = core
+        .transport
+        .connect(&addr)
+        .await
+        .map_err(|e| e.to_string())?;
     let dst = *info
         .segment(KV_SEGMENT)
         .ok_or("the consumer offers no KV pool (register_kv_caches first)")?;
@@ -298,7 +298,7 @@ impl ControlClient {
     pub(crate) async fn load(
         &self,
         keys: &[ScopedKey],
-        engine_addr: SocketAddr,
+        engine_addr: &PeerAddress,
         blocks: &[u32],
         class: TrafficClass,
         request: u64,

@@ -29,12 +29,14 @@ pub enum ConnectorError {
     /// The transfer engine refused a command.
     #[error(transparent)]
     Engine(#[from] transfer_engine::Error),
-    /// The TCP backend failed.
+    /// The transport (loopback, TCP or RDMA) failed; [`backends::TransportError::fault`] says whose
+    /// fault it is.
     #[error(transparent)]
-    Tcp(#[from] backends::tcp::TcpError),
-    /// The loopback backend failed.
-    #[error(transparent)]
-    Loopback(#[from] backends::loopback::LoopbackError),
+    Transport(#[from] backends::TransportError),
+    /// A blocking call was made on an async runtime's thread, where it would stall the runtime (or
+    /// panic): call it from a thread of its own (`tokio::task::spawn_blocking`, say).
+    #[error("{0} blocks until the transfer engine answers: call it outside an async runtime")]
+    OnRuntimeThread(&'static str),
     /// KV caches in GPU memory cannot be used here (no GPU support, no driver), or a copy between them and
     /// the tier store failed on the GPU.
     #[error("GPU: {0}")]
@@ -61,4 +63,17 @@ pub enum ConnectorError {
     /// A socket or runtime operation failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+}
+
+impl From<backends::tcp::TcpError> for ConnectorError {
+    fn from(e: backends::tcp::TcpError) -> Self {
+        ConnectorError::Transport(e.into())
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl From<backends::rdma::RdmaError> for ConnectorError {
+    fn from(e: backends::rdma::RdmaError) -> Self {
+        ConnectorError::Transport(e.into())
+    }
 }

@@ -86,16 +86,17 @@ pub mod config;
 mod connector;
 pub mod control;
 pub mod copier;
+mod data_plane;
 pub mod discovery;
 pub mod error;
 pub mod keys;
 pub mod metrics;
 mod producer;
 mod request;
+mod runtime;
 mod scheduler;
 mod state;
 pub mod store;
-mod transport;
 mod worker;
 
 pub use config::{ConnectorConfig, Role, namespace};

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use policy::NamespaceId;
 use transfer_engine::{PeerId, RegionHandle, SessionId, TrafficClass, TransferRequest};
 
+use crate::data_plane::DataPlane;
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 use crate::metrics::{Direction, Metrics};
 use crate::store::TierStore;
-use crate::transport::Transport;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -47,7 +47,7 @@ pub(crate) struct Stream {
 pub(crate) struct ProducerCore {
     pub(crate) store: Mutex<TierStore>,
     pub(crate) store_handle: RegionHandle,
-    pub(crate) transport: Transport,
+    pub(crate) transport: DataPlane,
     pub(crate) namespace: Mutex<NamespaceId>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) started: Instant,

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 use transfer_engine::SessionId;
 
 use crate::connector::{KvConnector, Source};
+use crate::data_plane::LayerWait;
 use crate::error::ConnectorError;
 use crate::metrics::Direction;
 use crate::producer::lock;
 use crate::request::{BlockSpec, ConnectorMetadata, request_number};
 use crate::state::ActiveLoad;
 use crate::store::SourceBlocks;
-use crate::transport::{LayerWait, Transport};
 
 impl KvConnector {
     /// vLLM's `bind_connector_metadata`: the scheduler's plan for this step.
@@ -72,21 +72,16 @@ impl KvConnector {
                     let client = remotes.client(producer).ok_or(ConnectorError::Config(
                         "no producer to load from: configure one or pass transfer_params".into(),
                     ));
-                    let addr = match &self.transport {
-                        Transport::Tcp(node) => node.local_addr(),
-                        _ => None,
-                    }
-                    .ok_or(ConnectorError::Config(
-                        "the consumer's TCP node does not listen".into(),
+                    let addr = self.transport.address().ok_or(ConnectorError::Config(
+                        "the consumer's node has no address producers can reach".into(),
                     ));
                     match (client, addr) {
-                        (Ok(client), Ok(addr)) => self.rt.block_on(client.load(
-                            &keys,
-                            addr,
-                            &blocks,
-                            self.cfg.class,
-                            number,
-                        )),
+                        (Ok(client), Ok(addr)) => self
+                            .block_on(
+                                "start_load_kv",
+                                client.load(&keys, &addr, &blocks, self.cfg.class, number),
+                            )
+                            .and_then(|r| r),
                         (Err(e), _) | (_, Err(e)) => Err(e),
                     }
                 }
@@ -167,22 +162,23 @@ impl KvConnector {
             .collect();
         let last = layer + 1 == self.cfg.layers;
         for (session, blocks) in sessions {
-            let wait = self.rt.block_on(async {
+            let wait = self.block_on("wait_for_layer_load", async {
                 tokio::time::timeout(
                     self.cfg.load_timeout,
                     self.transport.wait_layer(session, layer),
                 )
                 .await
-            });
+            })?;
             let lost: Option<Vec<u32>> = match wait {
                 Ok(Ok(LayerWait::Arrived)) => None,
                 // The session ended without this layer: every block that is not whole in every layer
                 // is recomputed (the session's final report names them; without it, all of them).
                 Ok(Ok(LayerWait::Lost(ids))) => {
-                    let report = self.rt.block_on(
+                    let report = self.block_on(
+                        "wait_for_layer_load",
                         self.transport
                             .unfinished_blocks(session, Duration::from_secs(1)),
-                    );
+                    )?;
                     let mut b: Vec<u32> = match report {
                         Some(all) => all.iter().chain(&ids).map(|id| id.block).collect(),
                         None => blocks.clone(),

@@ -39,6 +39,7 @@
 //! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
+mod as_transport;
 pub mod discovery;
 mod driver;
 mod ffi;
@@ -60,10 +61,6 @@ pub use message::RdmaSegment;
 pub use node::RdmaNode;
 pub use provider::{Provider, available_providers};
 pub use shared::{NodeStats, PeerInfo};
-
-/// How long new sessions to a peer found unreachable are refused at once (unless it sends a message first);
-/// after that a new session tries the peer again.
-pub const REFUSE_UNREACHABLE_FOR: Duration = Duration::from_secs(10);
 
 /// Settings of one RDMA node.
 #[derive(Debug, Clone)]
@@ -103,8 +100,8 @@ pub struct RdmaConfig {
     /// A peer that answers none of the frames asking it to (opens, units, closes) for this long, sending
     /// nothing at all, is declared unreachable the same way (3 s): a closed or killed `shm` peer neither
     /// completes nor fails writes. A live peer that stalls this long is declared unreachable too. New
-    /// sessions to an unreachable peer are refused for [`REFUSE_UNREACHABLE_FOR`], or until it sends a
-    /// message.
+    /// sessions to an unreachable peer are refused until it sends a message again, which
+    /// [`RdmaNode::connect`] asks it to (the rule of every [`crate::transport::Transport`]).
     pub answer_timeout: Duration,
     /// Ask for a provider that registers GPU memory (`FI_HMEM`, CUDA), so GPU regions are registered in
     /// place and NICs write straight from and into them. Off by default: providers without it would not
@@ -190,8 +187,8 @@ pub enum RdmaError {
     /// A wait on the receiving or sending side ended without its answer.
     #[error(transparent)]
     Wait(#[from] crate::board::WaitError),
-    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) less than
-    /// [`REFUSE_UNREACHABLE_FOR`] ago and has sent nothing since: new sessions to it are refused at once.
+    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) and has sent nothing since:
+    /// new sessions to it are refused at once until it answers again ([`RdmaNode::connect`] asks it to).
     #[error("peer unreachable: {0}")]
     Unreachable(String),
     /// No hello/welcome exchange with this peer yet, or it does not offer the region.

@@ -10,13 +10,13 @@ use std::time::Duration;
 use tokio::sync::{broadcast, oneshot};
 use transfer_engine::{
     Event, KvLayout, MemoryKind, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId,
-    TransferRequest,
+    ShapingConfig, TransferRequest,
 };
 
 use super::ffi::{Endpoint, ProviderInfo};
 use super::message::RdmaSegment;
 use super::provider::resolve;
-use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, lock};
+use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, lock, peer_info};
 use super::units::UnitCopies;
 use super::{RdmaConfig, RdmaError, driver};
 use crate::board::{IncomingSession, Outcome, Received};
@@ -25,7 +25,7 @@ use crate::station::Station;
 /// One RDMA node; stops its driver thread and closes its endpoint when dropped.
 pub struct RdmaNode {
     shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for RdmaNode {
@@ -83,7 +83,7 @@ impl RdmaNode {
             .map_err(|e| RdmaError::Config(format!("cannot start the driver thread: {e}")))?;
         Ok(Self {
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -97,6 +97,10 @@ impl RdmaNode {
     #[must_use]
     pub fn provider(&self) -> &ProviderInfo {
         &self.shared.info
+    }
+
+    pub(crate) fn board(&self) -> &crate::board::Board {
+        &self.shared.station.board
     }
 
     /// This node's engine id; peers know it as `PeerId(engine_id)`.
@@ -223,24 +227,16 @@ impl RdmaNode {
     /// A peer that connected to this node or that this node reached, if known.
     #[must_use]
     pub fn peer(&self, peer: PeerId) -> Option<PeerInfo> {
-        lock(&self.shared.routes).get(&peer).map(|r| PeerInfo {
-            peer,
-            segments: r.segments.clone(),
-        })
+        lock(&self.shared.routes)
+            .get(&peer)
+            .map(|r| peer_info(peer, &r.segments))
     }
 
     /// Starts a transfer; see [`RdmaNode::wait`]. The peer must have been reached and must offer the
     /// destination region.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, RdmaError> {
-        {
-            let mut unreachable = lock(&self.shared.unreachable);
-            match unreachable.get(&req.peer) {
-                Some((_, since)) if since.elapsed() >= super::REFUSE_UNREACHABLE_FOR => {
-                    unreachable.remove(&req.peer); // time to try it again
-                }
-                Some((reason, _)) => return Err(RdmaError::Unreachable(reason.clone())),
-                None => {}
-            }
+        if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
+            return Err(RdmaError::Unreachable(reason.clone()));
         }
         {
             let routes = lock(&self.shared.routes);
@@ -277,6 +273,20 @@ impl RdmaNode {
             .station
             .engine()
             .layers_written(session, until)?;
+        Ok(())
+    }
+
+    /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, here
+    /// and at the receiver (the driver sends the close on its next poll).
+    pub fn cancel(&self, session: SessionId) -> Result<(), RdmaError> {
+        self.shared.station.engine().cancel(session)?;
+        Ok(())
+    }
+
+    /// Sets the engine's traffic shaping (the KV bandwidth cap, per-class rates) for every frame from now
+    /// on.
+    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), RdmaError> {
+        self.shared.station.engine().set_shaping(shaping)?;
         Ok(())
     }
 
@@ -335,10 +345,11 @@ impl RdmaNode {
         self.shared.station.engine().live_sessions()
     }
 
-    /// Stops the driver thread and closes the endpoint (waits for the thread).
-    pub fn shutdown(&mut self) {
+    /// Stops the driver thread and closes the endpoint (waits for the thread). Idempotent.
+    pub fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        let thread = lock(&self.thread).take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
         self.shared.station.board.close();

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
 
 use tokio::sync::oneshot;
-use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId};
+use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
 
 use super::ffi::{MrId, ProviderInfo};
 use super::message::RdmaSegment;
@@ -17,22 +17,19 @@ use crate::station::Station;
 const KEEP_LOG: usize = 1024;
 
 /// A peer reached by [`RdmaNode::connect`](super::RdmaNode::connect) (or that connected to this node).
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The peer (its engine id).
-    pub peer: PeerId,
-    /// Regions it offers.
-    pub segments: Vec<RdmaSegment>,
-}
+pub use crate::transport::PeerInfo;
 
-impl PeerInfo {
-    /// The offered segment called `name`.
-    #[must_use]
-    pub fn segment(&self, name: &str) -> Option<&RegionHandle> {
-        self.segments
+/// The peer-facing view of segments a peer offers (names and handles; their keys stay in the route).
+pub(crate) fn peer_info(peer: PeerId, segments: &[RdmaSegment]) -> PeerInfo {
+    PeerInfo {
+        peer,
+        segments: segments
             .iter()
-            .find(|s| s.name == name)
-            .map(|s| &s.handle)
+            .map(|s| crate::transport::Segment {
+                name: s.name.clone(),
+                handle: s.handle,
+            })
+            .collect(),
     }
 }
 

@@ -42,6 +42,7 @@
 //!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
 
 mod accept;
+mod as_transport;
 mod blocking;
 mod context;
 mod driver;

@@ -187,6 +187,10 @@ impl TcpNode {
         self.state.ctx.station.engine().live_sessions()
     }
 
+    pub(crate) fn board(&self) -> &crate::board::Board {
+        &self.state.ctx.station.board
+    }
+
     // ---- commands ----
 
     /// Registers the caller's `memory` as a KV region of `layout`: lanes send from it and receive into it

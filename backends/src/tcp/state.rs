@@ -7,32 +7,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
-use transfer_engine::{PeerId, RegionHandle};
+use transfer_engine::PeerId;
 
 use super::TcpError;
 use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
 use super::peer_link::PeerLink;
 
-/// A peer reached by [`super::TcpNode::connect`].
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// The peer (its engine id).
-    pub peer: PeerId,
-    /// Segments it offers, including `served` if a region was asked for.
-    pub segments: Vec<Segment>,
-}
-
-impl PeerInfo {
-    /// The offered segment called `name`.
-    #[must_use]
-    pub fn segment(&self, name: &str) -> Option<&RegionHandle> {
-        self.segments
-            .iter()
-            .find(|s| s.name == name)
-            .map(|s| &s.handle)
-    }
-}
+/// A peer reached by [`super::TcpNode::connect`]; its segments include `served` if a region was asked for.
+pub use crate::transport::PeerInfo;
 
 /// The node's state behind its handle.
 pub(crate) struct NodeState {

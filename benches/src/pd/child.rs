@@ -7,12 +7,11 @@ use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, bail};
-use backends::tcp::TcpConfig;
-use connector::{KvConnector, KvRequest, RequestExtras, Role};
+use connector::{KvRequest, RequestExtras, Role};
 use serde::{Deserialize, Serialize};
 use transfer_engine::MemoryRegion;
 
-use super::{PdArgs, config, pool_blocks, pool_bytes, sleep_us, stamp};
+use super::{PdArgs, backend, pool_blocks, pool_bytes, sleep_us, stamp};
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -63,6 +62,12 @@ impl PrefillChild {
             .args(["--store-blocks", &args.store_blocks.to_string()])
             .args(["--max-trace-blocks", &args.max_trace_blocks.to_string()])
             .args(args.store_segments.then_some("--store-segments"))
+            .args([
+                "--backend",
+                args.backend.name(),
+                "--provider",
+                &args.provider,
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -129,11 +134,7 @@ impl Drop for PrefillChild {
 
 /// The prefill instance: a producer connector; computes (simulated) and saves layer by layer.
 pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
-    let tcp = TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(1)
-    };
-    let prefill = KvConnector::tcp(config(args, Role::Producer), tcp, None, None)?;
+    let prefill = backend::connector(args, Role::Producer, 1, None)?;
     let pool = MemoryRegion::zeroed(pool_bytes(args) as usize);
     prefill.register_kv_caches(pool.clone(), pool_blocks(args))?;
     let control = prefill

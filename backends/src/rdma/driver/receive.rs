@@ -9,7 +9,7 @@ use transfer_engine::{FrameKind, MemoryRegion, PeerId, Placement, RegionId};
 
 use super::super::ffi::Completion;
 use super::super::message::Message;
-use super::super::shared::{PeerInfo, Route, lock};
+use super::super::shared::{Route, lock, peer_info};
 use super::super::{RdmaError, token_tag};
 use super::{Driver, Incoming, MAX_PENDING};
 
@@ -121,7 +121,7 @@ impl Driver<'_> {
                         segments: segments.clone(),
                     },
                 );
-                let _ = reply.send(Ok(PeerInfo { peer, segments }));
+                let _ = reply.send(Ok(peer_info(peer, &segments)));
                 Ok(())
             }
             Message::Frame(bytes) => {

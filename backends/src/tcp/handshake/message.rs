@@ -2,7 +2,7 @@
 //! never panics and refuses anything truncated, oversized or unknown.
 
 use transfer_engine::wire::VERSION as WIRE_VERSION;
-use transfer_engine::{Dtype, KvLayout, Namespace, RegionHandle};
+use transfer_engine::{Dtype, KvLayout, Namespace};
 
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
 use crate::tcp::TcpError;
@@ -22,14 +22,7 @@ const TAG_AUTH: u8 = 2;
 const TAG_WELCOME: u8 = 3;
 const TAG_REJECT: u8 = 4;
 
-/// A registered region a node offers to its peers: what a sender needs to address it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Segment {
-    /// Name under which it is offered.
-    pub name: String,
-    /// The region as registered on its owner (id, access key, length, layout).
-    pub handle: RegionHandle,
-}
+pub use crate::transport::Segment;
 
 /// What a node says about itself in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]

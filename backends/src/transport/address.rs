@@ -1,0 +1,95 @@
+//! Where a node is reached, in one type for every backend, with a text form that travels in control
+//! messages (`tcp:127.0.0.1:5000`, `rdma:` and the endpoint name in hex, `loopback`).
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+/// Where a node is reached: what [`super::Transport::address`] gives and [`super::Transport::connect`]
+/// takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PeerAddress {
+    /// A TCP node's listening address.
+    Tcp(SocketAddr),
+    /// A libfabric endpoint's name (provider-specific bytes, exchanged out of band).
+    Rdma(Vec<u8>),
+    /// The other end of an in-process loopback pair.
+    Loopback,
+}
+
+impl fmt::Display for PeerAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerAddress::Tcp(addr) => write!(f, "tcp:{addr}"),
+            PeerAddress::Rdma(name) => {
+                f.write_str("rdma:")?;
+                name.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+            PeerAddress::Loopback => f.write_str("loopback"),
+        }
+    }
+}
+
+/// A text that is no [`PeerAddress`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a peer address (tcp:IP:PORT, IP:PORT, rdma:HEX or loopback)")]
+pub struct BadAddress(pub String);
+
+impl FromStr for PeerAddress {
+    type Err = BadAddress;
+
+    /// Parses the [`fmt::Display`] form; a bare `IP:PORT` is a TCP address.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadAddress(s.chars().take(200).collect());
+        if s == "loopback" {
+            return Ok(PeerAddress::Loopback);
+        }
+        if let Some(hex) = s.strip_prefix("rdma:") {
+            if hex.is_empty() || hex.len() % 2 != 0 || !hex.is_ascii() {
+                return Err(bad());
+            }
+            return (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| bad()))
+                .collect::<Result<_, _>>()
+                .map(PeerAddress::Rdma);
+        }
+        let tcp = s.strip_prefix("tcp:").unwrap_or(s);
+        tcp.parse().map(PeerAddress::Tcp).map_err(|_| bad())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_form_round_trips() {
+        for a in [
+            PeerAddress::Tcp("127.0.0.1:5000".parse().unwrap()),
+            PeerAddress::Tcp("[::1]:7".parse().unwrap()),
+            PeerAddress::Rdma(vec![0, 1, 0xab, 0xff]),
+            PeerAddress::Loopback,
+        ] {
+            assert_eq!(a.to_string().parse::<PeerAddress>(), Ok(a));
+        }
+        assert_eq!(
+            "10.0.0.1:80".parse::<PeerAddress>(),
+            Ok(PeerAddress::Tcp("10.0.0.1:80".parse().unwrap()))
+        );
+    }
+
+    #[test]
+    fn malformed_text_is_refused() {
+        for s in [
+            "",
+            "rdma:",
+            "rdma:abc",
+            "rdma:zz",
+            "tcp:nowhere",
+            "udp:1.2.3.4:5",
+        ] {
+            assert!(s.parse::<PeerAddress>().is_err(), "{s:?}");
+        }
+    }
+}

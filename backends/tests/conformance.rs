@@ -1,0 +1,446 @@
+//! One conformance suite for every [`Transport`]: the same test code runs against loopback, TCP and RDMA
+//! (libfabric's `tcp` and `shm` providers). Adding a backend is a fixture and one `conformance!` line.
+//!
+//! Each backend's fixture builds a sending and a receiving node; the receiver publishes its KV pool as
+//! segment `kv` (and a second one, `spare`), the sender reaches it through [`Transport::connect`]. The
+//! tests: every mode byte-identical; layer streaming within a prefetch window; cancel; bad requests
+//! refused with the caller's fault; a receiver that refuses a session; a receiver that dies (recompute, no
+//! hang, then refusals until it answers again).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backends::{Fault, PeerInfo, Transport, TransportError};
+use transfer_engine::{
+    AccessKey, BlockId, Dtype, Event, KvLayout, MemoryRegion, PeerId, RegionHandle, SessionId,
+    TransferMode, TransferRequest,
+};
+
+/// 4 layers x 8 blocks x 16 KiB: small enough for a debug build, several slices a block.
+fn layout() -> KvLayout {
+    KvLayout::new(4, 8, 16 << 10, 16, Dtype::Bf16).unwrap()
+}
+
+/// Longest any wait may take before the test calls it a hang (never a timing assertion).
+const HANG: Duration = Duration::from_secs(60);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
+        .collect()
+}
+
+/// A sender and a receiver of one backend, and the runtime their waits (and TCP's tasks) run on.
+struct Pair {
+    sender: Arc<dyn Transport>,
+    receiver: Arc<dyn Transport>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        let _guard = self.rt.enter();
+        self.sender.shutdown();
+        self.receiver.shutdown();
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A source region on the sender, the receiver's pool (and a spare region) published, and the sender's
+/// view of the receiver.
+struct Setup {
+    src: RegionHandle,
+    source: Vec<u8>,
+    pool: MemoryRegion,
+    peer: PeerInfo,
+}
+
+impl Pair {
+    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
+        self.rt.block_on(f)
+    }
+
+    /// Runs `f`, at most [`HANG`] (longer is a hang: the test fails).
+    fn within<F: std::future::Future>(
+        &self,
+        f: F,
+    ) -> Result<F::Output, tokio::time::error::Elapsed> {
+        self.rt
+            .block_on(async { tokio::time::timeout(HANG, f).await })
+    }
+
+    fn setup(&self) -> Setup {
+        let layout = layout();
+        let bytes = layout.total_bytes() as usize;
+        let source = pattern(bytes, 7);
+        let src = self
+            .sender
+            .register_kv_region(layout, MemoryRegion::from_vec(source.clone()))
+            .unwrap();
+        let pool = MemoryRegion::zeroed(bytes);
+        let dst = self
+            .receiver
+            .register_kv_region(layout, pool.clone())
+            .unwrap();
+        self.receiver.publish_segment("kv", dst).unwrap();
+        let address = self.receiver.address().expect("a receiver has an address");
+        let peer = self.block_on(self.sender.connect(&address)).unwrap();
+        assert_eq!(peer.peer, PeerId(u64::from(self.receiver.engine_id())));
+        Setup {
+            src,
+            source,
+            pool,
+            peer,
+        }
+    }
+
+    /// Waits for sending session `session` and checks it delivered everything.
+    fn delivered(&self, session: SessionId) {
+        let out = self
+            .block_on(self.sender.wait(session, HANG))
+            .unwrap_or_else(|e| panic!("{} session {session}: {e}", self.sender.backend()));
+        assert!(out.recompute.is_empty(), "{out:?}");
+        let got = self
+            .within(self.receiver.wait_received(session))
+            .expect("the receiver hears the end of the session")
+            .unwrap();
+        assert!(got.recompute.is_empty(), "{got:?}");
+    }
+}
+
+impl Setup {
+    fn dst(&self) -> RegionHandle {
+        *self.peer.segment("kv").expect("the receiver offers kv")
+    }
+
+    fn request(&self) -> TransferRequest {
+        TransferRequest::whole(self.peer.peer, &self.src, &self.dst())
+            .unwrap()
+            .with_deadline(Duration::from_secs(30))
+    }
+
+    fn layer_bytes(&self, layer: u32) -> (Vec<u8>, Vec<u8>) {
+        let layout = layout();
+        let at = layout.block_offset(BlockId::new(layer, 0)) as usize;
+        let len = (layout.blocks_per_layer as u64 * layout.block_bytes) as usize;
+        (
+            self.pool.read(at..at + len).unwrap().to_vec(),
+            self.source[at..at + len].to_vec(),
+        )
+    }
+}
+
+fn every_mode_arrives_byte_identical(pair: &Pair) {
+    let s = pair.setup();
+    for mode in [
+        TransferMode::Exclusive,
+        TransferMode::Packetized { slice_bytes: 4096 },
+        TransferMode::auto(),
+    ] {
+        s.pool.fill_with(|_, bytes| bytes.fill(0)).unwrap();
+        let session = pair.sender.submit(s.request().with_mode(mode)).unwrap();
+        pair.delivered(session);
+        assert!(
+            s.pool.to_vec().unwrap() == s.source,
+            "{} {mode:?}: the pool differs from the source",
+            pair.sender.backend()
+        );
+    }
+}
+
+fn layers_stream_within_the_prefetch_window(pair: &Pair) {
+    let s = pair.setup();
+    let mut events = pair.receiver.subscribe();
+    let session = pair
+        .sender
+        .submit(s.request().with_prefetch_depth(1))
+        .unwrap();
+    pair.within(pair.receiver.wait_announced(session))
+        .expect("the session is announced")
+        .unwrap();
+    pair.receiver.consume_layer(session, 0).unwrap();
+    for layer in 0..2 {
+        pair.block_on(pair.receiver.wait_layer(session, layer))
+            .unwrap();
+        let (got, want) = s.layer_bytes(layer);
+        assert!(got == want, "layer {layer} differs");
+    }
+    // The consumer is still at layer 0: with a depth of 1 nothing of layer 2 has been sent.
+    while let Ok(e) = events.try_recv() {
+        if let Event::LayerComplete { layer, .. } = e {
+            assert!(
+                layer < 2,
+                "layer {layer} arrived beyond the prefetch window"
+            );
+        }
+    }
+    assert!(
+        pair.receiver.consume_layer(session, 1).unwrap(),
+        "layer 1 is whole"
+    );
+    for layer in 2..4 {
+        pair.receiver.consume_layer(session, layer - 1).unwrap();
+        pair.block_on(pair.receiver.wait_layer(session, layer))
+            .unwrap();
+    }
+    pair.delivered(session);
+}
+
+fn cancel_hands_back_what_was_not_delivered(pair: &Pair) {
+    let s = pair.setup();
+    // Only layer 0 is written: the session cannot finish by itself.
+    let session = pair
+        .sender
+        .submit(s.request().with_layers_written(1))
+        .unwrap();
+    pair.block_on(async {
+        pair.receiver.wait_announced(session).await?;
+        pair.receiver.wait_layer(session, 0).await
+    })
+    .unwrap();
+    pair.sender.cancel(session).unwrap();
+    let out = pair.block_on(pair.sender.wait(session, HANG)).unwrap();
+    // Every block of the layers never written comes back; layer 0's come back too if their
+    // acknowledgements were still on the way (the sender counts only what was acknowledged).
+    for layer in 1..4 {
+        for block in 0..8 {
+            assert!(
+                out.recompute.contains(&BlockId::new(layer, block)),
+                "{layer}/{block} missing from {out:?}"
+            );
+        }
+    }
+    assert!(out.recompute.len() <= 4 * 8, "{out:?}");
+    let got = pair
+        .within(pair.receiver.wait_received(session))
+        .expect("the receiver hears of the cancel")
+        .unwrap();
+    // The receiver verified layer 0: only the others are its to recompute.
+    assert!(got.recompute.iter().all(|b| b.layer >= 1), "{got:?}");
+    assert!(!got.recompute.is_empty());
+    let (got, want) = s.layer_bytes(0);
+    assert!(got == want, "layer 0 was delivered before the cancel");
+}
+
+fn bad_requests_are_refused_as_the_callers(pair: &Pair) {
+    let s = pair.setup();
+    let caller = |r: Result<SessionId, TransportError>, what: &str| match r {
+        Err(e) => assert_eq!(e.fault(), Fault::Caller, "{what}: {e}"),
+        Ok(id) => panic!("{what}: accepted as session {id}"),
+    };
+    let mut unknown_src = s.src;
+    unknown_src.id = transfer_engine::RegionId(9999);
+    caller(
+        TransferRequest::whole(s.peer.peer, &unknown_src, &s.dst())
+            .map_err(TransportError::from)
+            .and_then(|r| pair.sender.submit(r)),
+        "an unknown source region",
+    );
+    caller(
+        TransferRequest::whole(PeerId(77), &s.src, &s.dst())
+            .map_err(TransportError::from)
+            .and_then(|r| pair.sender.submit(r)),
+        "a peer never reached",
+    );
+    let unknown = SessionId(0xdead_beef);
+    let e = pair.block_on(pair.sender.wait(unknown, HANG)).unwrap_err();
+    assert_eq!(e.fault(), Fault::Caller, "{e}");
+    let e = pair
+        .block_on(pair.receiver.wait_layer(unknown, 0))
+        .unwrap_err();
+    assert_eq!(e.fault(), Fault::Caller, "{e}");
+    let e = pair.receiver.cancel(unknown).unwrap_err();
+    assert_eq!(e.fault(), Fault::Caller, "{e}");
+    let mut unregistered = s.dst();
+    unregistered.id = transfer_engine::RegionId(4242);
+    let e = pair
+        .receiver
+        .publish_segment("nowhere", unregistered)
+        .unwrap_err();
+    assert_eq!(e.fault(), Fault::Caller, "{e}");
+    let wrong_kind = match pair.receiver.address() {
+        Some(backends::PeerAddress::Loopback) => backends::PeerAddress::Rdma(vec![1, 2]),
+        _ => backends::PeerAddress::Loopback,
+    };
+    let e = pair.block_on(pair.sender.connect(&wrong_kind)).unwrap_err();
+    assert!(
+        matches!(e, TransportError::Unsupported { .. }),
+        "connecting to {wrong_kind}: {e}"
+    );
+    // Nothing of the refusals disturbed the pair: a real transfer still arrives.
+    let session = pair.sender.submit(s.request()).unwrap();
+    pair.delivered(session);
+}
+
+fn a_refused_session_reports_every_block(pair: &Pair) {
+    let s = pair.setup();
+    let mut forged = s.dst();
+    forged.key = AccessKey(forged.key.0 ^ 0x5a5a);
+    let req = TransferRequest::whole(s.peer.peer, &s.src, &forged)
+        .unwrap()
+        .with_deadline(Duration::from_secs(30));
+    let session = pair.sender.submit(req).unwrap();
+    let out = pair.block_on(pair.sender.wait(session, HANG)).unwrap();
+    assert_eq!(out.recompute.len(), 4 * 8, "{out:?}");
+    assert!(out.reason.is_some(), "{out:?}");
+    assert!(
+        s.pool.to_vec().unwrap().iter().all(|&b| b == 0),
+        "a refused session wrote into the pool"
+    );
+}
+
+fn a_dead_receiver_ends_its_sessions_with_recompute(pair: &Pair) {
+    let s = pair.setup();
+    let session = pair
+        .sender
+        .submit(s.request().with_layers_written(1))
+        .unwrap();
+    pair.block_on(async {
+        pair.receiver.wait_announced(session).await?;
+        pair.receiver.wait_layer(session, 0).await
+    })
+    .unwrap();
+    {
+        let _guard = pair.rt.enter();
+        pair.receiver.shutdown();
+    }
+    // The producer goes on writing layers: nobody is there to take them (a backend that noticed the death
+    // at once has ended the session already).
+    let _ = pair.sender.layers_written(session, 4);
+    let out = pair.block_on(pair.sender.wait(session, HANG)).unwrap();
+    assert!(!out.recompute.is_empty(), "{out:?}");
+    assert!(out.reason.is_some(), "{out:?}");
+    let e = pair.sender.submit(s.request()).unwrap_err();
+    assert_eq!(e.fault(), Fault::Peer, "{e}");
+    assert!(matches!(e, TransportError::Unreachable(_)), "{e}");
+}
+
+macro_rules! conformance {
+    ($backend:ident, $fixture:expr) => {
+        mod $backend {
+            use super::*;
+
+            fn pair() -> Option<Pair> {
+                $fixture
+            }
+
+            #[test]
+            fn every_mode_arrives_byte_identical() {
+                if let Some(p) = pair() {
+                    super::every_mode_arrives_byte_identical(&p);
+                }
+            }
+
+            #[test]
+            fn layers_stream_within_the_prefetch_window() {
+                if let Some(p) = pair() {
+                    super::layers_stream_within_the_prefetch_window(&p);
+                }
+            }
+
+            #[test]
+            fn cancel_hands_back_what_was_not_delivered() {
+                if let Some(p) = pair() {
+                    super::cancel_hands_back_what_was_not_delivered(&p);
+                }
+            }
+
+            #[test]
+            fn bad_requests_are_refused_as_the_callers() {
+                if let Some(p) = pair() {
+                    super::bad_requests_are_refused_as_the_callers(&p);
+                }
+            }
+
+            #[test]
+            fn a_refused_session_reports_every_block() {
+                if let Some(p) = pair() {
+                    super::a_refused_session_reports_every_block(&p);
+                }
+            }
+
+            #[test]
+            fn a_dead_receiver_ends_its_sessions_with_recompute() {
+                if let Some(p) = pair() {
+                    super::a_dead_receiver_ends_its_sessions_with_recompute(&p);
+                }
+            }
+        }
+    };
+}
+
+fn loopback() -> Option<Pair> {
+    let (sender, receiver) = backends::loopback::LoopbackPair::with_defaults().into_nodes();
+    Some(Pair {
+        sender: Arc::new(sender),
+        receiver: Arc::new(receiver),
+        rt: runtime(),
+    })
+}
+
+fn tcp() -> Option<Pair> {
+    use backends::tcp::{TcpConfig, TcpNode};
+    let rt = runtime();
+    let (sender, receiver) = rt.block_on(async {
+        let sender = TcpNode::start(TcpConfig {
+            listen: None,
+            ..TcpConfig::with_engine_id(1)
+        })
+        .await
+        .unwrap();
+        let receiver = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
+        (sender, receiver)
+    });
+    Some(Pair {
+        sender: Arc::new(sender),
+        receiver: Arc::new(receiver),
+        rt,
+    })
+}
+
+/// Nodes on libfabric provider `provider`. A provider that `fi_info` does not list here is "not run";
+/// one it lists must start (a failure to open it fails the test).
+#[cfg(feature = "rdma")]
+fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
+    use backends::rdma::{Provider, RdmaConfig, RdmaNode, available_providers};
+    let listed = available_providers().expect("libfabric answers fi_getinfo");
+    if !listed
+        .iter()
+        .any(|p| p.provider.split(';').next() == Some(provider))
+    {
+        println!(
+            "not run: libfabric lists no {provider} provider here (it lists {:?})",
+            listed.iter().map(|p| &p.provider).collect::<Vec<_>>()
+        );
+        return None;
+    }
+    let config = |id| {
+        let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
+        cfg.domain = domain.map(str::to_owned);
+        cfg.answer_timeout = Duration::from_secs(1);
+        cfg
+    };
+    let start = |id| {
+        RdmaNode::start(config(id))
+            .unwrap_or_else(|e| panic!("fi_info lists {provider}, but a node on it fails: {e}"))
+    };
+    Some(Pair {
+        sender: Arc::new(start(1)),
+        receiver: Arc::new(start(2)),
+        rt: runtime(),
+    })
+}
+
+conformance!(loopback, loopback());
+conformance!(tcp, tcp());
+#[cfg(feature = "rdma")]
+conformance!(rdma_tcp, rdma("tcp", Some("lo")));
+#[cfg(feature = "rdma")]
+conformance!(rdma_shm, rdma("shm", None));
