@@ -238,7 +238,9 @@ pub struct LoopbackPair {
     /// Each end's thread and the flag that stops it: producer, then consumer.
     threads: [(Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>); 2],
     /// Runs the blocking waits of [`LoopbackPair::transfer_all`].
-    rt: tokio::runtime::Runtime,
+    /// (An option only so that dropping the pair on an async runtime's thread can shut it down in the
+    /// background, where dropping it in place would panic.)
+    rt: Option<tokio::runtime::Runtime>,
 }
 
 impl LoopbackPair {
@@ -295,7 +297,7 @@ impl LoopbackPair {
             producer,
             consumer,
             threads,
-            rt,
+            rt: Some(rt),
         }
     }
 
@@ -422,7 +424,7 @@ impl LoopbackPair {
             }
             out
         };
-        self.rt
+        self.runtime()
             .block_on(async { tokio::time::timeout(limit, all).await })
             .map_err(|_| {
                 sessions
@@ -433,9 +435,13 @@ impl LoopbackPair {
             })
     }
 
+    fn runtime(&self) -> &tokio::runtime::Runtime {
+        self.rt.as_ref().expect("the runtime lives until the pair drops")
+    }
+
     /// Runs `f` to completion on the pair's own runtime (for callers without an executor).
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
+        self.runtime().block_on(f)
     }
 }
 
@@ -473,6 +479,11 @@ impl Drop for LoopbackPair {
     fn drop(&mut self) {
         self.shutdown(Side::Producer);
         self.shutdown(Side::Consumer);
+        if let Some(rt) = self.rt.take()
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -269,10 +269,11 @@ impl KvConnector {
                 "a loopback pair is one producer and one consumer".into(),
             ));
         }
+        let producer_rt = runtime("KvConnector::loopback_pair")?;
         let (producer_end, consumer_end) = LoopbackPair::with_defaults().into_nodes();
         let p = Self::assemble(
             producer,
-            runtime("KvConnector::loopback_pair")?,
+            producer_rt,
             DataPlane::new(Arc::new(producer_end)),
             Source::None,
         )?;

@@ -1,0 +1,203 @@
+//! The connector's one code path over every transport: the same scenarios against loopback, TCP and RDMA
+//! (libfabric's `tcp` and `shm` providers): a save loaded layer by layer into other blocks, a producer
+//! that dies mid-load (recompute, never wrong KV), and blocking calls refused on an async runtime's thread.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Kv, begin_save, plan_load};
+use connector::{ConnectorConfig, ConnectorError, KvConnector, Role, namespace};
+use transfer_engine::MemoryRegion;
+
+const KV: Kv = Kv {
+    layers: 4,
+    block: 8192,
+    pool: 32,
+};
+
+fn config(role: Role) -> ConnectorConfig {
+    let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
+    (c.layers, c.block_bytes, c.prefetch_depth) = (KV.layers, KV.block, 1);
+    c.store_blocks = if role.saves() { 64 } else { 0 };
+    c.load_timeout = Duration::from_secs(10);
+    c
+}
+
+/// Saves `id`'s `tokens` from `blocks` on the producer, every layer.
+fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+    assert_eq!(begin_save(p, id, tokens, blocks), (0, false));
+    for layer in 0..KV.layers {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    p.clear_connector_metadata();
+    let _ = p.request_finished(id);
+}
+
+fn saved_then_loaded_layer_by_layer(p: &KvConnector, c: &KvConnector) {
+    let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
+    let dst = MemoryRegion::zeroed(KV.pool_bytes());
+    p.register_kv_caches(src.clone(), KV.pool).unwrap();
+    c.register_kv_caches(dst.clone(), KV.pool).unwrap();
+    let tokens: Vec<u32> = (1000..1000 + 16 * 5 + 3).collect();
+    produce(p, "a", &tokens, &[3, 4, 5, 6, 7, 8]);
+    let dst_blocks = [20, 11, 12, 30, 31, 9];
+    assert_eq!(plan_load(c, "a", &tokens, &dst_blocks), 80, "5 full blocks");
+    c.start_load_kv().unwrap();
+    assert!(c.take_load_errors().is_empty());
+    for layer in 0..KV.layers {
+        c.wait_for_layer_load(layer).unwrap();
+        for (i, &b) in dst_blocks[..5].iter().enumerate() {
+            assert!(
+                dst.read(KV.block_range(layer, b)).unwrap()[..]
+                    == src.read(KV.block_range(layer, 3 + i as u32)).unwrap()[..],
+                "layer {layer} block {b}"
+            );
+        }
+    }
+    assert!(c.failed_blocks().is_empty());
+    assert_eq!(c.get_finished().1, vec!["a".to_string()]);
+    assert!(
+        dst.read(KV.block_range(0, 9))
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0),
+        "block 5 was not loaded"
+    );
+}
+
+fn a_producer_that_dies_mid_load_yields_recompute(p: KvConnector, c: &KvConnector) {
+    let src = MemoryRegion::from_vec(vec![0xAB; KV.pool_bytes()]);
+    let dst = MemoryRegion::zeroed(KV.pool_bytes());
+    p.register_kv_caches(src, KV.pool).unwrap();
+    c.register_kv_caches(dst.clone(), KV.pool).unwrap();
+    let tokens: Vec<u32> = (0..16 * 8 + 1).collect();
+    let blocks: Vec<u32> = (0..8).collect();
+    produce(&p, "r", &tokens, &blocks);
+    let dst_blocks: Vec<u32> = (10..18).collect();
+    assert_eq!(plan_load(c, "r", &tokens, &dst_blocks), 128);
+    c.start_load_kv().unwrap();
+    c.wait_for_layer_load(0).unwrap();
+    drop(p); // the prefill instance goes away with layers still to send
+    for layer in 1..KV.layers {
+        c.wait_for_layer_load(layer).unwrap();
+    }
+    let failed = c.failed_blocks();
+    for b in dst_blocks.iter().filter(|b| !failed.contains(b)) {
+        for layer in 0..KV.layers {
+            assert!(
+                dst.read(KV.block_range(layer, *b))
+                    .unwrap()
+                    .iter()
+                    .all(|&x| x == 0xAB),
+                "block {b} layer {layer} is neither loaded nor handed back"
+            );
+        }
+    }
+    assert!(failed.iter().all(|b| dst_blocks.contains(b)), "{failed:?}");
+    // Layers beyond the prefetch window never left the dead producer: those blocks are handed back.
+    assert!(!failed.is_empty());
+}
+
+fn blocking_calls_are_refused_on_a_runtime_thread(p: &KvConnector, c: &KvConnector) {
+    let src = MemoryRegion::from_vec(vec![0x5C; KV.pool_bytes()]);
+    p.register_kv_caches(src, KV.pool).unwrap();
+    c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), KV.pool)
+        .unwrap();
+    let tokens: Vec<u32> = (0..16 * 2 + 1).collect();
+    produce(p, "x", &tokens, &[0, 1]);
+    assert_eq!(plan_load(c, "x", &tokens, &[5, 6]), 32);
+    c.start_load_kv().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let on_runtime = rt.block_on(async { c.wait_for_layer_load(0) });
+    assert!(
+        matches!(on_runtime, Err(ConnectorError::OnRuntimeThread(_))),
+        "{on_runtime:?}"
+    );
+    let made_on_runtime = rt.block_on(async {
+        KvConnector::loopback_pair(config(Role::Producer), config(Role::Consumer))
+    });
+    assert!(matches!(
+        made_on_runtime,
+        Err(ConnectorError::OnRuntimeThread(_))
+    ));
+    // Off the runtime the same calls go through.
+    for layer in 0..KV.layers {
+        c.wait_for_layer_load(layer).unwrap();
+    }
+    assert!(c.failed_blocks().is_empty());
+}
+
+macro_rules! over {
+    ($backend:ident, $pair:expr) => {
+        mod $backend {
+            use super::*;
+
+            fn pair() -> Option<(KvConnector, KvConnector)> {
+                $pair
+            }
+
+            #[test]
+            fn saved_then_loaded_layer_by_layer() {
+                if let Some((p, c)) = pair() {
+                    super::saved_then_loaded_layer_by_layer(&p, &c);
+                }
+            }
+
+            #[test]
+            fn a_producer_that_dies_mid_load_yields_recompute() {
+                if let Some((p, c)) = pair() {
+                    super::a_producer_that_dies_mid_load_yields_recompute(p, &c);
+                }
+            }
+
+            #[test]
+            fn blocking_calls_are_refused_on_a_runtime_thread() {
+                if let Some((p, c)) = pair() {
+                    super::blocking_calls_are_refused_on_a_runtime_thread(&p, &c);
+                }
+            }
+        }
+    };
+}
+
+fn loopback() -> Option<(KvConnector, KvConnector)> {
+    Some(KvConnector::loopback_pair(config(Role::Producer), config(Role::Consumer)).unwrap())
+}
+
+fn tcp() -> Option<(KvConnector, KvConnector)> {
+    Some(common::tcp_pair(config))
+}
+
+/// Connectors over libfabric provider `provider`: "not run" only when `fi_info` does not list it here.
+#[cfg(feature = "rdma")]
+fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnector)> {
+    use backends::rdma::{Provider, RdmaConfig, available_providers};
+    let listed = available_providers().expect("libfabric answers fi_getinfo");
+    if !listed
+        .iter()
+        .any(|p| p.provider.split(';').next() == Some(provider))
+    {
+        println!("not run: libfabric lists no {provider} provider here");
+        return None;
+    }
+    let node = |id| {
+        let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
+        cfg.domain = domain.map(str::to_owned);
+        cfg.answer_timeout = Duration::from_secs(1);
+        cfg
+    };
+    let p = KvConnector::rdma(config(Role::Producer), node(1), None, None).unwrap();
+    let c = KvConnector::rdma(config(Role::Consumer), node(2), None, p.control_addr()).unwrap();
+    Some((p, c))
+}
+
+over!(loopback, loopback());
+over!(tcp, tcp());
+#[cfg(feature = "rdma")]
+over!(rdma_tcp, rdma("tcp", Some("lo")));
+#[cfg(feature = "rdma")]
+over!(rdma_shm, rdma("shm", None));
