@@ -7,7 +7,21 @@ use common::te_bench_json;
 
 #[test]
 fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
-    let v = te_bench_json(&[
+    check_pd(&[]);
+}
+
+/// The same run with the connector over RDMA (libfabric's shm provider between the two processes):
+/// the same keys and the same guarantees.
+#[cfg(feature = "rdma")]
+#[test]
+fn pd_over_rdma_shm_reports_the_same_keys() {
+    let v = check_pd(&["--backend", "rdma", "--provider", "shm"]);
+    assert_eq!(v["backend"], "rdma");
+    assert_eq!(v["provider"], "shm");
+}
+
+fn check_pd(backend: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "pd",
         "--requests",
         "12",
@@ -18,7 +32,9 @@ fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
         "--compute-us",
         "20",
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(backend);
+    let v = te_bench_json(&args);
     for key in [
         "ttft_ms_engine",
         "ttft_ms_recompute",
@@ -42,4 +58,5 @@ fn pd_reports_ttft_hit_rate_and_no_stale_blocks() {
     assert!(v["bytes_loaded"].as_u64().unwrap() > 0);
     assert!(v["loaded_blocks_after_change"].as_u64().unwrap() > 0, "{v}");
     assert!(v["ttft_ms_engine"].as_f64().unwrap() > 0.0);
+    v
 }
