@@ -436,7 +436,9 @@ impl LoopbackPair {
     }
 
     fn runtime(&self) -> &tokio::runtime::Runtime {
-        self.rt.as_ref().expect("the runtime lives until the pair drops")
+        self.rt
+            .as_ref()
+            .expect("the runtime lives until the pair drops")
     }
 
     /// Runs `f` to completion on the pair's own runtime (for callers without an executor).

@@ -7,20 +7,22 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::transport::CloseReason;
+
 /// One lane's shared state between its reader and writer.
 pub(crate) struct LaneState {
     pub(crate) id: u64,
     pub(crate) outbound: bool,
-    pub(crate) closed: watch::Sender<Option<String>>,
+    pub(crate) closed: watch::Sender<Option<CloseReason>>,
     pub(crate) goodbye: Mutex<Option<Vec<u8>>>,
     pub(crate) last_rx: Mutex<Instant>,
 }
 
 impl LaneState {
-    pub(crate) fn close(&self, reason: &str) {
+    pub(crate) fn close(&self, reason: &CloseReason) {
         self.closed.send_if_modified(|r| {
             if r.is_none() {
-                *r = Some(reason.to_string());
+                *r = Some(reason.clone());
                 true
             } else {
                 false

@@ -191,7 +191,7 @@ impl PeerLink {
             .into_values()
             .collect();
         for lane in lanes {
-            lane.state.close("closed locally");
+            lane.state.close(&crate::transport::CloseReason::Local);
             for t in &lane.tasks {
                 t.abort();
             }

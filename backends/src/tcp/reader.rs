@@ -15,6 +15,7 @@ use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
 use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Unplaced, recv_staged};
+use crate::transport::CloseReason;
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
 const WAKE_EVERY: u32 = 16;
@@ -34,7 +35,7 @@ pub(crate) async fn reader(
     };
     if let Some(reason) = reason {
         // Refusals were logged where they happened; every other end of a lane is logged here.
-        if !reason.starts_with("lane closed:") {
+        if !matches!(reason, CloseReason::Refused(_)) {
             ctx.log(format!(
                 "lane {} from peer {} closed: {reason}",
                 lane.id, link.peer.0
@@ -65,7 +66,7 @@ async fn read_loop(
     link: &PeerLink,
     lane: &LaneState,
     rd: &OwnedReadHalf,
-) -> Option<String> {
+) -> Option<CloseReason> {
     let peer = link.peer;
     let stall = ctx.cfg.stall_timeout;
     let mut hdr = [0u8; HEADER_LEN];
@@ -95,7 +96,7 @@ async fn read_loop(
             stagers.release();
         }
         if let Err(e) = fill(rd, &mut hdr, &mut have, stall).await {
-            return Some(e.to_string());
+            return Some(CloseReason::from_error(&e));
         }
         have = 0;
         *lock(&lane.last_rx) = Instant::now();
@@ -129,7 +130,7 @@ async fn read_loop(
                 let len = range.len();
                 let stager = match stagers.get(memory.kind(), ctx.cfg.stage_bytes) {
                     Ok(stager) => stager,
-                    Err(e) => return Some(e.to_string()),
+                    Err(e) => return Some(CloseReason::from_error(&e)),
                 };
                 let mut refused = None;
                 let received = recv_staged(
@@ -149,7 +150,7 @@ async fn read_loop(
                 }
                 let crc = match received {
                     Ok(crc) => crc,
-                    Err(e) => return Some(e.to_string()),
+                    Err(e) => return Some(CloseReason::from_error(&e)),
                 };
                 ctx.staged.add_received(len);
                 unplaced = Some(Unplaced {
@@ -163,7 +164,7 @@ async fn read_loop(
                 let crc =
                     match recv_into_region(rd, &memory, range, &mut hdr, &mut have, stall).await {
                         Ok(crc) => crc,
-                        Err(e) => return Some(e.to_string()),
+                        Err(e) => return Some(CloseReason::from_error(&e)),
                     };
                 ctx.station
                     .engine()
@@ -185,7 +186,7 @@ async fn read_loop(
                 )
                 .await
                 {
-                    return Some(e.to_string());
+                    return Some(CloseReason::from_error(&e));
                 }
                 nothing.and_then(|_| {
                     ctx.station
@@ -199,7 +200,7 @@ async fn read_loop(
                 control.resize(header.length as usize, 0);
                 let payload = &mut control[..];
                 if let Err(e) = recv_exact(rd, payload, &mut hdr, &mut have, stall, None).await {
-                    return Some(e.to_string());
+                    return Some(CloseReason::from_error(&e));
                 }
                 if header.kind == FrameKind::Reject && header.session == 0 {
                     ctx.log(format!(
@@ -242,11 +243,11 @@ fn hand_on(
     peer: PeerId,
     stagers: &mut LaneStagers,
     unplaced: &mut Option<Unplaced>,
-) -> Result<(), String> {
+) -> Result<(), CloseReason> {
     let Some(held) = unplaced.take() else {
         return Ok(());
     };
-    stagers.flush().map_err(|e| e.to_string())?;
+    stagers.flush().map_err(|e| CloseReason::from_error(&e))?;
     let mut refused = None;
     deliver(ctx, peer, &held, &mut refused);
     // The lane may wait for bytes next: the driver acknowledges what was just handed on.
@@ -278,7 +279,7 @@ fn refuse(
     peer: PeerId,
     header: Option<&Header>,
     e: &Error,
-) -> String {
+) -> CloseReason {
     ctx.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
     let reason = format!("lane closed: peer {} sent a refused frame: {e}", peer.0);
     ctx.log(reason.clone());
@@ -293,7 +294,7 @@ fn refuse(
     *lock(&lane.goodbye) = Some(bytes);
     // Wake the writer so it sends the goodbye and closes.
     lane.closed.send_modify(|_| {});
-    reason
+    CloseReason::Refused(reason)
 }
 
 /// Reads until `hdr` holds a whole header (`have` bytes may already be there).

@@ -20,6 +20,7 @@ use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
 use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Outgoing, send_staged};
+use crate::transport::CloseReason;
 
 /// Most buffers handed to one `sendmsg` (Linux allows 1024).
 const MAX_IOV: usize = 512;
@@ -34,7 +35,10 @@ pub(crate) async fn writer(
     wr: OwnedWriteHalf,
 ) {
     let reason = write_loop(&ctx, &link, &lane, &wr).await;
-    if reason.starts_with("write failed") {
+    if matches!(
+        reason,
+        CloseReason::Io(_) | CloseReason::Stalled(_) | CloseReason::PeerClosed(_)
+    ) {
         let line = format!("lane {} to peer {} closed: {reason}", lane.id, link.peer.0);
         ctx.log(line);
     }
@@ -47,7 +51,7 @@ async fn write_loop(
     link: &PeerLink,
     lane: &LaneState,
     wr: &OwnedWriteHalf,
-) -> String {
+) -> CloseReason {
     let mut closed = lane.closed.subscribe();
     let mut batch = Vec::new();
     let mut scratch = Scratch::default();
@@ -59,10 +63,10 @@ async fn write_loop(
             scratch.goodbye = bytes;
             scratch.push(Piece::Goodbye, scratch.goodbye.len());
             let _ = write_all(wr, &scratch, &[], ctx.cfg.stall_timeout).await;
-            return "closed after refusing a frame".into();
+            return CloseReason::Refused("closed after refusing a frame".into());
         }
         if closed.borrow().is_some() {
-            return closed.borrow().clone().unwrap_or_default();
+            return closed.borrow().clone().unwrap_or(CloseReason::Local);
         }
         batch.clear();
         link.take_batch(ctx, &mut batch);
@@ -81,14 +85,14 @@ async fn write_loop(
                     if !stagers.is_empty() {
                         stagers.release();
                     } else if lane.outbound && lock(&lane.last_rx).elapsed() >= idle {
-                        return "idle".into();
+                        return CloseReason::Idle;
                     }
                 }
             }
             continue;
         }
         if let Err(e) = send_batch(ctx, &mut batch, &mut scratch, &mut stagers, wr).await {
-            return format!("write failed: {e}");
+            return CloseReason::from_error(&e);
         }
         ctx.wake.notify_one();
     }

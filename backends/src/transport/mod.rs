@@ -19,6 +19,7 @@
 //! [`TransportError::Unreachable`] until it answers again, which [`Transport::connect`] asks it to do.
 
 mod address;
+mod close;
 mod error;
 
 use std::fmt::Debug;
@@ -33,6 +34,7 @@ use transfer_engine::{
 };
 
 pub use address::{BadAddress, PeerAddress};
+pub use close::CloseReason;
 pub use error::{Fault, TransportError};
 
 use crate::board::{IncomingSession, Outcome, Received};
