@@ -101,6 +101,21 @@ impl Pair {
         }
     }
 
+    /// Starts a session of which only layer 0 is written (it cannot finish by itself) and waits until the
+    /// receiver has layer 0 whole.
+    fn layer_zero_only(&self, s: &Setup) -> SessionId {
+        let session = self
+            .sender
+            .submit(s.request().with_layers_written(1))
+            .unwrap();
+        self.block_on(async {
+            self.receiver.wait_announced(session).await?;
+            self.receiver.wait_layer(session, 0).await
+        })
+        .unwrap();
+        session
+    }
+
     /// Waits for sending session `session` and checks it delivered everything.
     fn delivered(&self, session: SessionId) {
         let out = self
@@ -195,16 +210,7 @@ fn layers_stream_within_the_prefetch_window(pair: &Pair) {
 
 fn cancel_hands_back_what_was_not_delivered(pair: &Pair) {
     let s = pair.setup();
-    // Only layer 0 is written: the session cannot finish by itself.
-    let session = pair
-        .sender
-        .submit(s.request().with_layers_written(1))
-        .unwrap();
-    pair.block_on(async {
-        pair.receiver.wait_announced(session).await?;
-        pair.receiver.wait_layer(session, 0).await
-    })
-    .unwrap();
+    let session = pair.layer_zero_only(&s);
     pair.sender.cancel(session).unwrap();
     let out = pair.block_on(pair.sender.wait(session, HANG)).unwrap();
     // Every block of the layers never written comes back; layer 0's come back too if their
@@ -298,15 +304,7 @@ fn a_refused_session_reports_every_block(pair: &Pair) {
 
 fn a_dead_receiver_ends_its_sessions_with_recompute(pair: &Pair) {
     let s = pair.setup();
-    let session = pair
-        .sender
-        .submit(s.request().with_layers_written(1))
-        .unwrap();
-    pair.block_on(async {
-        pair.receiver.wait_announced(session).await?;
-        pair.receiver.wait_layer(session, 0).await
-    })
-    .unwrap();
+    let session = pair.layer_zero_only(&s);
     {
         let _guard = pair.rt.enter();
         pair.receiver.shutdown();
@@ -322,56 +320,31 @@ fn a_dead_receiver_ends_its_sessions_with_recompute(pair: &Pair) {
     assert!(matches!(e, TransportError::Unreachable(_)), "{e}");
 }
 
+/// One module per backend with one test per check, each on a fresh pair from `$fixture` (`None`: the
+/// fixture printed why it did not run).
 macro_rules! conformance {
     ($backend:ident, $fixture:expr) => {
+        conformance!(
+            @each $backend, $fixture,
+            every_mode_arrives_byte_identical,
+            layers_stream_within_the_prefetch_window,
+            cancel_hands_back_what_was_not_delivered,
+            bad_requests_are_refused_as_the_callers,
+            a_refused_session_reports_every_block,
+            a_dead_receiver_ends_its_sessions_with_recompute
+        );
+    };
+    (@each $backend:ident, $fixture:expr, $($check:ident),+) => {
         mod $backend {
             use super::*;
-
-            fn pair() -> Option<Pair> {
-                $fixture
-            }
-
-            #[test]
-            fn every_mode_arrives_byte_identical() {
-                if let Some(p) = pair() {
-                    super::every_mode_arrives_byte_identical(&p);
+            $(
+                #[test]
+                fn $check() {
+                    if let Some(pair) = $fixture {
+                        super::$check(&pair);
+                    }
                 }
-            }
-
-            #[test]
-            fn layers_stream_within_the_prefetch_window() {
-                if let Some(p) = pair() {
-                    super::layers_stream_within_the_prefetch_window(&p);
-                }
-            }
-
-            #[test]
-            fn cancel_hands_back_what_was_not_delivered() {
-                if let Some(p) = pair() {
-                    super::cancel_hands_back_what_was_not_delivered(&p);
-                }
-            }
-
-            #[test]
-            fn bad_requests_are_refused_as_the_callers() {
-                if let Some(p) = pair() {
-                    super::bad_requests_are_refused_as_the_callers(&p);
-                }
-            }
-
-            #[test]
-            fn a_refused_session_reports_every_block() {
-                if let Some(p) = pair() {
-                    super::a_refused_session_reports_every_block(&p);
-                }
-            }
-
-            #[test]
-            fn a_dead_receiver_ends_its_sessions_with_recompute() {
-                if let Some(p) = pair() {
-                    super::a_dead_receiver_ends_its_sessions_with_recompute(&p);
-                }
-            }
+            )+
         }
     };
 }

@@ -35,7 +35,8 @@ fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
     let _ = p.request_finished(id);
 }
 
-fn saved_then_loaded_layer_by_layer(p: &KvConnector, c: &KvConnector) {
+fn saved_then_loaded_layer_by_layer((p, c): (KvConnector, KvConnector)) {
+    let (p, c) = (&p, &c);
     let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src.clone(), KV.pool).unwrap();
@@ -67,7 +68,8 @@ fn saved_then_loaded_layer_by_layer(p: &KvConnector, c: &KvConnector) {
     );
 }
 
-fn a_producer_that_dies_mid_load_yields_recompute(p: KvConnector, c: &KvConnector) {
+fn a_producer_that_dies_mid_load_yields_recompute((p, c): (KvConnector, KvConnector)) {
+    let c = &c;
     let src = MemoryRegion::from_vec(vec![0xAB; KV.pool_bytes()]);
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src, KV.pool).unwrap();
@@ -100,7 +102,8 @@ fn a_producer_that_dies_mid_load_yields_recompute(p: KvConnector, c: &KvConnecto
     assert!(!failed.is_empty());
 }
 
-fn blocking_calls_are_refused_on_a_runtime_thread(p: &KvConnector, c: &KvConnector) {
+fn blocking_calls_are_refused_on_a_runtime_thread((p, c): (KvConnector, KvConnector)) {
+    let (p, c) = (&p, &c);
     let src = MemoryRegion::from_vec(vec![0x5C; KV.pool_bytes()]);
     p.register_kv_caches(src, KV.pool).unwrap();
     c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), KV.pool)
@@ -131,35 +134,28 @@ fn blocking_calls_are_refused_on_a_runtime_thread(p: &KvConnector, c: &KvConnect
     assert!(c.failed_blocks().is_empty());
 }
 
+/// One module per transport with one test per scenario, each on a fresh producer and consumer from
+/// `$pair` (`None`: it printed why it did not run).
 macro_rules! over {
     ($backend:ident, $pair:expr) => {
+        over!(
+            @each $backend, $pair,
+            saved_then_loaded_layer_by_layer,
+            a_producer_that_dies_mid_load_yields_recompute,
+            blocking_calls_are_refused_on_a_runtime_thread
+        );
+    };
+    (@each $backend:ident, $pair:expr, $($scenario:ident),+) => {
         mod $backend {
             use super::*;
-
-            fn pair() -> Option<(KvConnector, KvConnector)> {
-                $pair
-            }
-
-            #[test]
-            fn saved_then_loaded_layer_by_layer() {
-                if let Some((p, c)) = pair() {
-                    super::saved_then_loaded_layer_by_layer(&p, &c);
+            $(
+                #[test]
+                fn $scenario() {
+                    if let Some(pair) = $pair {
+                        super::$scenario(pair);
+                    }
                 }
-            }
-
-            #[test]
-            fn a_producer_that_dies_mid_load_yields_recompute() {
-                if let Some((p, c)) = pair() {
-                    super::a_producer_that_dies_mid_load_yields_recompute(p, &c);
-                }
-            }
-
-            #[test]
-            fn blocking_calls_are_refused_on_a_runtime_thread() {
-                if let Some((p, c)) = pair() {
-                    super::blocking_calls_are_refused_on_a_runtime_thread(&p, &c);
-                }
-            }
+            )+
         }
     };
 }
