@@ -12,6 +12,28 @@
 //! pick the backend at run time (the connector does). Waits are plain futures on tokio's sync primitives;
 //! the time-limited [`Transport::wait`] needs a tokio timer, the others may be bounded by the caller.
 //!
+//! ```
+//! use std::sync::Arc;
+//! use backends::{Transport, loopback::LoopbackPair};
+//! use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferRequest};
+//!
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let (prefill, decode) = LoopbackPair::with_defaults().into_nodes();
+//! let (prefill, decode): (Arc<dyn Transport>, Arc<dyn Transport>) =
+//!     (Arc::new(prefill), Arc::new(decode));
+//! let layout = KvLayout::new(2, 8, 4096, 16, Dtype::Bf16)?;
+//! let src = prefill.register_kv_region(layout, MemoryRegion::from_vec(vec![1; 65536]))?;
+//! let dst = decode.register_kv_region(layout, MemoryRegion::zeroed(65536))?;
+//! decode.publish_segment("kv", dst)?;
+//! let peer = prefill.connect(&decode.address().unwrap()).await?; // the same call on every backend
+//! let req = TransferRequest::whole(peer.peer, &src, peer.segment("kv").unwrap())?;
+//! let out = prefill.transfer(req, std::time::Duration::from_secs(10)).await?;
+//! assert!(out.recompute.is_empty());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Dead peers
 //! Every backend applies one rule: a peer that answers nothing for the backend's `unreachable_after` while
 //! sessions to it are live is unreachable. Its sessions end at once, every block not yet acknowledged

@@ -16,6 +16,18 @@
 //! - memory registered with [`MemoryRegion::from_raw_parts`] is touched by the caller's own pointers only
 //!   outside ranges that live sessions use, and stays valid until the last clone of its region drops.
 //!
+//! How each backend of the `backends` crate keeps this:
+//! - loopback: the consumer's thread copies each unit into place under the destination shards' write
+//!   locks, the producer takes its CRC under read locks; a unit that already verified is not placed again.
+//! - TCP: a lane's reader receives a payload into place under write views and its writer sends from read
+//!   views held for the `sendmsg`; a resend of a slice that already verified is read into a scratch
+//!   buffer and dropped, never placed.
+//! - RDMA: the peer's NIC writes the registered destination with no lock (first sends of live sessions,
+//!   and resends whose acknowledgement was late, over bytes that may have verified, with the same source
+//!   bytes), and the sender's NIC reads the source with no lock until the write completes. The caller's
+//!   rules above keep a safe view clear of those writes for a peer that follows the protocol; the types
+//!   do not, and a peer holding the region's key can write any byte of it.
+//!
 //! Views hold shard locks, so they follow the rules of locks: a thread holds one view at a time, or takes
 //! several in ascending order of [`MemoryRegion::address`] and never two of the same region (the TCP
 //! writer's views of a batch do this). Views cannot be sent to another thread, so a view held across an
