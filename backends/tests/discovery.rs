@@ -1,11 +1,15 @@
 //! The embedded registry: registration, lookup, lease expiry, and connecting through it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backends::discovery::{self, Discovery, DiscoveryError, Embedded, SegmentRecord};
 use backends::tcp::{Namespace, TcpConfig, TcpNode};
 use tokio::time::timeout;
 use transfer_engine::{Dtype, KvLayout, TransferRequest};
+
+/// The lease's time to live. The registry expires leases by the wall clock; each wait below either has
+/// most of this as its margin or polls for the outcome.
+const TTL: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_and_segments_are_found_and_expire_with_their_lease() {
@@ -14,7 +18,9 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
         let rx = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
         let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
         let dst = rx.kv_region(layout).unwrap();
-        let lease = registry.grant(Duration::from_millis(300)).await.unwrap();
+        let lease = registry.grant(TTL).await.unwrap();
+        // Taken after the grant: the lease started no later than this.
+        let granted = Instant::now();
         discovery::announce(&registry, &rx, &Namespace::default(), lease)
             .await
             .unwrap();
@@ -38,14 +44,19 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
         let out = tx.transfer(req, Duration::from_secs(10)).await.unwrap();
         assert!(out.recompute.is_empty());
 
-        // Kept alive, the entries stay past the first time to live.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Kept alive (every eighth of the time to live, so a stall of most of it is survived), the
+        // entries stay past the first time to live.
+        while granted.elapsed() <= TTL {
+            registry.keep_alive(lease).await.unwrap();
+            tokio::time::sleep(TTL / 8).await;
+        }
         registry.keep_alive(lease).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(registry.peers().await.unwrap().len(), 1);
-        // Left alone, they expire.
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        assert_eq!(registry.peer(2).await.unwrap(), None);
+        assert!(registry.segment(2, "kv").await.unwrap().is_some());
+        // Left alone, they expire: polled until they have (the test's timeout only guards a hang).
+        while registry.peer(2).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(registry.segment(2, "kv").await.unwrap(), None);
         assert!(matches!(
             registry.keep_alive(lease).await,

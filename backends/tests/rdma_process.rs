@@ -5,6 +5,8 @@
 //! The receiving process is this test binary again, run with `RDMA_CHILD` set (see `child_role`).
 #![cfg(feature = "rdma")]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -142,19 +144,17 @@ impl Drop for Peer {
     }
 }
 
+/// The sending node with its source region: `None` (a "not run") only where libfabric lists no such
+/// provider; a listed one that cannot start a node fails the test.
 fn sender(provider: &str, domain: &str) -> Option<(RdmaNode, RegionHandle)> {
-    match RdmaNode::start(config(1, provider, domain)) {
-        Ok(node) => {
-            let src = MemoryRegion::zeroed(layout().total_bytes() as usize);
-            fill(&src, 3);
-            let handle = node.register_kv_region(layout(), src).unwrap();
-            Some((node, handle))
-        }
-        Err(e) => {
-            println!("not run: provider {provider} unusable here: {e}");
-            None
-        }
-    }
+    let listed_on = (!domain.is_empty()).then_some(domain);
+    let node = common::on_listed_provider(provider, listed_on, || {
+        RdmaNode::start(config(1, provider, domain))
+    })?;
+    let src = MemoryRegion::zeroed(layout().total_bytes() as usize);
+    fill(&src, 3);
+    let handle = node.register_kv_region(layout(), src).unwrap();
+    Some((node, handle))
 }
 
 fn request(

@@ -9,6 +9,7 @@ use std::time::Duration;
 use backends::tcp::{TcpConfig, TcpError, TcpNode};
 use backends::{IncomingSession, WaitError};
 use common::pattern;
+use tokio::sync::broadcast::error::TryRecvError;
 use tokio::time::timeout;
 use transfer_engine::{
     BlockId, Dtype, Event, KvLayout, MemoryRegion, TransferMode, TransferRequest,
@@ -74,22 +75,35 @@ async fn layers_stream_into_caller_memory_as_the_consumer_computes_them() {
     let incoming: IncomingSession = timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
     assert_eq!((incoming.session, incoming.peer.0), (session, 1));
     assert_eq!(incoming.layers, 0..8);
-    // Nobody consumes yet: the producer may run only its prefetch depth ahead of layer 0.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nobody consumes yet: the producer may run only its prefetch depth ahead of layer 0, so layers 0 and
+    // 1 arrive (waited for; the limit only guards against a hang) and nothing beyond them.
+    // Nothing says when a window that let more through would have done so, so this catches such a
+    // driver only when it has (most runs, in practice); transfer-engine/tests/shaping.rs checks the
+    // engine's window exactly, in virtual time.
+    for layer in 0..2 {
+        timeout(LIMIT, rx.wait_layer(session, layer))
+            .await
+            .unwrap_or_else(|_| panic!("layer {layer} is inside the window but never arrived"))
+            .unwrap();
+    }
     let mut complete = Vec::new();
-    while let Ok(e) = events.try_recv() {
-        if let Event::LayerComplete { layer, .. } = e {
-            complete.push(layer);
+    loop {
+        match events.try_recv() {
+            Ok(Event::LayerComplete { layer, .. }) => complete.push(layer),
+            Ok(_) | Err(TryRecvError::Lagged(_)) => {}
+            Err(_) => break,
         }
     }
-    assert!(
-        complete.contains(&0),
-        "layer 0 is inside the window: {complete:?}"
-    );
     assert!(
         complete.iter().all(|l| *l <= 1),
         "layers beyond the window arrived before they were consumed: {complete:?}"
     );
+    for layer in 2..8 {
+        assert!(
+            layer_bytes(&dst_mem, l, layer).iter().all(|&b| b == 0),
+            "bytes of layer {layer}, beyond the window, arrived before any layer was consumed"
+        );
+    }
     for layer in 0..8 {
         rx.consume_layer(session, layer).unwrap();
         timeout(LIMIT, rx.wait_layer(session, layer))
@@ -135,12 +149,11 @@ async fn a_dead_peer_ends_its_sessions_promptly_and_new_transfers_fail_at_once()
     }
     rx.shutdown();
     drop(rx);
-    let out = timeout(Duration::from_secs(20), tx.wait(session, LIMIT))
-        .await
-        .expect("reported long before the 60 s deadline")
-        .unwrap();
+    // No bound on the time it takes: the reason says whether the peer's death was noticed (the session is
+    // aborted as unreachable) or the 60 s deadline ended it (no reason); `wait`'s limit guards a hang.
+    let out = tx.wait(session, LIMIT).await.unwrap();
     let reason = out.reason.clone().unwrap_or_default();
-    assert!(reason.contains("unreachable"), "{reason}");
+    assert!(reason.contains("unreachable"), "{reason:?}");
     // Whatever was not acknowledged before the peer died (at most every block) comes back.
     let n = out.recompute.len();
     assert!((1..=16 * 64).contains(&n), "{n} blocks to recompute");

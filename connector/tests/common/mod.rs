@@ -3,6 +3,8 @@
 #![allow(dead_code)] // each test file uses part of it
 
 use std::ops::Range;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
 use backends::tcp::TcpConfig;
 use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
@@ -84,14 +86,49 @@ pub(crate) fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32
 /// A producer (holding `store_blocks` in its store) and a consumer of KV caches shaped `kv`, in one
 /// process over the loopback backend.
 pub(crate) fn loopback_pair(kv: &Kv, store_blocks: u32) -> (KvConnector, KvConnector) {
+    loopback_pair_with(kv, store_blocks, |_| {})
+}
+
+/// As [`loopback_pair`], with the settings both ends share changed by `configure` first.
+pub(crate) fn loopback_pair_with(
+    kv: &Kv,
+    store_blocks: u32,
+    configure: impl FnOnce(&mut ConnectorConfig),
+) -> (KvConnector, KvConnector) {
     let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (kv.layers, kv.block, store_blocks);
+    configure(&mut p);
     let c = ConnectorConfig {
         role: Role::Consumer,
         store_blocks: 0,
         ..p.clone()
     };
     KvConnector::loopback_pair(p, c).unwrap()
+}
+
+/// Only guards a test against a hang: [`returns`] fails a call that has not returned by then. Never a
+/// bound the code is expected to come near.
+pub(crate) const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// Runs `f(&value)` on a thread of its own and hands back `value` with the result, failing the test if it
+/// has not returned within [`HANG_GUARD`] (the thread is then left blocked) and passing on its panic.
+pub(crate) fn returns<T: Send + 'static, R: Send + 'static>(
+    what: &str,
+    value: T,
+    f: impl FnOnce(&T) -> R + Send + 'static,
+) -> (T, R) {
+    let (tx, rx) = mpsc::channel();
+    let call = std::thread::spawn(move || {
+        let out = f(&value);
+        let _ = tx.send((value, out));
+    });
+    match rx.recv_timeout(HANG_GUARD) {
+        Ok(out) => out,
+        Err(RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(call.join().expect_err("it ended without an answer"))
+        }
+        Err(RecvTimeoutError::Timeout) => panic!("{what} did not return within {HANG_GUARD:?}"),
+    }
 }
 
 /// A producer over TCP on this host (engine 1, dialing only), configured by `config`.

@@ -41,35 +41,46 @@ pub unsafe trait RawMemory: Send + Sync + 'static {
 }
 
 /// Host bytes owned by the region (a `Vec` or boxed slice handed over, or zeroed memory it allocated).
+///
+/// The allocation is held as the raw pointer [`Box::into_raw`] gave up, not as a `Box` beside a pointer
+/// derived from it: a `Box` asserts unique access whenever it is moved, which would invalidate every
+/// pointer taken from it before (under Stacked and Tree Borrows). Only this pointer reaches the bytes, and
+/// [`Drop`] turns it back into the box to free them.
 pub(crate) struct HostBuffer {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// Owns the allocation; only reached through `ptr` while it lives, and freed when this drops.
-    _owner: Box<[u8]>,
+    /// From `Box::into_raw` of a `Box<[u8]>`; freed once, in `Drop`. For an empty slice it is the
+    /// dangling, well-aligned pointer an empty box holds, and nothing was allocated.
+    bytes: NonNull<[u8]>,
 }
 
 impl HostBuffer {
-    pub(crate) fn new(mut bytes: Box<[u8]>) -> Self {
-        let len = bytes.len();
-        let ptr = NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling());
+    pub(crate) fn new(bytes: Box<[u8]>) -> Self {
+        // `Box::leak` is `Box::into_raw` as a reference: never null, also for an empty slice.
         Self {
-            ptr,
-            len,
-            _owner: bytes,
+            bytes: NonNull::from(Box::leak(bytes)),
         }
     }
 }
 
-// SAFETY: the pointer comes from the boxed slice this value owns; a boxed slice's heap allocation never
-// moves while the box lives (moving the box moves only the pointer), and is freed only when it drops, with
-// this value. Its bytes are initialised `u8`s. The box is never touched again after `new`, so every access
-// goes through the region's guards.
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `bytes` came from `Box::into_raw` (through `Box::leak`) of a `Box<[u8]>` in `new`, with
+        // its length unchanged, and is turned back into that box exactly once, here. Every view of the
+        // bytes borrows the region that owns this value, so none outlives it. For an empty slice the
+        // box rebuilt is the empty box given up, and dropping it frees nothing.
+        drop(unsafe { Box::from_raw(self.bytes.as_ptr()) });
+    }
+}
+
+// SAFETY: the pointer is the one `Box::into_raw` gave up for the boxed slice this value owns, so it is one
+// allocation of `len` initialised `u8`s that never moves (moving a `HostBuffer` moves only the pointer) and
+// is freed only in `Drop`, with this value. No `Box` or reference to the bytes is kept beside it, so the
+// region's views, derived from `as_ptr`, are the only way to the bytes.
 unsafe impl RawMemory for HostBuffer {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.bytes.as_ptr().cast::<u8>()
     }
     fn len(&self) -> usize {
-        self.len
+        self.bytes.len()
     }
     fn kind(&self) -> MemoryKind {
         MemoryKind::Host
@@ -281,6 +292,42 @@ mod tests {
         rx.try_recv()
             .expect("the owner is dropped with the last clone");
         assert_eq!(&pool[100..102], b"kv");
+    }
+
+    #[test]
+    fn an_owned_buffer_keeps_its_bytes_in_place_when_moved() {
+        let bytes: Box<[u8]> = (0..=255).collect();
+        let heap = bytes.as_ptr() as usize;
+        let buffer = HostBuffer::new(bytes);
+        assert_eq!(buffer.as_ptr() as usize, heap, "no copy is made");
+        let mut moved = vec![buffer]; // the value moves; its allocation does not
+        let region = MemoryRegion::from_raw_memory(moved.pop().unwrap());
+        assert_eq!(region.address(), heap);
+        assert_eq!(region.len(), 256);
+        region.copy_from(10, &[7, 7]).unwrap();
+        let read = region.to_vec().unwrap();
+        assert_eq!(&read[8..13], &[8, 9, 7, 7, 12]);
+        assert_eq!(read[255], 255);
+    }
+
+    #[test]
+    fn an_empty_owned_buffer_has_no_bytes_and_drops_cleanly() {
+        for region in [
+            MemoryRegion::zeroed(0),
+            MemoryRegion::from_vec(Vec::new()),
+            MemoryRegion::from_boxed(Box::new([])),
+        ] {
+            assert!(region.is_empty());
+            assert_ne!(
+                region.address(),
+                0,
+                "an empty buffer's pointer is dangling, not null"
+            );
+            assert_eq!(region.read(0..0).unwrap().len(), 0);
+            assert!(region.read(0..1).is_err());
+            assert!(region.to_vec().unwrap().is_empty());
+            drop(region.clone());
+        }
     }
 
     #[test]

@@ -199,16 +199,34 @@ impl PinnedHostMemory {
         MemoryRegion::from_raw_memory(self)
     }
 
-    /// The bytes. Only the slot that owns this buffer calls it, and only while no copy is in flight.
-    pub(super) fn bytes(&self) -> &[u8] {
-        // SAFETY: a live allocation of `len` initialised bytes; `&self` rules out `bytes_mut` meanwhile,
-        // and the owning slot calls this only when no DMA into the buffer is in flight.
+    /// Bytes in the buffer (no view of them is made, so this is safe while a copy is in flight).
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes, as a slice.
+    ///
+    /// # Safety
+    /// No DMA that writes this buffer may be in flight, nor start, while the returned slice lives: the
+    /// caller must have waited for the completion of every copy queued into it (as
+    /// [`super::PinnedSlot::bytes`] does with its event) and queue none until the slice is dropped. The
+    /// buffer must not be reachable as a [`MemoryRegion`] either (a region hands out its own views), which
+    /// holds for a buffer its slot owns.
+    pub(super) unsafe fn bytes(&self) -> &[u8] {
+        // SAFETY: a live allocation of `len` bytes, initialised when it was zeroed in `alloc`; `&self`
+        // rules out `bytes_mut` meanwhile, and the caller promised that no DMA writes the buffer while the
+        // slice lives.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The bytes, writable; as [`Self::bytes`].
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `bytes`; `&mut self` makes this the only reference.
+    /// The bytes, as a writable slice.
+    ///
+    /// # Safety
+    /// As for [`Self::bytes`], and no DMA may read the buffer either while the slice lives (a host-to-device
+    /// copy of it would race the writes).
+    pub(super) unsafe fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only reference, and the caller promised that
+        // no DMA reads or writes the buffer while the slice lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 

@@ -51,7 +51,7 @@ impl PinnedSlot {
     /// Bytes the slot holds.
     #[must_use]
     pub fn capacity(&self) -> usize {
-        self.memory.bytes().len()
+        self.memory.len()
     }
 
     /// Waits for the copy in flight, if any.
@@ -149,13 +149,17 @@ impl PinnedSlot {
     /// The slot's bytes, once its copy has completed.
     pub fn bytes(&mut self) -> Result<&[u8], CudaError> {
         self.settle()?;
-        Ok(self.memory.bytes())
+        // SAFETY: `settle` returned Ok, so the copy in flight (if any) has completed and none is queued
+        // (a broken slot fails `settle`); the slice borrows `self` mutably, so `fetch` and `push` cannot
+        // queue another until it is dropped. The buffer is the slot's own, never a region.
+        Ok(unsafe { self.memory.bytes() })
     }
 
     /// The slot's bytes, writable, once its copy has completed.
     pub fn bytes_mut(&mut self) -> Result<&mut [u8], CudaError> {
         self.settle()?;
-        Ok(self.memory.bytes_mut())
+        // SAFETY: as in `bytes`: no copy reads or writes the buffer until the slice is dropped.
+        Ok(unsafe { self.memory.bytes_mut() })
     }
 }
 
