@@ -7,6 +7,8 @@
 //! refused with the caller's fault; a receiver that refuses a session; a receiver that dies (recompute, no
 //! hang, then refusals until it answers again).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -378,35 +380,23 @@ fn tcp() -> Option<Pair> {
     })
 }
 
-/// Nodes on libfabric provider `provider`. A provider that `fi_info` does not list here is "not run";
-/// one it lists must start (a failure to open it fails the test).
+/// Nodes on libfabric provider `provider`, under the RDMA tests' one rule (`common::on_listed_provider`):
+/// "not run" only where libfabric does not list it; a listed provider that fails to start fails the test.
 #[cfg(feature = "rdma")]
 fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
-    use backends::rdma::{Provider, RdmaConfig, RdmaNode, available_providers};
-    let listed = available_providers().expect("libfabric answers fi_getinfo");
-    if !listed
-        .iter()
-        .any(|p| p.provider.split(';').next() == Some(provider))
-    {
-        println!(
-            "not run: libfabric lists no {provider} provider here (it lists {:?})",
-            listed.iter().map(|p| &p.provider).collect::<Vec<_>>()
-        );
-        return None;
-    }
-    let config = |id| {
+    use backends::rdma::{Provider, RdmaConfig, RdmaNode};
+    let start = |id| {
         let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
         cfg.domain = domain.map(str::to_owned);
         cfg.answer_timeout = Duration::from_secs(1);
-        cfg
+        RdmaNode::start(cfg)
     };
-    let start = |id| {
-        RdmaNode::start(config(id))
-            .unwrap_or_else(|e| panic!("fi_info lists {provider}, but a node on it fails: {e}"))
-    };
+    let (sender, receiver) = common::on_listed_provider(provider, domain, || {
+        Ok::<_, backends::rdma::RdmaError>((start(1)?, start(2)?))
+    })?;
     Some(Pair {
-        sender: Arc::new(start(1)),
-        receiver: Arc::new(start(2)),
+        sender: Arc::new(sender),
+        receiver: Arc::new(receiver),
         rt: runtime(),
     })
 }
