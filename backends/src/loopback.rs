@@ -229,6 +229,9 @@ impl LoopbackEnd {
     }
 }
 
+/// One end's thread (taken when it is joined) and the flag that stops it.
+type EndThread = (Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>);
+
 /// A producer and a consumer engine, wired back to back, each driven by its own thread until the pair
 /// is dropped.
 #[derive(Debug)]
@@ -236,7 +239,7 @@ pub struct LoopbackPair {
     producer: Arc<LoopbackEnd>,
     consumer: Arc<LoopbackEnd>,
     /// Each end's thread and the flag that stops it: producer, then consumer.
-    threads: [(Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>); 2],
+    threads: [EndThread; 2],
     /// Runs the blocking waits of [`LoopbackPair::transfer_all`].
     /// (An option only so that dropping the pair on an async runtime's thread can shut it down in the
     /// background, where dropping it in place would panic.)

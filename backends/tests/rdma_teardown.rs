@@ -88,7 +88,6 @@ fn closing_in_process_peers_costs_recompute_not_a_crash_and_releases_every_endpo
                 producer.log(),
                 producer.stats()
             );
-            assert!(out.elapsed < Duration::from_secs(10), "{out:?}");
         }
         // A peer found unreachable refuses new sessions at once, until it answers again.
         let (_, peer, dst) = &targets[0];
