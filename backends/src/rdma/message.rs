@@ -24,15 +24,15 @@ pub(crate) const VERSION: u8 = 2;
 
 /// A region a node offers: what the engine needs to address it, and what the provider needs to write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RdmaSegment {
+pub(crate) struct RdmaSegment {
     /// The name it is published under.
-    pub name: String,
+    pub(crate) name: String,
     /// The engine's handle (id, access key, length, layout).
-    pub handle: RegionHandle,
+    pub(crate) handle: RegionHandle,
     /// The remote address of its first byte (its virtual address under `FI_MR_VIRT_ADDR`, else 0).
-    pub rma_base: u64,
+    pub(crate) rma_base: u64,
     /// The provider's key for writes into it.
-    pub rkey: u64,
+    pub(crate) rkey: u64,
 }
 
 /// One message.

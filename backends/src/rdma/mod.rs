@@ -57,7 +57,6 @@ use transfer_engine::{EngineConfig, PeerId};
 
 pub use ffi::{ProviderInfo, parked_endpoints};
 pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
-pub use message::RdmaSegment;
 pub use node::RdmaNode;
 pub use provider::{Provider, available_providers};
 pub use shared::{NodeStats, PeerInfo};
