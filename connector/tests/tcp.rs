@@ -68,17 +68,7 @@ fn saved_on_the_producer_loaded_layer_by_layer_on_the_consumer() {
         "{:?}",
         c.take_load_errors()
     );
-    for layer in 0..LAYERS {
-        c.wait_for_layer_load(layer).unwrap();
-        // Layer `layer` is whole now: the consumer could compute it.
-        for (i, &b) in dst_blocks[..5].iter().enumerate() {
-            assert!(
-                dst.read(KV.block_range(layer, b)).unwrap()[..]
-                    == src.read(KV.block_range(layer, 3 + i as u32)).unwrap()[..],
-                "layer {layer} block {b}"
-            );
-        }
-    }
+    common::wait_each_layer_and_check(&KV, &c, &src, &dst, 3, &dst_blocks[..5]);
     assert!(c.failed_blocks().is_empty());
     assert_eq!(c.get_finished().1, vec!["a".to_string()]);
     assert!(

@@ -47,16 +47,7 @@ fn saved_then_loaded_layer_by_layer((p, c): (KvConnector, KvConnector)) {
     assert_eq!(plan_load(c, "a", &tokens, &dst_blocks), 80, "5 full blocks");
     c.start_load_kv().unwrap();
     assert!(c.take_load_errors().is_empty());
-    for layer in 0..KV.layers {
-        c.wait_for_layer_load(layer).unwrap();
-        for (i, &b) in dst_blocks[..5].iter().enumerate() {
-            assert!(
-                dst.read(KV.block_range(layer, b)).unwrap()[..]
-                    == src.read(KV.block_range(layer, 3 + i as u32)).unwrap()[..],
-                "layer {layer} block {b}"
-            );
-        }
-    }
+    common::wait_each_layer_and_check(&KV, c, &src, &dst, 3, &dst_blocks[..5]);
     assert!(c.failed_blocks().is_empty());
     assert_eq!(c.get_finished().1, vec!["a".to_string()]);
     assert!(

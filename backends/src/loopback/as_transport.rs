@@ -148,10 +148,7 @@ impl Transport for LoopbackNode {
     ) -> BoxFuture<'a, Result<PeerInfo, TransportError>> {
         Box::pin(async move {
             if *address != PeerAddress::Loopback {
-                return Err(TransportError::Unsupported {
-                    backend: "loopback",
-                    what: format!("reach {address}"),
-                });
+                return Err(TransportError::cannot_reach("loopback", address));
             }
             if let Some(reason) = lock(&self.end().peer_gone).clone() {
                 return Err(TransportError::Unreachable(reason));

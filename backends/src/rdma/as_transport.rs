@@ -26,10 +26,7 @@ impl Transport for RdmaNode {
     ) -> BoxFuture<'a, Result<PeerInfo, TransportError>> {
         Box::pin(async move {
             let PeerAddress::Rdma(name) = address else {
-                return Err(TransportError::Unsupported {
-                    backend: "rdma",
-                    what: format!("reach {address}"),
-                });
+                return Err(TransportError::cannot_reach("rdma", address));
             };
             Ok(RdmaNode::connect(self, name).await?)
         })

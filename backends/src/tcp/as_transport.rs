@@ -30,10 +30,7 @@ impl Transport for TcpNode {
     ) -> BoxFuture<'a, Result<PeerInfo, TransportError>> {
         Box::pin(async move {
             let PeerAddress::Tcp(addr) = address else {
-                return Err(TransportError::Unsupported {
-                    backend: "tcp",
-                    what: format!("reach {address}"),
-                });
+                return Err(TransportError::cannot_reach("tcp", address));
             };
             Ok(TcpNode::connect(self, *addr, None).await?)
         })

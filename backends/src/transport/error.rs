@@ -100,6 +100,15 @@ impl TransportError {
         }
     }
 
+    /// `backend` cannot reach a node at `address` (an address of another backend).
+    #[must_use]
+    pub fn cannot_reach(backend: &'static str, address: &super::PeerAddress) -> Self {
+        TransportError::Unsupported {
+            backend,
+            what: format!("reach {address}"),
+        }
+    }
+
     /// The blocks to recompute when a wait ended because its layer was lost.
     #[must_use]
     pub fn lost_blocks(&self) -> Option<&[transfer_engine::BlockId]> {

@@ -39,6 +39,31 @@ impl Kv {
     }
 }
 
+/// Waits for each layer of the consumer's planned loads in turn and checks, as soon as the layer is whole,
+/// that block `dst_blocks[i]` of it holds what block `src_first + i` of that layer holds at the producer.
+pub(crate) fn wait_each_layer_and_check(
+    kv: &Kv,
+    c: &KvConnector,
+    src: &MemoryRegion,
+    dst: &MemoryRegion,
+    src_first: u32,
+    dst_blocks: &[u32],
+) {
+    for layer in 0..kv.layers {
+        c.wait_for_layer_load(layer).unwrap();
+        // Layer `layer` is whole now: the consumer could compute it.
+        for (i, &b) in dst_blocks.iter().enumerate() {
+            assert!(
+                dst.read(kv.block_range(layer, b)).unwrap()[..]
+                    == src
+                        .read(kv.block_range(layer, src_first + i as u32))
+                        .unwrap()[..],
+                "layer {layer} block {b}"
+            );
+        }
+    }
+}
+
 /// A request for `tokens` with no keys or transfer parameters of the serving engine's.
 pub(crate) fn request<'a>(
     id: &'a str,
