@@ -1,6 +1,6 @@
 //! GPU regions on the RDMA backend: registered in place with libfabric's CUDA interface (`FI_HMEM`) on a node
 //! that asked for a provider offering it (`RdmaConfig::gpu_memory`), staged through host mirrors elsewhere.
-//! Here (no GPU) the refusals run, and the mirror path runs over host regions (`stage_host_memory`); the GPU
+//! Here (no GPU) the refusals run, and the mirror path runs over host regions (the default); the GPU
 //! paths need a GPU (not run here, and said so).
 #![cfg(feature = "rdma")]
 
@@ -102,7 +102,7 @@ fn without_a_gpu_a_gpu_region_is_refused_with_the_reason_and_host_memory_still_w
     }
 }
 
-/// Host regions staged through mirrors (`stage_host_memory`), the path GPU regions take on providers
+/// Host regions staged through mirrors (`HostMemoryAccess::Mirrored`, the default), the path GPU regions take on providers
 /// without `FI_HMEM`: the peer writes into the receiver's mirror, so the destination region holds the
 /// bytes only if each unit was copied out of the mirror before it was reported.
 #[test]
@@ -115,7 +115,7 @@ fn staged_regions_move_through_their_mirrors_byte_identical() {
             continue;
         }
         let mut cfg = config(provider, domain, false);
-        cfg.stage_host_memory = true;
+        cfg.host_memory = backends::rdma::HostMemoryAccess::Mirrored;
         let pool = MemoryRegion::zeroed(len);
         let moved = each_mode_through(
             &cfg,

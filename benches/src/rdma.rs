@@ -29,7 +29,7 @@ pub(crate) struct RdmaRun {
 }
 
 /// Runs one warm-up and `iterations` measured transfers of a whole `layout` in `mode` between two nodes on
-/// `provider` (in `domain`, if named), checks the destination is byte-identical to the source, and measures
+/// `provider` (in `domain`, if named; host regions in place or mirrored), checks the destination is byte-identical to the source, and measures
 /// both limits.
 pub(crate) fn run_rdma(
     layout: KvLayout,
@@ -37,9 +37,16 @@ pub(crate) fn run_rdma(
     iterations: usize,
     provider: &str,
     domain: Option<&str>,
+    in_place: bool,
 ) -> anyhow::Result<RdmaRun> {
     let rt = runtime()?;
-    let config = |id| node_config(id, provider, domain);
+    let config = |id| {
+        let mut cfg = node_config(id, provider, domain);
+        if in_place {
+            cfg.host_memory = crate::in_place::host_memory_in_place();
+        }
+        cfg
+    };
     let producer = RdmaNode::start(config(1))?;
     let consumer = RdmaNode::start(config(2))?;
     let bytes = crate::buffers::kv_len(layout)?;

@@ -98,6 +98,10 @@ pub(crate) struct RunArgs {
     /// libfabric domain of `--backend rdma` (a NIC, or `lo`; the tcp provider defaults to `lo`).
     #[arg(long)]
     domain: Option<String>,
+    /// `--backend rdma` only: register host regions as they are (zero-copy), under te-bench's promise,
+    /// instead of through host mirrors (the default, where no safe view can race with a NIC).
+    #[arg(long)]
+    in_place: bool,
     /// `--backend tcp` only: both nodes send and receive every payload through their lanes' staging
     /// buffers (host buffers here), the path GPU regions take, instead of in place.
     #[arg(long)]
@@ -119,6 +123,7 @@ impl RunArgs {
             iterations: 2,
             provider: "tcp".into(),
             domain: None,
+            in_place: false,
             staged: false,
             json: false,
         }
@@ -151,6 +156,9 @@ pub(crate) struct RunRow {
     /// RDMA only: `gbps / provider_limit_gbps`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) provider_ratio: Option<f64>,
+    /// RDMA only: how NICs reached host regions, `mirrored` (the default) or `in_place` (`--in-place`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) host_memory: Option<&'static str>,
 }
 
 #[cfg(feature = "rdma")]
@@ -222,6 +230,7 @@ fn measure_rdma(args: &RunArgs, layout: KvLayout, mode: TransferMode) -> anyhow:
         args.iterations,
         &args.provider,
         args.domain.as_deref(),
+        args.in_place,
     )?;
     let mut r = row(
         "rdma",
@@ -233,6 +242,11 @@ fn measure_rdma(args: &RunArgs, layout: KvLayout, mode: TransferMode) -> anyhow:
         run.recompute_blocks,
     );
     r.set_provider(run.provider, Some(run.provider_limit_gbps));
+    r.host_memory = Some(if args.in_place {
+        "in_place"
+    } else {
+        "mirrored"
+    });
     Ok(r)
 }
 
@@ -308,6 +322,7 @@ pub(crate) fn row(
         provider: None,
         provider_limit_gbps: None,
         provider_ratio: None,
+        host_memory: None,
     }
 }
 

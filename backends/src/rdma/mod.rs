@@ -27,9 +27,17 @@
 //! by it and completes with an error at the sender (logged as a refusal; the engine resends and, if the
 //! unit never arrives, hands its blocks back for recompute). A peer holding a region's key can write
 //! anywhere inside that region, as with any RDMA: the engine verifies every unit's CRC before calling it
-//! delivered, and a unit whose bytes land elsewhere than the receiver's plan says is refused. Unlike the
-//! TCP backend, a resent unit (its ack was late) is written again by the sender's NIC over bytes that may
-//! already have verified: the same source bytes, since the caller keeps a live session's source unchanged.
+//! delivered, and a unit whose bytes land elsewhere than the receiver's plan says is refused.
+//!
+//! # Host memory: mirrored unless granted in place
+//! NICs write and read registered memory outside a region's shard locks, and a resent unit (its ack was
+//! late) is written again over bytes that may already have verified. So by default host regions are
+//! registered as host mirrors ([`HostMemoryAccess::Mirrored`]): a unit is copied into the mirror under the
+//! source's read locks before it is posted, and from the mirror into its destination under write locks
+//! (the CRC taken in the same pass) only when the engine's plan still wants it, so a resend over verified
+//! bytes is dropped, never placed, as on TCP. No safe view of the caller's memory can race with a NIC.
+//! Registering host regions in place, zero-copy, takes the caller's promise ([`InPlace::granted`], an
+//! `unsafe fn`); the figures in the README give both.
 //! Control frames larger than a message slot (64 KiB by default: an open with very long block lists, an
 //! ack with very many ranges) cannot be sent; they are logged as refusals.
 //!
@@ -43,6 +51,7 @@ mod as_transport;
 pub mod discovery;
 mod driver;
 mod ffi;
+mod in_place;
 mod limit;
 mod message;
 mod node;
@@ -56,6 +65,7 @@ use std::time::Duration;
 use transfer_engine::{EngineConfig, PeerId};
 
 pub use ffi::{ProviderInfo, parked_endpoints};
+pub use in_place::{HostMemoryAccess, InPlace};
 pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use node::RdmaNode;
 pub use provider::{Provider, available_providers};
@@ -107,9 +117,9 @@ pub struct RdmaConfig {
     /// be found. Without it, GPU regions are staged through host mirrors (see [`RdmaNode::register_kv_region`]).
     /// GPU regions need feature `cuda` either way.
     pub gpu_memory: bool,
-    /// Stage host regions through host mirrors too, as GPU regions are on providers without `FI_HMEM`:
-    /// runs (and measures) the staged path without a GPU. Off by default.
-    pub stage_host_memory: bool,
+    /// How NICs reach host regions: through host mirrors by default (the safe API's contract holds),
+    /// or in place, zero-copy, under the caller's `unsafe` promise ([`InPlace::granted`]).
+    pub host_memory: HostMemoryAccess,
 }
 
 impl RdmaConfig {
@@ -132,7 +142,7 @@ impl RdmaConfig {
             unreachable_after: Duration::from_secs(1),
             answer_timeout: Duration::from_secs(3),
             gpu_memory: false,
-            stage_host_memory: false,
+            host_memory: HostMemoryAccess::Mirrored,
         }
     }
 

@@ -142,7 +142,9 @@ impl RdmaNode {
                 UnitCopies::check_device(ordinal)?;
                 !(self.shared.cfg.gpu_memory && self.shared.info.hmem)
             }
-            MemoryKind::Host | MemoryKind::PinnedHost => self.shared.cfg.stage_host_memory,
+            MemoryKind::Host | MemoryKind::PinnedHost => {
+                self.shared.cfg.host_memory == super::HostMemoryAccess::Mirrored
+            }
         };
         let mirror = if staged {
             Some(UnitCopies::mirror(memory.kind(), memory.len())?)

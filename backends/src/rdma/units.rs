@@ -8,8 +8,8 @@
 //!   size (pinned, with feature `cuda`). Sending, a unit is copied GPU to mirror, its CRC taken on the host
 //!   side of that copy, before its writes are posted from the mirror; receiving, a unit that landed in the
 //!   mirror is checksummed there and copied to the GPU before the engine hears of it. The mirror costs host
-//!   memory the size of the region. [`super::RdmaConfig::stage_host_memory`] stages host regions the same way
-//!   (CPU copies), which runs the staged path without a GPU.
+//!   memory the size of the region. Host regions are staged the same way (CPU copies) unless the caller
+//!   grants them in place ([`super::HostMemoryAccess`]), so the staged path runs without a GPU too.
 
 use std::ops::Range;
 
