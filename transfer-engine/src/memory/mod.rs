@@ -22,11 +22,13 @@
 //! - TCP: a lane's reader receives a payload into place under write views and its writer sends from read
 //!   views held for the `sendmsg`; a resend of a slice that already verified is read into a scratch
 //!   buffer and dropped, never placed.
-//! - RDMA: the peer's NIC writes the registered destination with no lock (first sends of live sessions,
-//!   and resends whose acknowledgement was late, over bytes that may have verified, with the same source
-//!   bytes), and the sender's NIC reads the source with no lock until the write completes. The caller's
-//!   rules above keep a safe view clear of those writes for a peer that follows the protocol; the types
-//!   do not, and a peer holding the region's key can write any byte of it.
+//! - RDMA: NICs read and write registered memory with no lock, so by default a node registers a host
+//!   mirror of each host region instead: a unit is copied into the mirror under the source's read locks
+//!   before its writes are posted, and out of the mirror into place under write locks (CRC taken in the
+//!   same pass) only if the plan still wants it, so a resend over verified bytes is dropped. Registering
+//!   the caller's memory in place, zero-copy, takes an `unsafe` promise (`InPlace::granted` in
+//!   `backends::rdma`) that the caller's rules above hold and every peer with the key follows the
+//!   protocol. GPU memory, which has no safe host views, is registered in place where the provider can.
 //!
 //! Views hold shard locks, so they follow the rules of locks: a thread holds one view at a time, or takes
 //! several in ascending order of [`MemoryRegion::address`] and never two of the same region (the TCP
