@@ -271,7 +271,14 @@ impl Board {
         }
         // A delivered block changes nothing a waiter waits for (layers and sessions do).
         if !matches!(event, Event::BlockDelivered { .. }) {
-            self.changed.send_modify(|n| *n = n.wrapping_add(1));
+            // A closed board stays closed: `u64::MAX` is its mark, never counted past.
+            self.changed.send_if_modified(|n| {
+                if *n == u64::MAX {
+                    return false;
+                }
+                *n = (*n + 1) % u64::MAX;
+                true
+            });
         }
     }
 

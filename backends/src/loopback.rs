@@ -330,7 +330,10 @@ impl LoopbackPair {
 
     /// Starts a transfer from the producer to the consumer; await it with [`LoopbackEnd::wait`].
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, LoopbackError> {
-        if let Some(reason) = lock(&self.producer.peer_gone).clone() {
+        // Held until the session is in the engine: a shutdown of the consumer either comes first (and
+        // this submit is refused) or ends this session with the rest.
+        let gone = lock(&self.producer.peer_gone);
+        if let Some(reason) = gone.clone() {
             return Err(LoopbackError::Unreachable(reason));
         }
         if req.peer != CONSUMER {
@@ -352,6 +355,7 @@ impl LoopbackPair {
             .into());
         }
         let id = self.producer.station.submit(req)?;
+        drop(gone);
         self.producer.wake();
         Ok(id)
     }
@@ -469,10 +473,14 @@ impl LoopbackPair {
         let _ = thread.join();
         this.station.board.close();
         let reason = format!("the loopback {side} was shut down");
-        *lock(&other.peer_gone) = Some(reason.clone());
+        // Under the lock a submit holds, so no session slips in between the verdict and the abort.
+        let mut gone = lock(&other.peer_gone);
+        *gone = Some(reason.clone());
         let mut engine = other.station.engine();
         engine.abort_peer(this.peer_id, &reason);
         other.station.drain_events(&mut engine);
+        drop(engine);
+        drop(gone);
     }
 }
 

@@ -189,7 +189,7 @@ fn layers_stream_within_the_prefetch_window(pair: &Pair) {
         let (got, want) = s.layer_bytes(layer);
         assert!(got == want, "layer {layer} differs");
     }
-    // The consumer is still at layer 0: with a depth of 1 nothing of layer 2 has been sent.
+    // The consumer is still at layer 0: with a depth of 1 nothing of layers 2 and 3 has been sent.
     while let Ok(e) = events.try_recv() {
         if let Event::LayerComplete { layer, .. } = e {
             assert!(
@@ -197,6 +197,13 @@ fn layers_stream_within_the_prefetch_window(pair: &Pair) {
                 "layer {layer} arrived beyond the prefetch window"
             );
         }
+    }
+    for layer in 2..4 {
+        let (got, _) = s.layer_bytes(layer);
+        assert!(
+            got.iter().all(|&b| b == 0),
+            "bytes of layer {layer} arrived beyond the prefetch window"
+        );
     }
     assert!(
         pair.receiver.consume_layer(session, 1).unwrap(),
@@ -264,7 +271,7 @@ fn bad_requests_are_refused_as_the_callers(pair: &Pair) {
         .block_on(pair.receiver.wait_layer(unknown, 0))
         .unwrap_err();
     assert_eq!(e.fault(), Fault::Caller, "{e}");
-    let e = pair.receiver.cancel(unknown).unwrap_err();
+    let e = pair.sender.cancel(unknown).unwrap_err();
     assert_eq!(e.fault(), Fault::Caller, "{e}");
     let mut unregistered = s.dst();
     unregistered.id = transfer_engine::RegionId(4242);
@@ -322,6 +329,25 @@ fn a_dead_receiver_ends_its_sessions_with_recompute(pair: &Pair) {
     assert!(matches!(e, TransportError::Unreachable(_)), "{e}");
 }
 
+fn a_dead_sender_ends_its_sessions_at_the_receiver(pair: &Pair) {
+    let s = pair.setup();
+    let session = pair.layer_zero_only(&s);
+    {
+        let _guard = pair.rt.enter();
+        pair.sender.shutdown();
+    }
+    // A receiver waiting on a sender that died (one that was only slow to produce would answer).
+    let got = pair
+        .within(pair.receiver.wait_received(session))
+        .expect("the receiver notices its sender die")
+        .unwrap();
+    assert!(got.reason.is_some(), "{got:?}");
+    assert!(got.recompute.iter().all(|b| b.layer >= 1), "{got:?}");
+    assert_eq!(got.recompute.len(), 3 * 8, "{got:?}");
+    let (got, want) = s.layer_bytes(0);
+    assert!(got == want, "layer 0 stays as it was delivered");
+}
+
 /// One module per backend with one test per check, each on a fresh pair from `$fixture` (`None`: the
 /// fixture printed why it did not run).
 macro_rules! conformance {
@@ -333,7 +359,8 @@ macro_rules! conformance {
             cancel_hands_back_what_was_not_delivered,
             bad_requests_are_refused_as_the_callers,
             a_refused_session_reports_every_block,
-            a_dead_receiver_ends_its_sessions_with_recompute
+            a_dead_receiver_ends_its_sessions_with_recompute,
+            a_dead_sender_ends_its_sessions_at_the_receiver
         );
     };
     (@each $backend:ident, $fixture:expr, $($check:ident),+) => {

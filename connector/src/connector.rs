@@ -17,7 +17,7 @@ use crate::error::ConnectorError;
 use crate::keys::VllmHasher;
 use crate::metrics::Metrics;
 use crate::producer::{ProducerCore, lock};
-use crate::runtime::{OwnRuntime, refuse_on_runtime_thread};
+use crate::runtime::OwnRuntime;
 use crate::state::{SchedulerState, WorkerState};
 use crate::store::TierStore;
 
@@ -98,19 +98,18 @@ impl std::fmt::Debug for KvConnector {
     }
 }
 
-fn runtime(call: &'static str) -> Result<Arc<OwnRuntime>, ConnectorError> {
-    refuse_on_runtime_thread(call)?;
+fn runtime() -> Result<Arc<OwnRuntime>, ConnectorError> {
     Ok(Arc::new(OwnRuntime::new()?))
 }
 
 impl KvConnector {
-    /// Runs `f` on the connector's runtime for blocking call `call` (refused on a runtime thread).
-    pub(crate) fn block_on<F: std::future::Future>(
-        &self,
-        call: &'static str,
-        f: F,
-    ) -> Result<F::Output, ConnectorError> {
-        self.rt.block_on(call, f)
+    /// Runs `f` on the connector's runtime and waits for it, from any thread (see `runtime.rs`).
+    pub(crate) fn block_on<F>(&self, f: F) -> F::Output
+    where
+        F: std::future::Future + Send,
+        F::Output: Send,
+    {
+        self.rt.block_on(f)
     }
 
     fn assemble(
@@ -178,14 +177,14 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime("KvConnector::tcp")?;
+        let rt = runtime()?;
         // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
         // handshake checks the model and block size only.
         tcp.namespace = Namespace {
             weight_version: 0,
             ..cfg.namespace.clone()
         };
-        let node = rt.block_on("KvConnector::tcp", TcpNode::start(tcp))??;
+        let node = rt.block_on(TcpNode::start(tcp))?;
         if cfg.role.loads() && node.local_addr().is_none() {
             return Err(ConnectorError::Config(
                 "a consumer's TCP node must listen (set TcpConfig::listen): producers connect to it".into(),
@@ -204,7 +203,7 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime("KvConnector::rdma")?;
+        let rt = runtime()?;
         let node = backends::rdma::RdmaNode::start(rdma)?;
         Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
     }
@@ -218,13 +217,7 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        Self::remote(
-            cfg,
-            runtime("KvConnector::over")?,
-            transport,
-            control_listen,
-            producer,
-        )
+        Self::remote(cfg, runtime()?, transport, control_listen, producer)
     }
 
     /// The one path of every connector whose producer and consumer talk over a control channel.
@@ -250,8 +243,7 @@ impl KvConnector {
         let mut c = Self::assemble(cfg, rt, DataPlane::new(transport), source)?;
         if let Some(core) = c.producer.clone() {
             let addr = control_listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
-            let listener =
-                c.rt.block_on("KvConnector::tcp", tokio::net::TcpListener::bind(addr))??;
+            let listener = c.rt.block_on(tokio::net::TcpListener::bind(addr))?;
             c.control_addr = Some(listener.local_addr()?);
             c.rt.spawn(control::serve(core, listener));
         }
@@ -269,7 +261,7 @@ impl KvConnector {
                 "a loopback pair is one producer and one consumer".into(),
             ));
         }
-        let producer_rt = runtime("KvConnector::loopback_pair")?;
+        let producer_rt = runtime()?;
         let (producer_end, consumer_end) = LoopbackPair::with_defaults().into_nodes();
         let p = Self::assemble(
             producer,
@@ -280,7 +272,7 @@ impl KvConnector {
         let core = p.producer.clone().expect("a producer has a store");
         let c = Self::assemble(
             consumer,
-            runtime("KvConnector::loopback_pair")?,
+            runtime()?,
             DataPlane::new(Arc::new(consumer_end)),
             Source::Local(core, CONSUMER),
         )?;

@@ -5,7 +5,7 @@
 //! consumer                                        producer
 //!   {"op":"lookup","ns":..,"keys":[hex..]}     ->
 //!                                              <-  {"reply":"found","blocks":n}
-//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"tcp:ip:port","blocks":[..],"class":1,"request":r} ->
+//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r} ->
 //!                                              <-  {"reply":"started","session":s,"served":n}
 //! ```
 //! A lookup counts blocks stored whole and blocks being saved now (a load streams their layers as they
@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use backends::PeerAddress;
 use backends::transport::BadAddress;
+use backends::{PeerAddress, TransportError};
 use policy::NamespaceId;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -160,23 +160,24 @@ async fn answer(
                 Ok(k) => k,
                 Err(message) => return Reply::Error { message },
             };
-            let dst = {
-                let mut peers = peers.lock().await;
-                match peers.get(&engine_addr) {
-                    Some(d) => *d,
-                    None => match reach(core, &engine_addr).await {
-                        Ok(d) => {
-                            if peers.len() >= MAX_CONSUMERS {
-                                peers.clear(); // bounded: forgotten consumers are reached again
-                            }
-                            peers.insert(engine_addr.clone(), d);
-                            d
-                        }
-                        Err(message) => return Reply::Error { message },
-                    },
-                }
+            let dst = match route(core, peers, &engine_addr, false).await {
+                Ok(d) => d,
+                Err(message) => return Reply::Error { message },
             };
-            match core.load(&keys, dst.0, &dst.1, &blocks, class_from(class), request) {
+            let mut started = core.load(&keys, dst.0, &dst.1, &blocks, class_from(class), request);
+            if let Err(ConnectorError::Transport(
+                TransportError::Unreachable(_) | TransportError::NoRoute { .. },
+            )) = started
+            {
+                // The consumer was found unreachable, or its node forgot this one: reach it afresh
+                // (which asks it to answer again) and try once more.
+                let dst = match route(core, peers, &engine_addr, true).await {
+                    Ok(d) => d,
+                    Err(message) => return Reply::Error { message },
+                };
+                started = core.load(&keys, dst.0, &dst.1, &blocks, class_from(class), request);
+            }
+            match started {
                 Ok(Started { session, served }) => Reply::Started {
                     session: session.map(|s| s.0),
                     served,
@@ -187,6 +188,27 @@ async fn answer(
             }
         }
     }
+}
+
+/// The consumer at `engine_addr` as this producer addresses it: remembered from an earlier load, or
+/// (when not remembered, or `fresh`) reached now.
+async fn route(
+    core: &ProducerCore,
+    peers: &tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>,
+    engine_addr: &str,
+    fresh: bool,
+) -> Result<(PeerId, RegionHandle), String> {
+    let mut peers = peers.lock().await;
+    if !fresh && let Some(d) = peers.get(engine_addr) {
+        return Ok(*d);
+    }
+    peers.remove(engine_addr);
+    let d = reach(core, engine_addr).await?;
+    if peers.len() >= MAX_CONSUMERS {
+        peers.clear(); // bounded: forgotten consumers are reached again
+    }
+    peers.insert(engine_addr.to_owned(), d);
+    Ok(d)
 }
 
 /// Connects the producer's node to a consumer's and finds its KV pool.
@@ -310,7 +332,11 @@ impl ControlClient {
             .call(&Request::Load {
                 ns: first.ns.0,
                 keys: hex_keys(keys),
-                engine_addr: engine_addr.to_string(),
+                // A TCP address goes bare (`ip:port`), as producers before PeerAddress expect it.
+                engine_addr: match engine_addr {
+                    PeerAddress::Tcp(addr) => addr.to_string(),
+                    other => other.to_string(),
+                },
                 blocks: blocks.to_vec(),
                 class: class_code(class),
                 request,

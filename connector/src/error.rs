@@ -33,10 +33,6 @@ pub enum ConnectorError {
     /// fault it is.
     #[error(transparent)]
     Transport(#[from] backends::TransportError),
-    /// A blocking call was made on an async runtime's thread, where it would stall the runtime (or
-    /// panic): call it from a thread of its own (`tokio::task::spawn_blocking`, say).
-    #[error("{0} blocks until the transfer engine answers: call it outside an async runtime")]
-    OnRuntimeThread(&'static str),
     /// KV caches in GPU memory cannot be used here (no GPU support, no driver), or a copy between them and
     /// the tier store failed on the GPU.
     #[error("GPU: {0}")]

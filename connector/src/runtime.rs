@@ -1,8 +1,8 @@
 //! The connector's own tokio runtime. The connector's calls are blocking calls (vLLM makes them from
-//! plain threads): each runs its waits on this runtime. On a thread that already runs an async runtime,
-//! where blocking would stall it (and tokio panics), a call is refused with
-//! [`ConnectorError::OnRuntimeThread`], and dropping the connector there shuts its runtime down in the
-//! background instead of blocking.
+//! plain threads): each runs its waits on this runtime. Called from a thread that runs, or has entered,
+//! an async runtime (an async task, `spawn_blocking`), where tokio refuses a nested `block_on`, the wait
+//! runs on a short-lived thread of its own while the caller's thread blocks; and dropping the connector
+//! there shuts its runtime down in the background instead of blocking.
 
 use std::future::Future;
 use std::ops::Deref;
@@ -11,7 +11,7 @@ use tokio::runtime::{Handle, Runtime};
 
 use crate::error::ConnectorError;
 
-/// A runtime that may be dropped anywhere.
+/// A runtime that may be used and dropped anywhere.
 #[derive(Debug)]
 pub(crate) struct OwnRuntime(Option<Runtime>);
 
@@ -26,22 +26,20 @@ impl OwnRuntime {
         )))
     }
 
-    /// Runs `f` to completion for blocking call `call`, refused on a runtime thread.
-    pub(crate) fn block_on<F: Future>(
-        &self,
-        call: &'static str,
-        f: F,
-    ) -> Result<F::Output, ConnectorError> {
-        refuse_on_runtime_thread(call)?;
-        Ok(self.deref().block_on(f))
-    }
-}
-
-/// Refuses blocking call `call` when this thread runs an async runtime.
-pub(crate) fn refuse_on_runtime_thread(call: &'static str) -> Result<(), ConnectorError> {
-    match Handle::try_current() {
-        Ok(_) => Err(ConnectorError::OnRuntimeThread(call)),
-        Err(_) => Ok(()),
+    /// Runs `f` to completion and returns its output, from any thread.
+    pub(crate) fn block_on<F>(&self, f: F) -> F::Output
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        if Handle::try_current().is_err() {
+            return self.deref().block_on(f);
+        }
+        std::thread::scope(|s| {
+            s.spawn(|| self.deref().block_on(f))
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 }
 

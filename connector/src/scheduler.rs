@@ -38,7 +38,7 @@ impl KvConnector {
             Source::None => Ok(0),
             Source::Local(core, _) => Ok(core.lookup_streaming(keys)),
             Source::Remote(remotes) => match remotes.client(producer) {
-                Some(client) => self.block_on("get_num_new_matched_tokens", client.lookup(keys))?,
+                Some(client) => self.block_on(client.lookup(keys)),
                 None => Ok(0),
             },
         }

@@ -76,12 +76,13 @@ impl KvConnector {
                         "the consumer's node has no address producers can reach".into(),
                     ));
                     match (client, addr) {
-                        (Ok(client), Ok(addr)) => self
-                            .block_on(
-                                "start_load_kv",
-                                client.load(&keys, &addr, &blocks, self.cfg.class, number),
-                            )
-                            .and_then(|r| r),
+                        (Ok(client), Ok(addr)) => self.block_on(client.load(
+                            &keys,
+                            &addr,
+                            &blocks,
+                            self.cfg.class,
+                            number,
+                        )),
                         (Err(e), _) | (_, Err(e)) => Err(e),
                     }
                 }
@@ -162,23 +163,22 @@ impl KvConnector {
             .collect();
         let last = layer + 1 == self.cfg.layers;
         for (session, blocks) in sessions {
-            let wait = self.block_on("wait_for_layer_load", async {
+            let wait = self.block_on(async {
                 tokio::time::timeout(
                     self.cfg.load_timeout,
                     self.transport.wait_layer(session, layer),
                 )
                 .await
-            })?;
+            });
             let lost: Option<Vec<u32>> = match wait {
                 Ok(Ok(LayerWait::Arrived)) => None,
                 // The session ended without this layer: every block that is not whole in every layer
                 // is recomputed (the session's final report names them; without it, all of them).
                 Ok(Ok(LayerWait::Lost(ids))) => {
                     let report = self.block_on(
-                        "wait_for_layer_load",
                         self.transport
                             .unfinished_blocks(session, Duration::from_secs(1)),
-                    )?;
+                    );
                     let mut b: Vec<u32> = match report {
                         Some(all) => all.iter().chain(&ids).map(|id| id.block).collect(),
                         None => blocks.clone(),

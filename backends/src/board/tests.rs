@@ -96,3 +96,16 @@ fn retention_is_bounded() {
     assert_eq!(s.receiving.len(), KEEP_FINISHED);
     assert_eq!(s.incoming_dropped, (KEEP_FINISHED + 10) as u64);
 }
+
+#[test]
+fn a_closed_board_stays_closed_whatever_events_follow() {
+    let board = Board::default();
+    board.close();
+    // A node being torn down may still hand its board the events of sessions it aborts.
+    board.observe(&incoming(9));
+    assert_eq!(block_on(board.accept()), Err(WaitError::Closed));
+    assert_eq!(
+        block_on(board.wait_announced(SessionId(9))),
+        Err(WaitError::Closed)
+    );
+}

@@ -123,8 +123,9 @@ impl Transport for LoopbackNode {
     }
 
     fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
+        let memory = self.end().unregister_region(id)?;
         lock(&self.end().segments).retain(|s| s.handle.id != id);
-        Ok(self.end().unregister_region(id)?)
+        Ok(memory)
     }
 
     fn memory(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {

@@ -32,7 +32,9 @@ impl InPlace {
     /// this node's NIC reads from them, outside the regions' shard locks.
     ///
     /// # Safety
-    /// While such a region is registered, the caller (and every clone of its `MemoryRegion`) must not:
+    /// While a node with this permission holds such a region (registered, and after unregistering it
+    /// until the node's driver has deregistered it: until the node is shut down, to be sure), the caller
+    /// (and every clone of its `MemoryRegion`) must not:
     /// - read, through a safe view or otherwise, a destination block of a live receiving session before it
     ///   is reported delivered, nor a delivered one while its sender may still resend it (until the
     ///   session is over at both ends);

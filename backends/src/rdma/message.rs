@@ -6,6 +6,8 @@
 //! Welcome    2    nonce u64, tag u16, segments
 //! Frame      3    an engine control frame: 48-byte header + payload
 //! Data       4    token u32, chunks u32, region u32, offset u64, 48-byte header
+//! Ping       5    (nothing): asks a peer this node receives from, silent for a while, to answer
+//! Pong       6    (nothing): the answer
 //! segments        count u16, then each: name (u16 + bytes), region u32, key u64, len u64,
 //!                 layout (u8 0, or 1 + the core's layout encoding: `KvLayout::encode_into`),
 //!                 rma_base u64, rkey u64
@@ -19,8 +21,9 @@ use transfer_engine::wire::{HEADER_LEN, Header};
 use super::RdmaError;
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
 
-/// The version of this message set (2: layouts in the core's encoding, with its dtype codes).
-pub(crate) const VERSION: u8 = 2;
+/// The version of this message set (2: layouts in the core's encoding, with its dtype codes; 3: ping and
+/// pong, which a node expects its senders to answer).
+pub(crate) const VERSION: u8 = 3;
 
 /// A region a node offers: what the engine needs to address it, and what the provider needs to write it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,12 +76,18 @@ pub(crate) enum Message {
         /// The data frame's header (with the payload's CRC-32C).
         header: Header,
     },
+    /// Asks the peer to answer: it has sessions to this node and has been silent.
+    Ping,
+    /// Answers a ping.
+    Pong,
 }
 
 const HELLO: u8 = 1;
 const WELCOME: u8 = 2;
 const FRAME: u8 = 3;
 const DATA: u8 = 4;
+const PING: u8 = 5;
+const PONG: u8 = 6;
 
 impl Message {
     /// Encodes the message as sent by engine `from`.
@@ -90,6 +99,8 @@ impl Message {
             Message::Welcome { .. } => WELCOME,
             Message::Frame(_) => FRAME,
             Message::Data { .. } => DATA,
+            Message::Ping => PING,
+            Message::Pong => PONG,
         };
         out.extend([kind, VERSION]);
         out.extend(from.to_le_bytes());
@@ -128,6 +139,7 @@ impl Message {
                 out.extend(offset.to_le_bytes());
                 out.extend(header.encode());
             }
+            Message::Ping | Message::Pong => {}
         }
         out
     }
@@ -168,6 +180,8 @@ impl Message {
                 header: Header::decode(r.take(HEADER_LEN)?)
                     .map_err(|e| format!("a data header: {e}"))?,
             },
+            PING => Message::Ping,
+            PONG => Message::Pong,
             other => return Err(format!("unknown message kind {other}")),
         };
         if r.remaining() > 0 {
@@ -243,6 +257,8 @@ mod tests {
                 offset: 8192,
                 header,
             },
+            Message::Ping,
+            Message::Pong,
         ];
         for m in msgs {
             let bytes = m.encode(11);

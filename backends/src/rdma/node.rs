@@ -131,7 +131,9 @@ impl RdmaNode {
     }
 
     /// Registers the caller's `memory` as a KV region of `layout`, with the engine and once with the
-    /// provider (peers write into it in place; transfers read from it in place).
+    /// provider: a host region through a host mirror of its size (units copied in and out under the
+    /// region's locks), unless [`super::RdmaConfig::host_memory`] grants it in place; a GPU region in
+    /// place on a provider with `FI_HMEM` when asked for, through a mirror otherwise.
     pub fn register_kv_region(
         &self,
         layout: KvLayout,
@@ -354,6 +356,8 @@ impl RdmaNode {
         if let Some(t) = thread {
             let _ = t.join();
         }
+        // Commands the driver never took are dropped: their callers see the node closed.
+        lock(&self.shared.commands).clear();
         self.shared.station.board.close();
     }
 }

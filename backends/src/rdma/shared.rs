@@ -125,8 +125,14 @@ impl Shared {
     }
 
     pub(crate) fn command(&self, cmd: Command) {
+        let mut commands = lock(&self.commands);
+        // A stopped node's driver takes no more commands: this one is dropped, and whoever waits on its
+        // answer sees the node closed instead of waiting forever.
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         // The driver sees it within its idle nap (1 ms) or at once when busy.
-        lock(&self.commands).push_back(cmd);
+        commands.push_back(cmd);
     }
 }
 

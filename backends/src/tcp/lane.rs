@@ -88,6 +88,12 @@ pub(crate) fn start(
     });
     let (rd, wr) = stream.into_split();
     let mut lanes = lock(&link.lanes);
+    // A dial or accept that completes after the node shut down (its lanes were closed under this lock,
+    // after the flag was set) starts nothing: the connection drops here rather than idling for the
+    // idle timeout while its peer takes it for a live node.
+    if *node.shutdown.borrow() {
+        return;
+    }
     let r = tokio::spawn(super::reader::reader(
         node.ctx.clone(),
         link.clone(),

@@ -227,9 +227,11 @@ impl TcpNode {
         Ok(())
     }
 
-    /// Unregisters a region no live session uses and hands back its memory.
+    /// Unregisters a region no live session uses and hands back its memory; it is no longer offered.
     pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TcpError> {
-        Ok(self.state.ctx.station.engine().unregister_region(id)?)
+        let memory = self.state.ctx.station.engine().unregister_region(id)?;
+        lock(&self.state.segments).retain(|s| s.handle.id != id);
+        Ok(memory)
     }
 
     /// Offers a region to peers under `name`: it is listed in the handshake's welcome.

@@ -35,10 +35,14 @@ pub(crate) async fn writer(
     wr: OwnedWriteHalf,
 ) {
     let reason = write_loop(&ctx, &link, &lane, &wr).await;
-    if matches!(
-        reason,
-        CloseReason::Io(_) | CloseReason::Stalled(_) | CloseReason::PeerClosed(_)
-    ) {
+    // Logged only when the writer's own write ended the lane; a close the reader saw first is its to log.
+    let first = lane.closed.borrow().is_none();
+    if first
+        && matches!(
+            reason,
+            CloseReason::Io(_) | CloseReason::Stalled(_) | CloseReason::PeerClosed(_)
+        )
+    {
         let line = format!("lane {} to peer {} closed: {reason}", lane.id, link.peer.0);
         ctx.log(line);
     }

@@ -119,10 +119,28 @@ impl TransportError {
     }
 }
 
+/// Whether an I/O error means the peer is not there (refused, reset, closed, silent, unroutable).
+fn peer_gone(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        e.kind(),
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::UnexpectedEof
+            | K::BrokenPipe
+            | K::TimedOut
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+    )
+}
+
 impl From<crate::tcp::TcpError> for TransportError {
     fn from(e: crate::tcp::TcpError) -> Self {
         use crate::tcp::TcpError as T;
         match e {
+            // A peer that refuses, resets, closes or does not answer the connection is the peer's doing.
+            T::Io(e) if peer_gone(&e) => TransportError::Unreachable(e.to_string()),
             T::Io(e) => TransportError::Io {
                 backend: "tcp",
                 message: e.to_string(),

@@ -109,8 +109,9 @@ pub trait Transport: Send + Sync + Debug {
 
     // ---- memory ----
 
-    /// Registers the caller's `memory` as a KV region of `layout`; transfers read from it or place into it
-    /// in place (see [`MemoryRegion`] for who may touch which bytes while transfers run). Memory this
+    /// Registers the caller's `memory` as a KV region of `layout`: transfers send from it and place into it
+    /// under its shard locks, no copy in or out at the API (see [`MemoryRegion`] for who may touch which
+    /// bytes while transfers run, and how each backend keeps that). Memory this
     /// backend cannot move (GPU memory without GPU support, say) is refused with a clear error.
     fn register_kv_region(
         &self,

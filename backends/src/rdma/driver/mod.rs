@@ -80,6 +80,8 @@ struct Driver<'a> {
     units: UnitCopies,
     /// Registrations to close once their writes in flight have completed or been given up.
     deregister_later: Vec<MrId>,
+    /// When silent peers were last looked at for a ping.
+    last_ping_check: Instant,
 }
 
 /// Runs the driver until the node stops.
@@ -103,6 +105,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         reach: reach::Reach::default(),
         units: UnitCopies::default(),
         deregister_later: Vec::new(),
+        last_ping_check: Instant::now(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
         if let Err(e) = d.step() {
@@ -154,7 +157,37 @@ impl Driver<'_> {
         }
         // Only after reading what arrived: a driver that was not scheduled for a while must not blame its
         // peers for answers waiting in its own queue.
-        self.declare_unreachable(Instant::now());
+        let now = Instant::now();
+        self.ping_silent_senders(now)?;
+        self.declare_unreachable(now);
+        Ok(())
+    }
+
+    /// Pings the peers this node has live sessions with that have been silent for half the answer
+    /// timeout: a sender that died while this node waited to receive from it is noticed like any peer that
+    /// does not answer (a live one that is only slow to produce answers the ping). Looked at every tenth of
+    /// the answer timeout.
+    fn ping_silent_senders(&mut self, now: Instant) -> Result<(), RdmaError> {
+        let timeout = self.shared.cfg.answer_timeout;
+        if now.saturating_duration_since(self.last_ping_check) < timeout / 10 {
+            return Ok(());
+        }
+        self.last_ping_check = now;
+        let peers: Vec<PeerId> = {
+            let routes = lock(&self.shared.routes);
+            let engine = self.shared.station.engine();
+            routes
+                .keys()
+                .filter(|p| engine.has_sessions_with(**p))
+                .copied()
+                .collect()
+        };
+        for peer in self.reach.due_for_ping(&peers, now, timeout / 2) {
+            if let Some(route) = self.route(peer) {
+                let ping = Message::Ping.encode(self.shared.engine_id);
+                self.ep.send(route.addr, &ping)?;
+            }
+        }
         Ok(())
     }
 

@@ -24,6 +24,8 @@ struct Failing {
 pub(super) struct Reach {
     failing: HashMap<PeerId, Failing>,
     awaiting: HashMap<PeerId, Instant>,
+    /// When each peer last sent this node a message.
+    heard: HashMap<PeerId, Instant>,
 }
 
 impl Reach {
@@ -42,6 +44,31 @@ impl Reach {
     pub(super) fn succeeded(&mut self, peer: PeerId) {
         self.failing.remove(&peer);
         self.awaiting.remove(&peer);
+    }
+
+    /// A message from `peer` arrived at `now`.
+    pub(super) fn heard_from(&mut self, peer: PeerId, now: Instant) {
+        self.heard.insert(peer, now);
+        self.succeeded(peer);
+    }
+
+    /// Of `peers`, those this node has not heard from for `quiet` and is not already waiting on: each is
+    /// to be pinged (and is counted as asked from `now`). A peer never heard from counts from `now`.
+    pub(super) fn due_for_ping(
+        &mut self,
+        peers: &[PeerId],
+        now: Instant,
+        quiet: Duration,
+    ) -> Vec<PeerId> {
+        let mut ping = Vec::new();
+        for &p in peers {
+            let heard = *self.heard.entry(p).or_insert(now);
+            if now.saturating_duration_since(heard) >= quiet && !self.awaiting.contains_key(&p) {
+                self.awaiting.insert(p, now);
+                ping.push(p);
+            }
+        }
+        ping
     }
 
     /// A frame that asks `peer` for an answer left at `now`.

@@ -69,9 +69,18 @@ impl Driver<'_> {
 
     fn message(&mut self, from: u32, msg: Message) -> Result<(), RdmaError> {
         let peer = PeerId(u64::from(from));
-        self.reach.succeeded(peer);
+        self.reach.heard_from(peer, Instant::now());
         lock(&self.shared.unreachable).remove(&peer);
         match msg {
+            Message::Ping => {
+                // Answered while a send slot is free; a peer that gets no pong pings again.
+                if let Some(route) = self.route(peer) {
+                    let pong = Message::Pong.encode(self.shared.engine_id);
+                    self.ep.send(route.addr, &pong)?;
+                }
+                Ok(())
+            }
+            Message::Pong => Ok(()),
             Message::Hello {
                 nonce,
                 tag,
