@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates every figure quoted in the README, as JSON lines under figures/ (and the sweep plots).
+# Regenerates every figure quoted in docs/PERFORMANCE.md, as JSON lines under figures/ (and the sweep plots).
 # Run on a quiet machine: throughput figures are wall-clock measurements.
 set -euo pipefail
 cd "$(dirname "$0")/.."

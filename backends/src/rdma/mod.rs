@@ -37,7 +37,7 @@
 //! (the CRC taken in the same pass) only when the engine's plan still wants it, so a resend over verified
 //! bytes is dropped, never placed, as on TCP. No safe view of the caller's memory can race with a NIC.
 //! Registering host regions in place, zero-copy, takes the caller's promise ([`InPlace::granted`], an
-//! `unsafe fn`); the figures in the README give both.
+//! `unsafe fn`); docs/PERFORMANCE.md gives the figures of both.
 //! Control frames larger than a message slot (64 KiB by default: an open with very long block lists, an
 //! ack with very many ranges) cannot be sent; they are logged as refusals.
 //!

@@ -176,7 +176,7 @@ impl TcpConfig {
 /// Most payload bytes in one coalesced data frame on a TCP lane: 512 KiB, the size the writer takes each
 /// group's CRC over before the kernel copies it. On the 2-core development VM, 4 MiB blocks in 64 KiB slices
 /// moved 5.9-7.9 GB/s one slice a frame and 8.0-9.3 coalesced (4 alternating pairs); 256 KiB, 1 MiB and
-/// 2 MiB did about as well as 512 KiB (README, "TCP beside a steady socket limit").
+/// 2 MiB did about as well as 512 KiB (docs/PERFORMANCE.md, "TCP beside a steady socket limit").
 pub const TCP_COALESCE_BYTES: u32 = writer::FOLD_BYTES as u32;
 
 /// Engine settings suited to TCP: TCP itself never loses a byte on a live connection, so the engine only
