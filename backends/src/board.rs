@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, watch};
@@ -143,7 +143,7 @@ impl Default for Board {
 
 impl Board {
     fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.state)
     }
 
     /// A session was submitted at `at` (call while holding the engine, before its events are drained).

@@ -70,6 +70,7 @@ mod codec;
 pub mod cuda;
 pub mod discovery;
 mod gpu_support;
+mod lock;
 pub mod loopback;
 #[cfg(feature = "rdma")]
 pub mod rdma;

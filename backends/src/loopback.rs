@@ -34,6 +34,7 @@ use transfer_engine::{
 };
 
 use crate::board::{IncomingSession, Outcome, Received, WaitError};
+use crate::lock::lock;
 use crate::station::Station;
 use credit::Credit;
 use threads::{Frame, RefusalLog};
@@ -83,7 +84,7 @@ pub enum LoopbackError {
     #[error("a loopback {end} cannot {what}")]
     Unsupported {
         /// Which end.
-        end: &'static str,
+        end: Side,
         /// What it cannot do.
         what: &'static str,
     },
@@ -482,10 +483,6 @@ impl LoopbackPair {
         drop(engine);
         drop(gone);
     }
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for LoopbackPair {

@@ -1,7 +1,7 @@
 //! The part every backend's node shares: one engine behind a mutex that is held only for short,
 //! non-blocking calls, and the [`Board`] its events go to.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use transfer_engine::{
@@ -27,7 +27,7 @@ impl Station {
 
     /// The engine, locked: keep the guard for non-blocking calls only.
     pub(crate) fn engine(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::lock::lock(&self.engine)
     }
 
     /// Registers `memory` as a KV region of `layout`.

@@ -11,8 +11,9 @@ use transfer_engine::{
     TransferRequest,
 };
 
-use super::{LoopbackEnd, LoopbackError, LoopbackPair, lock};
+use super::{LoopbackEnd, LoopbackError, LoopbackPair};
 use crate::board::{IncomingSession, Outcome, Received};
+use crate::lock::lock;
 use crate::transport::{BoxFuture, PeerAddress, PeerInfo, Segment, Transport, TransportError};
 
 /// Which end of a loopback pair.
@@ -91,10 +92,7 @@ impl LoopbackNode {
             return Ok(());
         }
         Err(LoopbackError::Unsupported {
-            end: match self.side {
-                Side::Producer => "producer",
-                Side::Consumer => "consumer",
-            },
+            end: self.side,
             what,
         }
         .into())

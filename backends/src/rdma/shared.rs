@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Mutex, mpsc};
 
 use tokio::sync::oneshot;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
@@ -136,6 +136,4 @@ impl Shared {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use crate::lock::lock;

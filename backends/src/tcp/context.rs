@@ -3,8 +3,8 @@
 //! the node's whole state, so they sit below it.
 
 use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 
@@ -42,9 +42,7 @@ pub(crate) struct Context {
     logged: AtomicU64,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+pub(crate) use crate::lock::lock;
 
 impl Context {
     pub(crate) fn new(cfg: TcpConfig) -> Self {
