@@ -34,7 +34,7 @@
 //! let decode = TcpNode::start(TcpConfig::with_engine_id(2)).await?;
 //! let decode_pool = MemoryRegion::zeroed(bytes);
 //! let dst = decode.register_kv_region(layout, decode_pool.clone())?;
-//! decode.publish_segment("kv", dst);
+//! decode.publish_segment("kv", dst)?;
 //!
 //! // Prefill: hands over the buffer its KV was computed into, and connects.
 //! let prefill = TcpNode::start(TcpConfig { listen: None, ..TcpConfig::with_engine_id(1) }).await?;

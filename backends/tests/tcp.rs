@@ -63,7 +63,7 @@ async fn pair(
     let rx = TcpNode::start(receiver_cfg).await.unwrap();
     let src = tx.kv_region(layout).unwrap();
     let dst = rx.kv_region(layout).unwrap();
-    rx.publish_segment("kv", dst);
+    rx.publish_segment("kv", dst).unwrap();
     fill(&tx, &src, 7);
     let info = tx.connect(rx.local_addr().unwrap(), None).await.unwrap();
     assert_eq!(info.segment("kv"), Some(&dst));

@@ -36,7 +36,7 @@ async fn pair(
         .register_kv_region(layout, MemoryRegion::from_vec(data.clone()))
         .unwrap();
     let dst = rx.kv_region(layout).unwrap();
-    rx.publish_segment("kv", dst);
+    rx.publish_segment("kv", dst).unwrap();
     tx.connect(rx.local_addr().unwrap(), None).await.unwrap();
     (tx, rx, src, dst, data)
 }

@@ -12,14 +12,6 @@ impl Transport for RdmaNode {
         Some(PeerAddress::Rdma(RdmaNode::address(self).to_vec()))
     }
 
-    fn publish_segment(
-        &self,
-        name: &str,
-        handle: transfer_engine::RegionHandle,
-    ) -> Result<(), TransportError> {
-        Ok(RdmaNode::publish_segment(self, name, handle)?)
-    }
-
     fn connect<'a>(
         &'a self,
         address: &'a PeerAddress,

@@ -12,18 +12,6 @@ impl Transport for TcpNode {
         self.local_addr().map(PeerAddress::Tcp)
     }
 
-    fn publish_segment(
-        &self,
-        name: &str,
-        handle: transfer_engine::RegionHandle,
-    ) -> Result<(), TransportError> {
-        // Offered in every welcome from now on; a region that is not registered is refused here, as on
-        // every backend.
-        TcpNode::memory(self, handle.id)?;
-        TcpNode::publish_segment(self, name, handle);
-        Ok(())
-    }
-
     fn connect<'a>(
         &'a self,
         address: &'a PeerAddress,

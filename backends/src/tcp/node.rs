@@ -234,14 +234,17 @@ impl TcpNode {
         Ok(memory)
     }
 
-    /// Offers a region to peers under `name`: it is listed in the handshake's welcome.
-    pub fn publish_segment(&self, name: &str, handle: RegionHandle) {
+    /// Offers a registered region to peers under `name`: it is listed in the handshake's welcome from
+    /// now on. A region this node does not hold is refused.
+    pub fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TcpError> {
+        self.state.ctx.station.engine().region(handle.id)?;
         let mut segs = lock(&self.state.segments);
         segs.retain(|s| s.name != name);
         segs.push(Segment {
             name: name.into(),
             handle,
         });
+        Ok(())
     }
 
     /// Records `peer`'s address so lanes to it are dialed on demand.

@@ -1,6 +1,6 @@
 //! The [`super::Transport`] methods that a node type (TCP's and RDMA's) implements as inherent methods
 //! of the same names and shapes, forwarded in one place: each backend's impl adds only what differs
-//! (its address, publishing, connecting).
+//! (its address and connecting).
 
 /// Expands, inside `impl Transport for $node`, to the methods that call `$node`'s own of the same name,
 /// their errors made [`super::TransportError`]s. `$node` has a `board()` and a `stats()` with an `engine`
@@ -35,6 +35,14 @@ macro_rules! forward_to_node {
             id: transfer_engine::RegionId,
         ) -> Result<transfer_engine::MemoryRegion, TransportError> {
             Ok($node::memory(self, id)?)
+        }
+
+        fn publish_segment(
+            &self,
+            name: &str,
+            handle: transfer_engine::RegionHandle,
+        ) -> Result<(), TransportError> {
+            Ok($node::publish_segment(self, name, handle)?)
         }
 
         fn set_shaping(
