@@ -332,11 +332,7 @@ impl ControlClient {
             .call(&Request::Load {
                 ns: first.ns.0,
                 keys: hex_keys(keys),
-                // A TCP address goes bare (`ip:port`), as producers before PeerAddress expect it.
-                engine_addr: match engine_addr {
-                    PeerAddress::Tcp(addr) => addr.to_string(),
-                    other => other.to_string(),
-                },
+                engine_addr: engine_addr.to_string(),
                 blocks: blocks.to_vec(),
                 class: class_code(class),
                 request,

@@ -1,5 +1,6 @@
 //! Where a node is reached, in one type for every backend, with a text form that travels in control
-//! messages (`tcp:127.0.0.1:5000`, `rdma:` and the endpoint name in hex, `loopback`).
+//! messages (`127.0.0.1:5000`, as control messages carried TCP addresses before this type, or with a
+//! `tcp:` prefix; `rdma:` and the endpoint name in hex; `loopback`).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -20,7 +21,7 @@ pub enum PeerAddress {
 impl fmt::Display for PeerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PeerAddress::Tcp(addr) => write!(f, "tcp:{addr}"),
+            PeerAddress::Tcp(addr) => write!(f, "{addr}"),
             PeerAddress::Rdma(name) => {
                 f.write_str("rdma:")?;
                 name.iter().try_for_each(|b| write!(f, "{b:02x}"))
@@ -32,13 +33,13 @@ impl fmt::Display for PeerAddress {
 
 /// A text that is no [`PeerAddress`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a peer address (tcp:IP:PORT, IP:PORT, rdma:HEX or loopback)")]
+#[error("{0:?} is not a peer address (IP:PORT, tcp:IP:PORT, rdma:HEX or loopback)")]
 pub struct BadAddress(pub String);
 
 impl FromStr for PeerAddress {
     type Err = BadAddress;
 
-    /// Parses the [`fmt::Display`] form; a bare `IP:PORT` is a TCP address.
+    /// Parses the [`fmt::Display`] form; a TCP address may also carry a `tcp:` prefix.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadAddress(s.chars().take(200).collect());
         if s == "loopback" {
@@ -75,6 +76,10 @@ mod tests {
         }
         assert_eq!(
             "10.0.0.1:80".parse::<PeerAddress>(),
+            Ok(PeerAddress::Tcp("10.0.0.1:80".parse().unwrap()))
+        );
+        assert_eq!(
+            "tcp:10.0.0.1:80".parse::<PeerAddress>(),
             Ok(PeerAddress::Tcp("10.0.0.1:80".parse().unwrap()))
         );
     }
