@@ -7,8 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use backends::rdma::{Provider, RdmaConfig, RdmaNode};
@@ -20,6 +22,14 @@ const PROVIDERS: [(&str, &str); 2] = [("tcp", "lo"), ("shm", "")];
 
 /// The killed-receiver test's session deadline: the sender must find the peer dead well before it.
 const DEADLINE_S: u64 = 20;
+
+/// The longest either side waits for the other's next step (a report line, a session): a hang fails the
+/// test with what it was waiting for, rather than stalling the whole run.
+const STEP_LIMIT: Duration = Duration::from_secs(90);
+
+/// The longest a whole test may take; past it the watchdog names the step it is stuck on and ends the
+/// process (a hang inside a provider call cannot be interrupted any other way).
+const TEST_LIMIT: Duration = Duration::from_secs(300);
 
 /// 8 layers x 32 blocks x 4 MiB: 1 GiB.
 fn layout() -> KvLayout {
@@ -73,12 +83,21 @@ fn child_role() {
     fill(&expected, 3);
     println!("ADDR {}", hex(node.address()));
     loop {
-        let incoming = rt.block_on(node.accept()).unwrap();
+        let incoming = within(&rt, "an incoming session", node.accept()).unwrap();
         let first = incoming.layers.start;
-        rt.block_on(node.wait_layer(incoming.session, first))
-            .unwrap();
+        within(
+            &rt,
+            "the first layer",
+            node.wait_layer(incoming.session, first),
+        )
+        .unwrap();
         println!("LAYER {first}");
-        let received = rt.block_on(node.wait_received(incoming.session)).unwrap();
+        let received = within(
+            &rt,
+            "the session's end",
+            node.wait_received(incoming.session),
+        )
+        .unwrap();
         let same = (0..pool.len()).step_by(16 << 20).all(|at| {
             let end = (at + (16 << 20)).min(pool.len());
             pool.read(at..end).unwrap()[..] == expected.read(at..end).unwrap()[..]
@@ -97,9 +116,53 @@ fn child_role() {
     }
 }
 
+/// Runs `fut` on `rt` for at most [`STEP_LIMIT`]; a longer wait fails the test naming `what` it waited for.
+fn within<T>(rt: &tokio::runtime::Runtime, what: &str, fut: impl Future<Output = T>) -> T {
+    rt.block_on(async { tokio::time::timeout(STEP_LIMIT, fut).await })
+        .unwrap_or_else(|_| panic!("waited {STEP_LIMIT:?} for {what}"))
+}
+
+/// Names the step a test is on; if the test is still running after [`TEST_LIMIT`], prints that step
+/// (straight to stderr, past the test harness's capture) and ends the process with a failure. Dropped
+/// last (it is made first), so a hang while the test's nodes shut down is caught too.
+struct Watchdog {
+    step: Arc<Mutex<String>>,
+    _running: mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    fn start(test: &'static str) -> Self {
+        let step = Arc::new(Mutex::new("starting".to_owned()));
+        let watched = Arc::clone(&step);
+        let (running, ended) = mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if ended.recv_timeout(TEST_LIMIT) != Err(RecvTimeoutError::Timeout) {
+                return;
+            }
+            let step = watched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            let _ = writeln!(
+                std::io::stderr(),
+                "{test}: still running after {TEST_LIMIT:?}, at: {step}; ending the process"
+            );
+            std::process::exit(101);
+        });
+        Self {
+            step,
+            _running: running,
+        }
+    }
+
+    fn at(&self, step: impl Into<String>) {
+        *self.step.lock().unwrap_or_else(PoisonError::into_inner) = step.into();
+    }
+}
+
 struct Peer {
     child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
+    lines: Receiver<String>,
 }
 
 impl Peer {
@@ -116,20 +179,38 @@ impl Peer {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let addr = loop {
-            let line = lines.next().expect("the child's address").unwrap();
-            // libtest may have started the line ("test child_role ... ").
-            if let Some(at) = line.find("ADDR ") {
-                break unhex(line[at + 5..].trim());
+        // Read on a thread of its own, so that waiting for a line can time out.
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        };
-        (Self { child, lines }, addr)
+        });
+        let mut peer = Self { child, lines };
+        let addr = unhex(&peer.expect("ADDR "));
+        (peer, addr)
     }
 
+    /// The rest of the child's next line that holds `prefix` (libtest may have started the line with
+    /// "test child_role ... "); fails the test if the child exits or stays silent for [`STEP_LIMIT`].
     fn expect(&mut self, prefix: &str) -> String {
+        let until = Instant::now() + STEP_LIMIT;
         loop {
-            let line = self.lines.next().expect("the child's report").unwrap();
+            let line = match self
+                .lines
+                .recv_timeout(until.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => line,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("the child printed no {prefix:?} line within {STEP_LIMIT:?}")
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("the child exited before printing a {prefix:?} line")
+                }
+            };
             if let Some(at) = line.find(prefix) {
                 return line[at + prefix.len()..].trim().to_owned();
             }
@@ -174,11 +255,15 @@ fn one_gib_between_two_processes_arrives_byte_identical_in_each_mode() {
         .enable_time()
         .build()
         .unwrap();
+    let watchdog = Watchdog::start("one_gib_between_two_processes");
     for (provider, domain) in PROVIDERS {
+        watchdog.at(format!("{provider}: starting the sender"));
         let Some((node, src)) = sender(provider, domain) else {
             continue;
         };
+        watchdog.at(format!("{provider}: starting the child"));
         let (mut child, addr) = Peer::spawn(provider, domain);
+        watchdog.at(format!("{provider}: connecting"));
         let peer = rt.block_on(node.connect(&addr)).unwrap();
         let dst = *peer.segment("kv").unwrap();
         for mode in [
@@ -187,6 +272,7 @@ fn one_gib_between_two_processes_arrives_byte_identical_in_each_mode() {
             TransferMode::auto(),
         ] {
             let req = request(peer.peer, &src, &dst, mode).with_deadline(Duration::from_secs(60));
+            watchdog.at(format!("{provider} {}: transferring", mode.name()));
             let started = Instant::now();
             let out = rt
                 .block_on(node.transfer(req, Duration::from_secs(90)))
@@ -196,6 +282,7 @@ fn one_gib_between_two_processes_arrives_byte_identical_in_each_mode() {
                 "{provider} {mode:?}: {out:?} {:?}",
                 node.log()
             );
+            watchdog.at(format!("{provider} {}: awaiting the report", mode.name()));
             let report = child.expect("RECEIVED ");
             assert_eq!(report, "identical 0", "{provider} {mode:?}");
             println!(
@@ -204,6 +291,7 @@ fn one_gib_between_two_processes_arrives_byte_identical_in_each_mode() {
                 started.elapsed()
             );
         }
+        watchdog.at(format!("{provider}: shutting down"));
     }
 }
 
@@ -213,11 +301,15 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
         .enable_time()
         .build()
         .unwrap();
+    let watchdog = Watchdog::start("a_receiver_killed_mid_transfer");
     for (provider, domain) in PROVIDERS {
+        watchdog.at(format!("{provider}: starting the sender"));
         let Some((node, src)) = sender(provider, domain) else {
             continue;
         };
+        watchdog.at(format!("{provider}: starting the child"));
         let (mut child, addr) = Peer::spawn(provider, domain);
+        watchdog.at(format!("{provider}: connecting"));
         let peer = rt.block_on(node.connect(&addr)).unwrap();
         let dst = *peer.segment("kv").unwrap();
         // Only layer 0 is released at first, so the kill lands mid-transfer; the rest is released after
@@ -228,10 +320,14 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
             .with_layers_written(1);
         let started = Instant::now();
         let session = node.submit(req).unwrap();
+        watchdog.at(format!("{provider}: awaiting the child's first layer"));
         child.expect("LAYER ");
+        watchdog.at(format!("{provider}: killing the child"));
         child.child.kill().unwrap();
         child.child.wait().unwrap();
+        watchdog.at(format!("{provider}: releasing the other layers"));
         node.layers_written(session, layout().layers).unwrap();
+        watchdog.at(format!("{provider}: awaiting the session's end"));
         let out = rt
             .block_on(node.wait(session, Duration::from_secs(30)))
             .expect("the sender ends the session by its deadline");
@@ -253,5 +349,6 @@ fn a_receiver_killed_mid_transfer_leaves_recompute_and_no_hang() {
             started.elapsed(),
             node.stats().write_errors
         );
+        watchdog.at(format!("{provider}: shutting down"));
     }
 }
