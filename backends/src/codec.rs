@@ -84,7 +84,7 @@ impl<'a> ByteReader<'a> {
             0 => None,
             1 => {
                 let layout = KvLayout::decode_from(self.take(KvLayout::ENCODED_LEN)?)
-                    .ok_or("a region layout's dtype is unknown")?;
+                    .ok_or("a region layout's dtype or KV kind is unknown")?;
                 layout
                     .validate()
                     .map_err(|e| format!("a region layout: {e}"))?;

@@ -311,10 +311,11 @@ impl TierStore {
                     continue;
                 }
             };
-            let at = src_layout.block_offset(src_id) as usize;
-            let to = self.layout.block_offset(BlockId::new(layer, entry.slot)) as usize;
-            self.copier
-                .copy(src, at, &self.memory, to, self.layout.block_bytes as usize)?;
+            let to = BlockId::new(layer, entry.slot);
+            for (at, into, len) in src_layout.copies_to(src_id, &self.layout, to) {
+                self.copier
+                    .copy(src, at as usize, &self.memory, into as usize, len as usize)?;
+            }
             let e = self.index.get_mut(key).expect("claimed above");
             e.layers += 1;
             report.copied += 1;

@@ -131,15 +131,14 @@ impl KvConnector {
         let mut store = lock(&core.store);
         let slots = store.pin(keys, request, core.now());
         let store_layout = store.layout();
-        let bytes = layout.block_bytes as usize;
         let copy = || -> Result<(), ConnectorError> {
+            use transfer_engine::BlockId;
             for layer in 0..layout.layers {
                 for (&slot, &block) in slots.iter().zip(blocks) {
-                    let from = store_layout.block_offset(transfer_engine::BlockId::new(layer, slot))
-                        as usize;
-                    let to =
-                        layout.block_offset(transfer_engine::BlockId::new(layer, block)) as usize;
-                    store.copy_out(from, &memory, to, bytes)?;
+                    let (from, to) = (BlockId::new(layer, slot), BlockId::new(layer, block));
+                    for (at, into, len) in store_layout.copies_to(from, &layout, to) {
+                        store.copy_out(at as usize, &memory, into as usize, len as usize)?;
+                    }
                 }
             }
             Ok(())
@@ -148,7 +147,7 @@ impl KvConnector {
         store.unpin(&slots);
         result?;
         self.metrics
-            .local_tier_bytes((slots.len() * bytes) as u64 * u64::from(layout.layers));
+            .local_tier_bytes(slots.len() as u64 * layout.block_bytes * u64::from(layout.layers));
         Ok(slots.len())
     }
 

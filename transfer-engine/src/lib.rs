@@ -87,7 +87,9 @@ pub use config::{EngineConfig, Placement};
 pub use engine::Engine;
 pub use error::Error;
 pub use event::{Event, Role};
-pub use layout::{BlockId, Dtype, KvLayout};
+pub use layout::{
+    BlockId, BlockPlacement, ChunkSplit, Dtype, KvHeads, KvKind, KvLayout, TensorView,
+};
 pub use memory::{Bytes, BytesMut, MemoryKind, MemoryRegion, RawMemory, SHARD_BYTES};
 pub use namespace::{HASH_SEED, Namespace, NamespaceId};
 pub use plan::{

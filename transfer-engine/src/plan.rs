@@ -5,8 +5,8 @@
 
 use std::ops::Range;
 
-use crate::Error;
 use crate::wire::MAX_PAYLOAD;
+use crate::{Error, KvLayout};
 
 /// Default slice size of packetized transfers: 64 KiB.
 pub const DEFAULT_SLICE_BYTES: u32 = 64 * 1024;
@@ -123,10 +123,53 @@ pub(crate) struct Unit {
     pub(crate) exclusive: bool,
 }
 
+/// What the plan needs to know of both sides' layouts: bytes per block, where a unit must be cut (a
+/// chunk boundary on either side), and whether runs of consecutive blocks are contiguous on both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockShape {
+    pub(crate) block_bytes: u64,
+    /// Logical offsets within a block, sorted, each strictly inside it.
+    pub(crate) cuts: Vec<u64>,
+    pub(crate) runs: bool,
+}
+
+impl BlockShape {
+    /// The shape of blocks moving from `src` to `dst` (which hold as many bytes per block).
+    pub(crate) fn between(src: &KvLayout, dst: &KvLayout) -> Self {
+        let mut cuts: Vec<u64> = [src.cut(), dst.cut()].into_iter().flatten().collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        Self {
+            block_bytes: src.block_bytes,
+            cuts,
+            runs: src.blocks_are_contiguous() && dst.blocks_are_contiguous(),
+        }
+    }
+
+    /// Contiguous blocks of `block_bytes`, uncut (a layer-major layout on both sides).
+    #[cfg(test)]
+    pub(crate) fn whole(block_bytes: u64) -> Self {
+        Self {
+            block_bytes,
+            cuts: Vec::new(),
+            runs: true,
+        }
+    }
+
+    /// The block's pieces between cuts, as (offset, length).
+    fn pieces(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let ends = self.cuts.iter().copied().chain([self.block_bytes]);
+        let starts = [0].into_iter().chain(self.cuts.iter().copied());
+        starts.zip(ends).map(|(s, e)| (s, e - s))
+    }
+}
+
 /// The units of one transfer, layer-major, and the map from blocks to the units that cover them.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     pub(crate) units: Vec<Unit>,
+    /// Offsets within a block where units are cut (chunk boundaries): no coalesced frame spans one.
+    cuts: Vec<u64>,
     /// First layer transferred.
     pub(crate) layer_start: u32,
     /// Blocks per layer in the transfer.
@@ -136,14 +179,16 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// Cuts the blocks `src[i] -> dst[i]` of layers `layers`, each `block_bytes` long, into units.
+    /// Cuts the blocks `src[i] -> dst[i]` of layers `layers`, of `shape`, into units: none spans a cut,
+    /// and runs of several blocks only where blocks are contiguous on both sides.
     pub(crate) fn build(
-        block_bytes: u64,
+        shape: &BlockShape,
         layers: Range<u32>,
         src: &[u32],
         dst: &[u32],
         mode: TransferMode,
     ) -> Result<Self, Error> {
+        let block_bytes = shape.block_bytes;
         mode.validate(block_bytes)?;
         if src.len() != dst.len() {
             return Err(Error::InvalidRequest(format!(
@@ -164,6 +209,7 @@ impl Plan {
             .map_err(|_| Error::InvalidRequest("transfer too large".into()))?;
         let mut plan = Plan {
             units: Vec::new(),
+            cuts: shape.cuts.clone(),
             layer_start: layers.start,
             blocks_per_layer,
             units_per_slot: vec![0; slots],
@@ -178,7 +224,11 @@ impl Plan {
                         exclusive_min_bytes,
                         ..
                     } => {
-                        let run = contiguous_run(src, dst, i as usize);
+                        let run = if shape.runs {
+                            contiguous_run(src, dst, i as usize)
+                        } else {
+                            1
+                        };
                         if u64::from(run) * block_bytes >= exclusive_min_bytes {
                             run
                         } else {
@@ -187,11 +237,26 @@ impl Plan {
                     }
                 };
                 if run == 0 {
-                    plan.push_slices(layer, i, block_bytes, mode.slice_bytes());
+                    for (offset, len) in shape.pieces() {
+                        plan.push_slices(layer, i, offset, len, mode.slice_bytes());
+                    }
                     i += 1;
-                } else {
+                } else if shape.cuts.is_empty() {
                     plan.push_exclusive_run(layer, i, run, block_bytes);
                     i += run;
+                } else {
+                    // A block in chunks travels whole as one exclusive unit per chunk piece.
+                    for (offset, len) in shape.pieces() {
+                        plan.push(Unit {
+                            layer,
+                            first: i,
+                            blocks: 1,
+                            offset,
+                            len: len as u32,
+                            exclusive: true,
+                        });
+                    }
+                    i += 1;
                 }
             }
         }
@@ -222,10 +287,11 @@ impl Plan {
         (self.units_per_slot.len() / self.blocks_per_layer as usize) as u32
     }
 
-    fn push_slices(&mut self, layer: u32, index: u32, block_bytes: u64, slice_bytes: u32) {
-        let mut offset = 0;
-        while offset < block_bytes {
-            let len = (block_bytes - offset).min(u64::from(slice_bytes)) as u32;
+    /// Slices of at most `slice_bytes` covering bytes `start..start + bytes` of a block.
+    fn push_slices(&mut self, layer: u32, index: u32, start: u64, bytes: u64, slice_bytes: u32) {
+        let (mut offset, end) = (start, start + bytes);
+        while offset < end {
+            let len = (end - offset).min(u64::from(slice_bytes)) as u32;
             self.push(Unit {
                 layer,
                 first: index,
@@ -266,6 +332,7 @@ impl Plan {
             && !n.exclusive
             && (p.layer, p.first) == (n.layer, n.first)
             && p.offset + u64::from(p.len) == n.offset
+            && !self.cuts.contains(&n.offset)
     }
 
     /// The lengths of unit `first` and of the slices that follow it in its block, in order, at most
@@ -328,7 +395,7 @@ mod tests {
     #[test]
     fn packetized_cuts_blocks_into_slices() {
         let plan = Plan::build(
-            1000,
+            &BlockShape::whole(1000),
             0..2,
             &[0, 1],
             &[5, 6],
@@ -343,8 +410,14 @@ mod tests {
 
     #[test]
     fn exclusive_sends_whole_blocks() {
-        let plan =
-            Plan::build(4096, 3..5, &[0, 9, 2], &[1, 2, 3], TransferMode::Exclusive).unwrap();
+        let plan = Plan::build(
+            &BlockShape::whole(4096),
+            3..5,
+            &[0, 9, 2],
+            &[1, 2, 3],
+            TransferMode::Exclusive,
+        )
+        .unwrap();
         assert_eq!(plan.units.len(), 6);
         assert!(
             plan.units
@@ -361,7 +434,14 @@ mod tests {
             exclusive_min_bytes: 8192,
         };
         // 0..4 -> 10..14 is contiguous on both sides (16 KiB); 7 -> 3 stands alone (4 KiB).
-        let plan = Plan::build(4096, 0..1, &[0, 1, 2, 3, 7], &[10, 11, 12, 13, 3], mode).unwrap();
+        let plan = Plan::build(
+            &BlockShape::whole(4096),
+            0..1,
+            &[0, 1, 2, 3, 7],
+            &[10, 11, 12, 13, 3],
+            mode,
+        )
+        .unwrap();
         assert_eq!(
             plan.units[0],
             Unit {
@@ -391,11 +471,29 @@ mod tests {
 
     #[test]
     fn bad_requests_are_refused() {
-        assert!(Plan::build(1024, 0..1, &[0], &[0, 1], TransferMode::Exclusive).is_err());
-        assert!(Plan::build(1024, 0..1, &[], &[], TransferMode::Exclusive).is_err());
         assert!(
             Plan::build(
-                1024,
+                &BlockShape::whole(1024),
+                0..1,
+                &[0],
+                &[0, 1],
+                TransferMode::Exclusive
+            )
+            .is_err()
+        );
+        assert!(
+            Plan::build(
+                &BlockShape::whole(1024),
+                0..1,
+                &[],
+                &[],
+                TransferMode::Exclusive
+            )
+            .is_err()
+        );
+        assert!(
+            Plan::build(
+                &BlockShape::whole(1024),
                 0..1,
                 &[0],
                 &[0],
@@ -403,6 +501,15 @@ mod tests {
             )
             .is_err()
         );
-        assert!(Plan::build(2 << 30, 0..1, &[0], &[0], TransferMode::Exclusive).is_err());
+        assert!(
+            Plan::build(
+                &BlockShape::whole(2 << 30),
+                0..1,
+                &[0],
+                &[0],
+                TransferMode::Exclusive
+            )
+            .is_err()
+        );
     }
 }

@@ -23,7 +23,7 @@ use crate::codec::{ByteReader, put_bytes, put_named_handle};
 
 /// The version of this message set (2: layouts in the core's encoding, with its dtype codes; 3: ping and
 /// pong, which a node expects its senders to answer).
-pub(crate) const VERSION: u8 = 3;
+pub(crate) const VERSION: u8 = 4;
 
 /// A region a node offers: what the engine needs to address it, and what the provider needs to write it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use crate::config::Placement;
-use crate::plan::Plan;
+use crate::plan::{BlockShape, Plan};
 use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::transmit::{check_blocks, check_distinct};
 use crate::wire::control::{OpenRequest, decode_ranges};
@@ -314,6 +314,8 @@ impl Engine {
         }
         let open = OpenRequest::decode(payload)?;
         open.dst_layout.validate()?;
+        open.src_layout.validate()?;
+        open.src_layout.check_compatible(&open.dst_layout)?;
         let region = *self.regions.get(open.dst_region)?;
         self.regions.check_writer(open.dst_region, key.0)?;
         self.regions.check_remote(
@@ -339,7 +341,7 @@ impl Engine {
         )?;
         check_distinct(&open.dst_blocks)?;
         let plan = Plan::build(
-            open.dst_layout.block_bytes,
+            &BlockShape::between(&open.src_layout, &open.dst_layout),
             open.layers.clone(),
             &open.src_blocks,
             &open.dst_blocks,

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::EngineConfig;
-use crate::plan::Plan;
+use crate::plan::{BlockShape, Plan};
 use crate::policy::{ClassPolicy, FixedClass, FixedMode, ModePolicy};
 use crate::receiver::ReceiverSession;
 use crate::region::RegionTable;
@@ -282,7 +282,7 @@ impl Engine {
             .class
             .unwrap_or_else(|| self.class_policy.choose_class(&shape));
         let plan = Plan::build(
-            req.src_layout.block_bytes,
+            &BlockShape::between(&req.src_layout, &req.dst_layout),
             req.layers.clone(),
             &req.src_blocks,
             &req.dst_blocks,
@@ -291,6 +291,7 @@ impl Engine {
         let deadline = req.deadline.unwrap_or(self.cfg.deadline);
         let open = OpenRequest {
             dst_layout: req.dst_layout,
+            src_layout: req.src_layout,
             dst_region: req.dst_region,
             dst_key: req.dst_key,
             mode,

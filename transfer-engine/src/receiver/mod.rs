@@ -209,11 +209,17 @@ impl ReceiverSession {
         if units.clone().any(|u| self.verified[u]) || self.is_closed() {
             return Ok((Placement::Discard, units));
         }
-        let offset = self
-            .spec
-            .dst_layout
-            .block_offset(BlockId::new(unit.layer, block))
-            + unit.offset;
+        let Some(offset) = self.spec.dst_layout.locate(
+            BlockId::new(unit.layer, block),
+            unit.offset,
+            u64::from(header.length),
+        ) else {
+            return Err(Error::InvalidRequest(format!(
+                "session {}: a data frame at offset {} of {} bytes does not lie in one chunk of block \
+                 {block} of layer {}",
+                self.spec.id, header.offset, header.length, unit.layer
+            )));
+        };
         let placement = Placement::Write {
             region: self.spec.dst_region,
             offset,

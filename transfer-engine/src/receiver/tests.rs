@@ -1,6 +1,7 @@
 //! The receiving session's state machine, driven by hand.
 
 use super::*;
+use crate::plan::BlockShape;
 use crate::tests_support::epoch;
 use crate::{Dtype, TransferMode};
 
@@ -8,7 +9,14 @@ use crate::{Dtype, TransferMode};
 /// its units with the CRC of `payload`.
 fn receiver() -> (ReceiverSession, Vec<Header>) {
     let layout = KvLayout::new(2, 4, 1024, 16, Dtype::F16).unwrap();
-    let plan = Plan::build(1024, 0..2, &[0, 1], &[2, 3], TransferMode::Exclusive).unwrap();
+    let plan = Plan::build(
+        &BlockShape::whole(1024),
+        0..2,
+        &[0, 1],
+        &[2, 3],
+        TransferMode::Exclusive,
+    )
+    .unwrap();
     let headers = plan
         .units
         .iter()
@@ -105,7 +113,14 @@ fn packetized(slices: u64) -> (ReceiverSession, impl Fn(u32, u32) -> Header) {
     let block_bytes = 256 * slices;
     let layout = KvLayout::new(1, 2, block_bytes, 16, Dtype::F16).unwrap();
     let mode = TransferMode::Packetized { slice_bytes: 256 };
-    let plan = Plan::build(block_bytes, 0..1, &[0, 1], &[0, 1], mode).unwrap();
+    let plan = Plan::build(
+        &BlockShape::whole(block_bytes),
+        0..1,
+        &[0, 1],
+        &[0, 1],
+        mode,
+    )
+    .unwrap();
     let units = plan.units.clone();
     let header = move |first: u32, count: u32| {
         let u = units[first as usize];

@@ -312,7 +312,9 @@ impl SenderSession {
         header.sequence = index;
         let payload = PayloadRef {
             region: self.spec.src_region,
-            offset: layout.block_offset(src_block) + unit.offset,
+            offset: layout
+                .locate(src_block, unit.offset, u64::from(len))
+                .expect("the plan cuts units at every chunk boundary of the source layout"),
             len,
         };
         let lane = if unit.exclusive {

@@ -7,6 +7,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
+use crate::plan::BlockShape;
 use crate::tests_support::epoch;
 use crate::{BlockId, Dtype, EngineConfig, Event, KvLayout, RetransmitBudget, TransferMode};
 
@@ -41,7 +42,14 @@ impl World {
 /// A sender of source blocks 0 and 1 of 2 layers (1 KiB each, exclusive: 4 units).
 fn sender() -> SenderSession {
     let layout = KvLayout::new(2, 4, 1024, 16, Dtype::F16).unwrap();
-    let plan = Plan::build(1024, 0..2, &[0, 1], &[2, 3], TransferMode::Exclusive).unwrap();
+    let plan = Plan::build(
+        &BlockShape::whole(1024),
+        0..2,
+        &[0, 1],
+        &[2, 3],
+        TransferMode::Exclusive,
+    )
+    .unwrap();
     SenderSession::new(SenderSpec {
         id: SessionId(9),
         peer: PeerId(2),
@@ -157,7 +165,7 @@ fn coalesced_frames_stop_at_the_block_the_limit_and_the_window() {
     // One layer of blocks 0 and 1, 4 KiB each in 1 KiB slices: units 0..4 and 4..8.
     let layout = KvLayout::new(1, 2, 4096, 16, Dtype::F16).unwrap();
     let mode = TransferMode::Packetized { slice_bytes: 1024 };
-    let plan = Plan::build(4096, 0..1, &[0, 1], &[0, 1], mode).unwrap();
+    let plan = Plan::build(&BlockShape::whole(4096), 0..1, &[0, 1], &[0, 1], mode).unwrap();
     let mut s = SenderSession::new(SenderSpec {
         plan,
         src_layout: layout,
@@ -199,7 +207,7 @@ fn a_coalesced_frame_never_exceeds_the_largest_payload() {
     let mode = TransferMode::Packetized {
         slice_bytes: crate::wire::MAX_PAYLOAD,
     };
-    let plan = Plan::build(block, 0..1, &[0], &[0], mode).unwrap();
+    let plan = Plan::build(&BlockShape::whole(block), 0..1, &[0], &[0], mode).unwrap();
     let mut s = SenderSession::new(SenderSpec {
         plan,
         src_layout: layout,

@@ -11,6 +11,8 @@ use crate::{AccessKey, KvLayout, RegionId, TrafficClass, TransferMode};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OpenRequest {
     pub(crate) dst_layout: KvLayout,
+    /// The sender's layout: the receiver derives the same plan (where units are cut) from both.
+    pub(crate) src_layout: KvLayout,
     pub(crate) dst_region: RegionId,
     pub(crate) dst_key: AccessKey,
     pub(crate) mode: TransferMode,
@@ -23,8 +25,9 @@ pub(crate) struct OpenRequest {
 
 impl OpenRequest {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(80 + 8 * self.src_blocks.len());
+        let mut out = Vec::with_capacity(180 + 8 * self.src_blocks.len());
         self.dst_layout.encode_into(&mut out);
+        self.src_layout.encode_into(&mut out);
         out.extend_from_slice(&self.dst_region.0.to_le_bytes());
         out.extend_from_slice(&self.dst_key.0.to_le_bytes());
         let (slice, min) = match self.mode {
@@ -61,6 +64,8 @@ impl OpenRequest {
         };
         let dst_layout = KvLayout::decode_from(r.bytes).ok_or(bad.clone())?;
         r.bytes = &r.bytes[KvLayout::ENCODED_LEN..];
+        let src_layout = KvLayout::decode_from(r.bytes).ok_or(bad.clone())?;
+        r.bytes = &r.bytes[KvLayout::ENCODED_LEN..];
         let dst_region = RegionId(r.u32()?);
         let dst_key = AccessKey(r.u64()?);
         let (code, slice_bytes, exclusive_min_bytes) = (r.u8()?, r.u32()?, r.u64()?);
@@ -76,6 +81,7 @@ impl OpenRequest {
         let dst_blocks = (0..n).map(|_| r.u32()).collect::<Result<_, _>>()?;
         Ok(Self {
             dst_layout,
+            src_layout,
             dst_region,
             dst_key,
             mode,
@@ -170,6 +176,7 @@ mod tests {
     fn open_round_trips() {
         let open = OpenRequest {
             dst_layout: KvLayout::new(4, 16, 4096, 16, Dtype::Bf16).unwrap(),
+            src_layout: KvLayout::new(4, 8, 4096, 16, Dtype::Bf16).unwrap(),
             dst_region: RegionId(3),
             dst_key: AccessKey(99),
             mode: TransferMode::auto(),

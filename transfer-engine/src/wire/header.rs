@@ -5,7 +5,7 @@ use super::WireError;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 48;
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Largest payload a frame may carry (1 GiB): an exclusive unit is at most this.
 pub const MAX_PAYLOAD: u32 = 1 << 30;
 /// Largest control payload (open, ack, reject): 4 MiB.

@@ -332,8 +332,16 @@ impl Driver<'_> {
             }
         };
         t.header.crc = crc;
-        let dst_offset =
-            layout.block_offset(BlockId::new(t.header.layer, t.header.block)) + t.header.offset;
+        let Some(dst_offset) = layout.locate(
+            BlockId::new(t.header.layer, t.header.block),
+            t.header.offset,
+            u64::from(p.len),
+        ) else {
+            self.shared.log(format!(
+                "session {session}: a unit does not lie in one chunk of the destination; dropped"
+            ));
+            return Ok(true);
+        };
         let tok = token(write_tag, self.counter);
         let chunk = self
             .shared

@@ -8,7 +8,7 @@ use crate::codec::{ByteReader, put_bytes, put_named_handle};
 use crate::tcp::TcpError;
 
 /// Version of the handshake and lane protocol this build speaks.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes of a connection group's token.
 pub const TOKEN_LEN: usize = 16;
 /// The token a peer's first lane presents (it has no group yet).
@@ -264,7 +264,8 @@ fn put_layout(out: &mut Vec<u8>, l: &KvLayout) {
 }
 
 fn get_layout(r: &mut ByteReader<'_>) -> Result<KvLayout, String> {
-    let layout = KvLayout::decode_from(r.take(KvLayout::ENCODED_LEN)?).ok_or("unknown dtype")?;
+    let layout = KvLayout::decode_from(r.take(KvLayout::ENCODED_LEN)?)
+        .ok_or("unknown dtype or KV kind code")?;
     layout.validate().map_err(|e| e.to_string())?;
     Ok(layout)
 }
