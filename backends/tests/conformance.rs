@@ -3,7 +3,8 @@
 //!
 //! Each backend's fixture builds a sending and a receiving node; the receiver publishes its KV pool as
 //! segment `kv` (and a second one, `spare`), the sender reaches it through [`Transport::connect`]. The
-//! tests: every mode byte-identical; layer streaming within a prefetch window; cancel; bad requests
+//! tests: every mode byte-identical; strided layouts (vLLM's layer- and block-major, K/V apart) block for
+//! block; layer streaming within a prefetch window; cancel; bad requests
 //! refused with the caller's fault; a receiver that refuses a session; a receiver that dies (recompute, no
 //! hang, then refusals until it answers again).
 
@@ -169,6 +170,115 @@ fn every_mode_arrives_byte_identical(pair: &Pair) {
             "{} {mode:?}: the pool differs from the source",
             pair.sender.backend()
         );
+    }
+}
+
+/// vLLM 0.33 views of `layers` layers of `(32, 2, 16, 64)` bf16 blocks: layer-major (LBNHC) or block-major
+/// (BLNHC) over one buffer.
+fn vllm_views(layers: u64, block_major: bool) -> Vec<transfer_engine::TensorView> {
+    let block = 2 * 16 * 64;
+    (0..layers)
+        .map(|l| {
+            let (stride, at) = if block_major {
+                (block * layers, l * block)
+            } else {
+                (block, l * 32 * block)
+            };
+            transfer_engine::TensorView::new(&[32, 2, 16, 64], &[stride, 64, 128, 1], at, 2)
+        })
+        .collect()
+}
+
+/// The older K/V-apart views, `(2, 32, 16, 2, 32)` bf16 per layer, with `gap` elements between K and V.
+fn kv_apart_views(layers: u64, gap: u64) -> Vec<transfer_engine::TensorView> {
+    let half = 32 * 16 * 2 * 32;
+    (0..layers)
+        .map(|l| {
+            transfer_engine::TensorView::new(
+                &[2, 32, 16, 2, 32],
+                &[half + gap, 1024, 64, 32, 1],
+                l * (2 * half + gap),
+                2,
+            )
+        })
+        .collect()
+}
+
+/// A block's logical bytes, gathered from its chunks.
+fn gather(layout: &KvLayout, bytes: &[u8], block: BlockId) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (at, len) in layout.chunks(block) {
+        out.extend_from_slice(&bytes[at as usize..(at + len) as usize]);
+    }
+    out
+}
+
+fn strided_layouts_arrive_block_for_block(pair: &Pair) {
+    let pairs = [
+        (
+            KvLayout::from_vllm(&vllm_views(3, false), Dtype::Bf16).unwrap(),
+            KvLayout::from_vllm(&vllm_views(3, true), Dtype::Bf16).unwrap(),
+        ),
+        (
+            KvLayout::from_kv_apart(&kv_apart_views(3, 0), Dtype::Bf16).unwrap(),
+            KvLayout::from_kv_apart(&kv_apart_views(3, 4096), Dtype::Bf16).unwrap(),
+        ),
+    ];
+    let mut regions = Vec::new();
+    for (i, (src_layout, dst_layout)) in pairs.iter().enumerate() {
+        let source = pattern(src_layout.total_bytes() as usize, i as u8);
+        let src = pair
+            .sender
+            .register_kv_region(*src_layout, MemoryRegion::from_vec(source.clone()))
+            .unwrap();
+        let pool = MemoryRegion::zeroed(dst_layout.total_bytes() as usize);
+        let dst = pair
+            .receiver
+            .register_kv_region(*dst_layout, pool.clone())
+            .unwrap();
+        pair.receiver
+            .publish_segment(&format!("strided{i}"), dst)
+            .unwrap();
+        regions.push((src, source, pool));
+    }
+    let address = pair.receiver.address().expect("a receiver has an address");
+    let peer = pair.block_on(pair.sender.connect(&address)).unwrap();
+    for (i, ((src_layout, dst_layout), (src, source, pool))) in
+        pairs.iter().zip(&regions).enumerate()
+    {
+        let dst = *peer.segment(&format!("strided{i}")).unwrap();
+        for mode in [
+            TransferMode::Exclusive,
+            TransferMode::Packetized { slice_bytes: 1536 },
+            TransferMode::auto(),
+        ] {
+            pool.fill_with(|_, bytes| bytes.fill(0)).unwrap();
+            // Blocks out of order and onto other blocks, as a serving engine's block tables hand them out.
+            let req = TransferRequest::blocks(
+                peer.peer,
+                src,
+                vec![5, 6, 7, 0, 31],
+                &dst,
+                vec![9, 10, 11, 30, 1],
+                0..3,
+            )
+            .unwrap()
+            .with_mode(mode)
+            .with_deadline(Duration::from_secs(30));
+            let session = pair.sender.submit(req).unwrap();
+            pair.delivered(session);
+            let got = pool.to_vec().unwrap();
+            for layer in 0..3 {
+                for (s, d) in [(5, 9), (6, 10), (7, 11), (0, 30), (31, 1)] {
+                    assert!(
+                        gather(src_layout, source, BlockId::new(layer, s))
+                            == gather(dst_layout, &got, BlockId::new(layer, d)),
+                        "{} {mode:?} pair {i}: layer {layer} block {s} -> {d} differs",
+                        pair.sender.backend()
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -355,6 +465,7 @@ macro_rules! conformance {
         conformance!(
             @each $backend, $fixture,
             every_mode_arrives_byte_identical,
+            strided_layouts_arrive_block_for_block,
             layers_stream_within_the_prefetch_window,
             cancel_hands_back_what_was_not_delivered,
             bad_requests_are_refused_as_the_callers,
