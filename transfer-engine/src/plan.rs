@@ -136,12 +136,9 @@ pub(crate) struct BlockShape {
 impl BlockShape {
     /// The shape of blocks moving from `src` to `dst` (which hold as many bytes per block).
     pub(crate) fn between(src: &KvLayout, dst: &KvLayout) -> Self {
-        let mut cuts: Vec<u64> = [src.cut(), dst.cut()].into_iter().flatten().collect();
-        cuts.sort_unstable();
-        cuts.dedup();
         Self {
             block_bytes: src.block_bytes,
-            cuts,
+            cuts: src.cuts_with(dst),
             runs: src.blocks_are_contiguous() && dst.blocks_are_contiguous(),
         }
     }

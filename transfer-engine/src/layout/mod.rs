@@ -374,6 +374,16 @@ impl KvLayout {
         self.placement.split.map(|s| s.first_len)
     }
 
+    /// Where a block moving between this layout and `other` must be cut: both sides' [`KvLayout::cut`],
+    /// sorted, each once.
+    #[must_use]
+    pub fn cuts_with(&self, other: &KvLayout) -> Vec<u64> {
+        let mut cuts: Vec<u64> = [self.cut(), other.cut()].into_iter().flatten().collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        cuts
+    }
+
     /// Whether consecutive blocks of a layer follow each other in the region with nothing between them,
     /// so a run of them can travel as one unit.
     #[must_use]
@@ -421,10 +431,8 @@ impl KvLayout {
     /// piece of the two sides' chunks.
     #[must_use]
     pub fn copies_to(&self, from: BlockId, dst: &KvLayout, to: BlockId) -> Vec<(u64, u64, u64)> {
-        let mut cuts: Vec<u64> = [self.cut(), dst.cut()].into_iter().flatten().collect();
+        let mut cuts = self.cuts_with(dst);
         cuts.push(self.block_bytes);
-        cuts.sort_unstable();
-        cuts.dedup();
         let mut at = 0;
         let mut out = Vec::with_capacity(cuts.len());
         for cut in cuts {

@@ -154,30 +154,15 @@ impl KvLayout {
             dtype,
             "num_blocks, num_kv_heads, block_size, head_size",
         )?;
-        let e = v.element_size;
         // Token-major inside a block: tokens, then heads, then channels.
         let block_elems = dense(v, &[2, 1, 3], &["block_size", "num_kv_heads", "head_size"])?;
         let (blocks, heads, tokens, head) = (v.shape[0], v.shape[1], v.shape[2], v.shape[3]);
-        let block_stride = v.strides[0] * e;
-        let (base, layer_stride) = layer_steps(views, block_stride * blocks)?;
-        Self::placed(
-            dim(views.len() as u64, "layer count")?,
-            dim(blocks, "num_blocks")?,
-            block_elems * e,
-            dim(tokens, "block_size")?,
-            dtype,
-            KvHeads {
-                kv_heads: dim(heads, "num_kv_heads")?,
-                head_size: dim(head, "head_size")?,
-                kind: KvKind::KvTogether,
-            },
-            BlockPlacement {
-                base,
-                layer_stride,
-                block_stride,
-                split: None,
-            },
-        )
+        let heads = KvHeads {
+            kv_heads: dim(heads, "num_kv_heads")?,
+            head_size: dim(head, "head_size")?,
+            kind: KvKind::KvTogether,
+        };
+        one_chunk(views, dtype, (blocks, tokens, block_elems), heads)
     }
 
     /// Older vLLM FlashAttention caches: one view per layer of shape `[2, num_blocks, block_size,
@@ -228,28 +213,40 @@ impl KvLayout {
     /// per token, the same on every tensor-parallel rank.
     pub fn from_mla(views: &[TensorView], dtype: Dtype) -> Result<Self, Error> {
         let v = common(views, dtype, "num_blocks, block_size, latent_size")?;
-        let e = v.element_size;
         let block_elems = dense(v, &[1, 2], &["block_size", "latent_size"])?;
         let (blocks, tokens, latent) = (v.shape[0], v.shape[1], v.shape[2]);
-        let block_stride = v.strides[0] * e;
-        let (base, layer_stride) = layer_steps(views, block_stride * blocks)?;
-        Self::placed(
-            dim(views.len() as u64, "layer count")?,
-            dim(blocks, "num_blocks")?,
-            block_elems * e,
-            dim(tokens, "block_size")?,
-            dtype,
-            KvHeads {
-                kv_heads: 1,
-                head_size: dim(latent, "latent_size")?,
-                kind: KvKind::Mla,
-            },
-            BlockPlacement {
-                base,
-                layer_stride,
-                block_stride,
-                split: None,
-            },
-        )
+        let heads = KvHeads {
+            kv_heads: 1,
+            head_size: dim(latent, "latent_size")?,
+            kind: KvKind::Mla,
+        };
+        one_chunk(views, dtype, (blocks, tokens, block_elems), heads)
     }
+}
+
+/// A layout whose blocks are one chunk of `block_elems` elements each, `stride(0)` apart, its layers one
+/// storage step apart (vLLM's views and MLA's).
+fn one_chunk(
+    views: &[TensorView],
+    dtype: Dtype,
+    (blocks, tokens, block_elems): (u64, u64, u64),
+    heads: KvHeads,
+) -> Result<KvLayout, Error> {
+    let e = views[0].element_size;
+    let block_stride = views[0].strides[0] * e;
+    let (base, layer_stride) = layer_steps(views, block_stride * blocks)?;
+    KvLayout::placed(
+        dim(views.len() as u64, "layer count")?,
+        dim(blocks, "num_blocks")?,
+        block_elems * e,
+        dim(tokens, "block_size")?,
+        dtype,
+        heads,
+        BlockPlacement {
+            base,
+            layer_stride,
+            block_stride,
+            split: None,
+        },
+    )
 }
