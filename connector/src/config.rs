@@ -3,10 +3,13 @@
 use std::time::Duration;
 
 use policy::Namespace;
-use transfer_engine::{Dtype, KvLayout, ShapingConfig, TrafficClass};
+use transfer_engine::{
+    BlockPlacement, ChunkSplit, Dtype, KvHeads, KvKind, KvLayout, ShapingConfig, TrafficClass,
+};
 
 use crate::error::ConnectorError;
 use crate::keys::{ExtraKeyLayout, VllmHasher, root_hash};
+use crate::tp::TpRank;
 
 /// What an instance does with KV.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +59,14 @@ pub struct ConnectorConfig {
     pub extra_key_layout: ExtraKeyLayout,
     /// Transformer layers of the KV cache.
     pub layers: u32,
-    /// Bytes of one block of one layer (K and V together).
+    /// Bytes of one block of one layer (K and V together), of this rank's heads.
     pub block_bytes: u64,
+    /// The heads a block holds on this rank and their arrangement ([`KvHeads::UNSTATED`]: bytes only).
+    /// The KV caches registered must state the same; the tier store keeps blocks in this arrangement, so
+    /// KV of one arrangement never reaches caches of another.
+    pub heads: KvHeads,
+    /// This worker's tensor-parallel rank ([`TpRank::SINGLE`] without tensor parallelism).
+    pub tp: TpRank,
     /// Blocks the local tier store keeps in host memory (producers; 0 for a consumer).
     pub store_blocks: u32,
     /// Rank the store's blocks with the tier manager's ARC-style segments instead of plain heat order
@@ -86,6 +95,8 @@ impl ConnectorConfig {
             extra_key_layout: ExtraKeyLayout::Tagged,
             layers: 32,
             block_bytes: 64 << 10,
+            heads: KvHeads::UNSTATED,
+            tp: TpRank::SINGLE,
             store_blocks: if role.saves() { 1024 } else { 0 },
             store_segments: false,
             prefetch_depth: 2,
@@ -107,19 +118,57 @@ impl ConnectorConfig {
                 "a producer needs store_blocks > 0 (the host-memory tier it saves into)".into(),
             ));
         }
+        self.tp.validate()?;
         self.kv_layout(1)?;
         Ok(())
     }
 
-    /// The KV layout of a pool of `blocks` blocks with these dimensions.
+    /// Whether this rank's KV is MLA (the same on every rank).
+    #[must_use]
+    pub fn is_mla(&self) -> bool {
+        self.heads.kind == KvKind::Mla
+    }
+
+    /// The layer-major KV layout of a pool of `blocks` blocks with these dimensions and heads (K/V apart
+    /// keeps K in a block's first half, V in its second).
     pub fn kv_layout(&self, blocks: u32) -> Result<KvLayout, ConnectorError> {
-        Ok(KvLayout::new(
+        let dense = KvLayout::new(
             self.layers,
             blocks,
             self.block_bytes,
             self.namespace.block_size,
             self.namespace.dtype,
+        )?;
+        let split = (self.heads.kind == KvKind::KvApart).then_some(ChunkSplit {
+            first_len: self.block_bytes / 2,
+            second_offset: self.block_bytes / 2,
+        });
+        Ok(KvLayout::placed(
+            self.layers,
+            blocks,
+            self.block_bytes,
+            self.namespace.block_size,
+            self.namespace.dtype,
+            self.heads,
+            BlockPlacement {
+                split,
+                ..dense.placement
+            },
         )?)
+    }
+
+    /// Checks that KV caches of `layout` hold the KV these settings describe: layers, tokens and bytes
+    /// per block, dtype and heads (pool size and placement are the caches' own). The error names both
+    /// values.
+    pub fn check_caches(&self, layout: &KvLayout) -> Result<(), ConnectorError> {
+        let ours = self.kv_layout(layout.blocks_per_layer)?;
+        if layout.heads != ours.heads {
+            return Err(ConnectorError::Config(format!(
+                "the KV caches hold {:?} but the connector is configured for {:?}",
+                layout.heads, ours.heads
+            )));
+        }
+        Ok(ours.check_compatible(layout)?)
     }
 
     /// The block hasher these settings imply.

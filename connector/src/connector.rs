@@ -20,6 +20,7 @@ use crate::producer::{ProducerCore, lock};
 use crate::runtime::OwnRuntime;
 use crate::state::{SchedulerState, WorkerState};
 use crate::store::TierStore;
+use crate::tp::{RankHandshake, RankKv, check_pairing};
 
 /// Where a consumer's KV comes from.
 #[derive(Debug)]
@@ -87,6 +88,8 @@ pub struct KvConnector {
     pub(crate) worker: Mutex<WorkerState>,
     /// The registered KV caches of a consumer, as its producer addresses them.
     pub(crate) kv_handle: Mutex<Option<RegionHandle>>,
+    /// Every rank's control address, in rank order, once the scheduler rank was told them.
+    pub(crate) rank_controls: Mutex<Vec<SocketAddr>>,
 }
 
 impl std::fmt::Debug for KvConnector {
@@ -145,6 +148,10 @@ impl KvConnector {
                 timeout: cfg.load_timeout,
                 runtime: rt.handle().clone(),
                 streams: Mutex::default(),
+                rank: RankKv {
+                    tp: cfg.tp,
+                    mla: cfg.is_mla(),
+                },
             }))
         } else {
             None
@@ -165,6 +172,7 @@ impl KvConnector {
             sched: Mutex::default(),
             worker: Mutex::default(),
             kv_handle: Mutex::new(None),
+            rank_controls: Mutex::default(),
         })
     }
 
@@ -261,6 +269,11 @@ impl KvConnector {
                 "a loopback pair is one producer and one consumer".into(),
             ));
         }
+        let rank = |c: &ConnectorConfig| RankKv {
+            tp: c.tp,
+            mla: c.is_mla(),
+        };
+        check_pairing(rank(&producer), rank(&consumer)).map_err(ConnectorError::TensorParallel)?;
         let producer_rt = runtime()?;
         let (producer_end, consumer_end) = LoopbackPair::with_defaults().into_nodes();
         let p = Self::assemble(
@@ -359,6 +372,24 @@ impl KvConnector {
         }
     }
 
+    /// This rank's tensor-parallel place and whether its KV is MLA.
+    pub(crate) fn rank_kv(&self) -> RankKv {
+        RankKv {
+            tp: self.cfg.tp,
+            mla: self.cfg.is_mla(),
+        }
+    }
+
+    /// vLLM's `get_handshake_metadata`: this worker's rank and control address, for the serving engine to
+    /// hand the scheduler rank ([`KvConnector::set_rank_handshakes`]).
+    #[must_use]
+    pub fn rank_handshake(&self) -> RankHandshake {
+        RankHandshake {
+            tp: self.cfg.tp,
+            control: self.control_addr,
+        }
+    }
+
     /// Registers the worker's KV caches: `memory` holds `blocks` blocks per layer in the configured
     /// layout (layer-major). A consumer's loads land in it in place; a producer saves out of it.
     pub fn register_kv_caches(
@@ -366,12 +397,25 @@ impl KvConnector {
         memory: MemoryRegion,
         blocks: u32,
     ) -> Result<(), ConnectorError> {
-        let layout = self.cfg.kv_layout(blocks)?;
+        self.register_kv_layout(memory, self.cfg.kv_layout(blocks)?)
+    }
+
+    /// Registers the worker's KV caches as the serving engine placed them: `layout` says where every
+    /// (layer, block) lies in `memory` (see [`KvLayout::from_vllm`] for vLLM's views over one buffer).
+    /// Its layers, tokens and bytes per block, dtype and heads must be the configured ones (the error
+    /// names both values); a consumer's loads land in place, a producer saves out of it.
+    pub fn register_kv_layout(
+        &self,
+        memory: MemoryRegion,
+        layout: KvLayout,
+    ) -> Result<(), ConnectorError> {
+        self.cfg.check_caches(&layout)?;
         crate::copier::BlockCopier::check(memory.kind())?;
         if (memory.len() as u64) < layout.total_bytes() {
             return Err(ConnectorError::Config(format!(
-                "KV caches of {} bytes are smaller than {blocks} blocks of the layout ({} bytes)",
+                "KV caches of {} bytes are smaller than {} blocks of the layout ({} bytes)",
                 memory.len(),
+                layout.blocks_per_layer,
                 layout.total_bytes()
             )));
         }

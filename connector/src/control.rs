@@ -3,11 +3,14 @@
 //!
 //! ```text
 //! consumer                                        producer
-//!   {"op":"lookup","ns":..,"keys":[hex..]}     ->
+//!   {"op":"lookup","ns":..,"keys":[hex..],"tp":{"rank":0,"size":1,"mla":false}}     ->
 //!                                              <-  {"reply":"found","blocks":n}
-//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r} ->
+//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r,"tp":{..}} ->
 //!                                              <-  {"reply":"started","session":s,"served":n}
 //! ```
+//! `tp` is the consumer's tensor-parallel rank and whether its KV is MLA: a producer rank answers only
+//! the consumer rank of its own number in an instance of its own size (any rank, for MLA on both sides),
+//! and refuses others with an error naming both ([`crate::tp`]).
 //! A lookup counts blocks stored whole and blocks being saved now (a load streams their layers as they
 //! are saved). A load's reply names the sending session; the consumer waits on it layer by layer. Lines longer than
 //! [`MAX_LINE`] end the connection (memory stays bounded); a malformed line is answered with an error.
@@ -27,6 +30,7 @@ use transfer_engine::{PeerId, RegionHandle, SessionId, TrafficClass};
 use crate::error::ConnectorError;
 use crate::keys::{BlockHash, ScopedKey};
 use crate::producer::{ProducerCore, Started};
+use crate::tp::{RankKv, check_pairing};
 
 /// Longest control line accepted (16 MiB: about 250,000 keys).
 pub const MAX_LINE: u64 = 16 << 20;
@@ -41,6 +45,7 @@ pub(crate) enum Request {
     Lookup {
         ns: u64,
         keys: Vec<String>,
+        tp: RankKv,
     },
     Load {
         ns: u64,
@@ -49,6 +54,7 @@ pub(crate) enum Request {
         blocks: Vec<u32>,
         class: u8,
         request: u64,
+        tp: RankKv,
     },
 }
 
@@ -141,8 +147,12 @@ async fn answer(
     peers: &tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>,
     req: Request,
 ) -> Reply {
+    let (Request::Lookup { tp, .. } | Request::Load { tp, .. }) = &req;
+    if let Err(message) = check_pairing(core.rank, *tp) {
+        return Reply::Error { message };
+    }
     match req {
-        Request::Lookup { ns, keys } => match parse_keys(ns, &keys) {
+        Request::Lookup { ns, keys, .. } => match parse_keys(ns, &keys) {
             Ok(keys) => Reply::Found {
                 blocks: core.lookup_streaming(&keys),
             },
@@ -155,6 +165,7 @@ async fn answer(
             blocks,
             class,
             request,
+            ..
         } => {
             let keys = match parse_keys(ns, &keys) {
                 Ok(k) => k,
@@ -301,7 +312,11 @@ impl ControlClient {
         Ok(reply)
     }
 
-    pub(crate) async fn lookup(&self, keys: &[ScopedKey]) -> Result<usize, ConnectorError> {
+    pub(crate) async fn lookup(
+        &self,
+        keys: &[ScopedKey],
+        tp: RankKv,
+    ) -> Result<usize, ConnectorError> {
         let Some(first) = keys.first() else {
             return Ok(0);
         };
@@ -309,6 +324,7 @@ impl ControlClient {
             .call(&Request::Lookup {
                 ns: first.ns.0,
                 keys: hex_keys(keys),
+                tp,
             })
             .await?
         {
@@ -324,6 +340,7 @@ impl ControlClient {
         blocks: &[u32],
         class: TrafficClass,
         request: u64,
+        tp: RankKv,
     ) -> Result<(Option<SessionId>, usize), ConnectorError> {
         let Some(first) = keys.first() else {
             return Ok((None, 0));
@@ -336,6 +353,7 @@ impl ControlClient {
                 blocks: blocks.to_vec(),
                 class: class_code(class),
                 request,
+                tp,
             })
             .await?
         {

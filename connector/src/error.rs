@@ -48,6 +48,9 @@ pub enum ConnectorError {
         /// What happened.
         message: String,
     },
+    /// Two instances' tensor-parallel ranks cannot exchange KV (different sizes, or different ranks).
+    #[error("tensor parallelism: {0}")]
+    TensorParallel(String),
     /// A load session ended without some of its layers.
     #[error("load session {session} lost layer {layer}: its blocks must be recomputed")]
     LayerLost {

@@ -97,6 +97,7 @@ mod runtime;
 mod scheduler;
 mod state;
 pub mod store;
+pub mod tp;
 mod worker;
 
 pub use config::{ConnectorConfig, Role, namespace};
@@ -108,3 +109,4 @@ pub use keys::{
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use request::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
 pub use store::{SaveReport, SourceBlocks, TierStore};
+pub use tp::{RankHandshake, TpRank};

@@ -17,6 +17,7 @@ use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 use crate::metrics::{Direction, Metrics};
 use crate::store::TierStore;
+use crate::tp::RankKv;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -56,6 +57,8 @@ pub(crate) struct ProducerCore {
     pub(crate) runtime: tokio::runtime::Handle,
     /// Loads waiting for layers still to be saved. Locked after `store`, never before.
     pub(crate) streams: Mutex<Vec<Stream>>,
+    /// This worker's tensor-parallel rank: consumers of another rank are refused.
+    pub(crate) rank: RankKv,
 }
 
 impl ProducerCore {

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::{BlockHash, RequestExtras, ScopedKey};
+use crate::tp::TpRank;
 
 /// A request as the scheduler sees it.
 #[derive(Debug, Clone, Copy)]
@@ -25,10 +26,31 @@ pub struct KvRequest<'a> {
 
 /// What a producer hands back when a request finishes, for the proxy to pass to the consumer that
 /// decodes it (vLLM's `kv_transfer_params`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvTransferParams {
-    /// The producer's control address.
+    /// The control address of the producer's scheduler rank (rank 0).
     pub producer: SocketAddr,
+    /// Every producer rank's control address, in rank order, under tensor parallelism (empty: one rank,
+    /// at `producer`). A consumer's rank *i* loads from rank *i*.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<SocketAddr>,
+}
+
+impl KvTransferParams {
+    /// Parameters naming one producer rank.
+    #[must_use]
+    pub fn single(producer: SocketAddr) -> KvTransferParams {
+        KvTransferParams {
+            producer,
+            ranks: Vec::new(),
+        }
+    }
+
+    /// The control address consumer rank `tp` loads from (see [`crate::TpRank`]).
+    #[must_use]
+    pub fn control_for(&self, tp: TpRank) -> SocketAddr {
+        crate::tp::rank_control(&self.ranks, tp).unwrap_or(self.producer)
+    }
 }
 
 /// Blocks of one request to load or save in this step: `keys[i]` goes to or comes from block `blocks[i]`
@@ -44,7 +66,7 @@ pub struct BlockSpec {
     /// Load from this instance's own tier store (a `both` connector's lower tier) rather than a producer.
     pub local: bool,
     /// The producer to load from (`None`: the default one).
-    pub producer: Option<SocketAddr>,
+    pub producer: Option<KvTransferParams>,
 }
 
 /// What the workers need for one step (vLLM's `KVConnectorMetadata`).

@@ -1,14 +1,13 @@
 //! Scheduler-side calls: how much of a request can be loaded, which blocks it got, the per-step
 //! metadata for the workers, and the end of a request.
 
-use std::net::SocketAddr;
-
 use crate::connector::{KvConnector, Source};
 use crate::error::ConnectorError;
 use crate::keys::{ScopedKey, scoped};
 use crate::producer::lock;
 use crate::request::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
 use crate::state::Tracked;
+use crate::tp::{RankHandshake, rank_controls};
 
 impl KvConnector {
     /// The keys of `req`'s full blocks in the current namespace.
@@ -32,15 +31,17 @@ impl KvConnector {
     fn lookup(
         &self,
         keys: &[ScopedKey],
-        producer: Option<SocketAddr>,
+        producer: Option<&KvTransferParams>,
     ) -> Result<usize, ConnectorError> {
         match &self.source {
             Source::None => Ok(0),
             Source::Local(core, _) => Ok(core.lookup_streaming(keys)),
-            Source::Remote(remotes) => match remotes.client(producer) {
-                Some(client) => self.block_on(client.lookup(keys)),
-                None => Ok(0),
-            },
+            Source::Remote(remotes) => {
+                match remotes.client(producer.map(|p| p.control_for(self.cfg.tp))) {
+                    Some(client) => self.block_on(client.lookup(keys, self.rank_kv())),
+                    None => Ok(0),
+                }
+            }
         }
     }
 
@@ -59,12 +60,12 @@ impl KvConnector {
         let bs = self.cfg.namespace.block_size as usize;
         let computed_blocks = num_computed / bs;
         let (mut matched, mut local) = (0, false);
-        let producer = req.transfer_params.map(|p| p.producer);
+        let producer = req.transfer_params.cloned();
         if self.cfg.role.loads() {
             let usable = keys.len().min(req.tokens.len().saturating_sub(1) / bs);
             // A `both` connector's own store is a lower tier: it wins when it holds at least as much.
             let here = self.stored_prefix(&keys[..usable]);
-            matched = self.lookup(&keys[..usable], producer)?;
+            matched = self.lookup(&keys[..usable], producer.as_ref())?;
             if here > 0 && here >= matched {
                 (matched, local) = (here, true);
             }
@@ -111,7 +112,7 @@ impl KvConnector {
                     keys: t.keys[first..last].to_vec(),
                     blocks: block_ids[first..last].to_vec(),
                     local: t.local,
-                    producer: t.producer,
+                    producer: t.producer.clone(),
                 });
             }
         }
@@ -138,13 +139,27 @@ impl KvConnector {
     /// vLLM's `request_finished`: the request is done. Returns whether the engine must keep its blocks
     /// until [`KvConnector::get_finished`] reports it (never here: a producer copies each layer into its
     /// tier store during `save_kv_layer`, so the engine's blocks are free once the step ends), and, from a
-    /// producer, where a consumer finds the request's KV (vLLM's `kv_transfer_params`).
+    /// producer, where a consumer finds the request's KV (vLLM's `kv_transfer_params`): this rank's
+    /// control address and, under tensor parallelism, every rank's (see
+    /// [`KvConnector::set_rank_handshakes`]).
     pub fn request_finished(&self, request: &str) -> (bool, Option<KvTransferParams>) {
         lock(&self.sched).requests.remove(request);
         let params = self
             .control_addr
             .filter(|_| self.cfg.role.saves())
-            .map(|producer| KvTransferParams { producer });
+            .map(|producer| KvTransferParams {
+                producer,
+                ranks: lock(&self.rank_controls).clone(),
+            });
         (false, params)
+    }
+
+    /// vLLM's `set_xfer_handshake_metadata`: every rank's handshake ([`KvConnector::rank_handshake`]),
+    /// gathered by the serving engine, so transfer parameters name each rank's control address. Needed
+    /// on a producer's scheduler rank under tensor parallelism; the error names a missing or wrong rank.
+    pub fn set_rank_handshakes(&self, handshakes: &[RankHandshake]) -> Result<(), ConnectorError> {
+        let controls = rank_controls(self.cfg.tp, handshakes)?;
+        *lock(&self.rank_controls) = controls;
+        Ok(())
     }
 }

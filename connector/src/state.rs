@@ -2,14 +2,13 @@
 //! metadata, the worker's KV caches, running loads, failed blocks and finished requests.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::time::Instant;
 
 use transfer_engine::{KvLayout, MemoryRegion, SessionId};
 
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
-use crate::request::ConnectorMetadata;
+use crate::request::{ConnectorMetadata, KvTransferParams};
 
 /// A request the scheduler half follows until it finishes.
 #[derive(Debug, Clone)]
@@ -18,7 +17,7 @@ pub(crate) struct Tracked {
     pub(crate) computed_blocks: usize,
     pub(crate) matched_blocks: usize,
     pub(crate) local: bool,
-    pub(crate) producer: Option<SocketAddr>,
+    pub(crate) producer: Option<KvTransferParams>,
 }
 
 /// The scheduler half's state.

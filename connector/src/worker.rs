@@ -69,7 +69,8 @@ impl KvConnector {
                     .load(&keys, *peer, &handle, &blocks, self.cfg.class, number)
                     .map(|s| (s.session, s.served)),
                 Source::Remote(remotes) => {
-                    let client = remotes.client(producer).ok_or(ConnectorError::Config(
+                    let at = producer.as_ref().map(|p| p.control_for(self.cfg.tp));
+                    let client = remotes.client(at).ok_or(ConnectorError::Config(
                         "no producer to load from: configure one or pass transfer_params".into(),
                     ));
                     let addr = self.transport.address().ok_or(ConnectorError::Config(
@@ -82,6 +83,7 @@ impl KvConnector {
                             &blocks,
                             self.cfg.class,
                             number,
+                            self.rank_kv(),
                         )),
                         (Err(e), _) | (_, Err(e)) => Err(e),
                     }

@@ -313,9 +313,11 @@ fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
         0,
         "no producer named"
     );
-    let params = connector::KvTransferParams {
-        producer: p.control_addr().unwrap(),
-    };
+    let params = p.request_finished("t").1.expect("a producer names itself");
+    assert_eq!(
+        params,
+        connector::KvTransferParams::single(p.control_addr().unwrap())
+    );
     // The proxy carries the producer's answer as JSON, as vLLM's kv_transfer_params.
     let carried: connector::KvTransferParams =
         serde_json::from_str(&serde_json::to_string(&params).unwrap()).unwrap();
