@@ -18,6 +18,15 @@ for size in 64KiB 256KiB 1MiB 4MiB 64MiB; do
   $tb run --backend tcp --block-bytes $size --total-bytes 512MiB --iterations 5 --json >> "$out/run.jsonl"
 done
 
+# Strided KV layouts against the layer-major one, each round running every layout in turn (7 rounds).
+: > "$out/layouts.jsonl"
+for size in 256KiB 4MiB; do
+  for backend in loopback tcp; do
+    $tb run --backend $backend --layout layer-major --layout block-major --layout kv-apart \
+      --layout layer-to-block --block-bytes $size --iterations 3 --rounds 7 --json >> "$out/layouts.jsonl"
+  done
+done
+
 # Layer streaming in real time, depths 0-4, over TCP and the loopback pair.
 : > "$out/overlap.jsonl"
 for backend in tcp loopback; do

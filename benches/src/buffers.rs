@@ -4,26 +4,42 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use transfer_engine::KvLayout;
+use transfer_engine::{BlockId, KvLayout};
 
 use crate::report::quantile;
 
 /// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).
 pub(crate) fn memcpy_limit(src: &[u8], layout: KvLayout, iterations: usize) -> f64 {
-    let mut dst = vec![0u8; src.len()];
-    let block = layout.block_bytes as usize;
+    placed_memcpy_limit(src, (layout, layout), iterations)
+}
+
+/// GB/s of a plain memcpy of every block of `layouts.0` in `src` to the same block of `layouts.1`, chunk
+/// by chunk as they lie, between two warmed buffers (median of `iterations`): the limit of the same
+/// copies a transfer between those placements makes.
+pub(crate) fn placed_memcpy_limit(
+    src: &[u8],
+    layouts: (KvLayout, KvLayout),
+    iterations: usize,
+) -> f64 {
+    let (from, to) = layouts;
+    let mut dst = vec![0u8; to.total_bytes() as usize];
+    let copies: Vec<(usize, usize, usize)> = (0..from.layers)
+        .flat_map(|layer| (0..from.blocks_per_layer).map(move |b| BlockId::new(layer, b)))
+        .flat_map(|id| from.copies_to(id, &to, id))
+        .map(|(s, d, len)| (s as usize, d as usize, len as usize))
+        .collect();
     let mut seconds = Vec::new();
     for i in 0..=iterations {
         let start = Instant::now();
-        for (d, s) in dst.chunks_mut(block).zip(src.chunks(block)) {
-            d.copy_from_slice(s);
+        for &(s, d, len) in &copies {
+            dst[d..d + len].copy_from_slice(&src[s..s + len]);
         }
         std::hint::black_box(&mut dst);
         if i > 0 {
             seconds.push(start.elapsed().as_secs_f64());
         }
     }
-    src.len() as f64 / quantile(&mut seconds, 0.5) / 1e9
+    from.kv_bytes() as f64 / quantile(&mut seconds, 0.5) / 1e9
 }
 
 /// Bytes of a region of `layout`, as a length in memory.

@@ -15,6 +15,7 @@ mod load;
 mod net;
 mod overlap;
 mod pd;
+mod placement;
 mod progress;
 #[cfg(feature = "rdma")]
 mod rdma;

@@ -9,13 +9,15 @@ use serde::Serialize;
 use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferMode, TransferRequest};
 
 use crate::args::{fmt_size, parse_size};
-use crate::buffers::{fill, kv_len, memcpy_limit};
+use crate::buffers::{fill, kv_len, placed_memcpy_limit};
+use crate::placement::{LayoutArg, check_blocks};
 use crate::report::{print_rows, quantile};
 
 /// Columns of the `run` (and `connect`) table.
-pub(crate) const RUN_COLUMNS: [&str; 10] = [
+pub(crate) const RUN_COLUMNS: [&str; 11] = [
     "backend",
     "mode",
+    "layout",
     "block",
     "bytes",
     "gbps",
@@ -80,6 +82,15 @@ pub(crate) struct RunArgs {
     /// Wire mode; repeat or omit to run every mode.
     #[arg(long, value_enum)]
     mode: Vec<ModeArg>,
+    /// Physical KV layout of both sides (`--backend loopback` and `tcp`); repeat to compare layouts in
+    /// one run (default: layer-major).
+    #[arg(long, value_enum)]
+    layout: Vec<LayoutArg>,
+    /// Rounds per mode: each runs every `--layout` in turn (`--iterations` transfers each), so layouts
+    /// are compared over the same seconds of the machine; rows give the median round, and
+    /// `vs_first_layout` the median of each round's throughput over the first layout's.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Bytes per KV block (one layer's K and V of one block), with a unit: 4KiB, 256KiB, 4MiB.
     #[arg(long, value_parser = parse_size, default_value = "256KiB")]
     block_bytes: u64,
@@ -117,6 +128,8 @@ impl RunArgs {
         Self {
             backend: Backend::Loopback,
             mode: Vec::new(),
+            layout: Vec::new(),
+            rounds: 1,
             block_bytes: 256 << 10,
             total_bytes: 256 << 20,
             slice_bytes: 64 << 10,
@@ -135,6 +148,8 @@ impl RunArgs {
 pub(crate) struct RunRow {
     pub(crate) backend: &'static str,
     pub(crate) mode: &'static str,
+    /// Where the blocks lie on each side (`--layout`).
+    pub(crate) layout: &'static str,
     pub(crate) block_bytes: u64,
     pub(crate) block: String,
     pub(crate) bytes: u64,
@@ -147,6 +162,10 @@ pub(crate) struct RunRow {
     pub(crate) p99_ms: f64,
     pub(crate) retransmits: u64,
     pub(crate) recompute_blocks: usize,
+    /// Several `--layout`s: the median over rounds of this layout's throughput over the first layout's
+    /// in the same round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) vs_first_layout: Option<f64>,
     /// RDMA only: the libfabric provider that carried the bytes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) provider: Option<String>,
@@ -200,25 +219,71 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     } else {
         args.mode.clone()
     };
+    let layouts = if args.layout.is_empty() {
+        vec![LayoutArg::LayerMajor]
+    } else {
+        args.layout.clone()
+    };
+    if args.backend == Backend::Rdma && layouts != [LayoutArg::LayerMajor] {
+        bail!("--layout applies to --backend loopback and tcp only");
+    }
+    let rounds = args.rounds.max(1);
     let mut rows = Vec::new();
-    let progress = crate::progress::bar(modes.len() as u64, args.json);
-    for mode in modes {
+    let progress = crate::progress::bar((modes.len() * layouts.len() * rounds) as u64, args.json);
+    for &mode in &modes {
         let mode = mode.with_slice(slice_bytes);
-        progress.set_message(format!("{:?} {}", args.backend, mode.name()));
-        rows.push(match args.backend {
-            Backend::Rdma => measure_rdma(args, layout, mode)?,
-            Backend::Tcp if args.staged => tcp_row(layout, mode, args.iterations, true)?,
-            backend => measure(backend, layout, mode, args.iterations)?,
-        });
-        progress.inc(1);
+        // runs[layout][round]
+        let mut runs: Vec<Vec<RunRow>> = vec![Vec::new(); layouts.len()];
+        for _ in 0..rounds {
+            for (runs, &placed) in runs.iter_mut().zip(&layouts) {
+                progress.set_message(format!(
+                    "{:?} {} {}",
+                    args.backend,
+                    mode.name(),
+                    placed.name()
+                ));
+                let (src, dst) = placed.place(layout)?;
+                let mut row = match args.backend {
+                    Backend::Rdma => measure_rdma(args, layout, mode)?,
+                    Backend::Tcp => tcp_row((src, dst), mode, args.iterations, args.staged)?,
+                    Backend::Loopback => run_loopback((src, dst), mode, args.iterations)?,
+                };
+                row.layout = placed.name();
+                runs.push(row);
+                progress.inc(1);
+            }
+        }
+        rows.extend(median_rounds(runs));
     }
     progress.finish_and_clear();
-    let columns: &[&str] = if args.backend == Backend::Rdma {
-        &RDMA_COLUMNS
+    let mut columns: Vec<&str> = if args.backend == Backend::Rdma {
+        RDMA_COLUMNS.to_vec()
     } else {
-        &RUN_COLUMNS
+        RUN_COLUMNS.to_vec()
     };
-    print_rows(&rows, args.json, columns)
+    if layouts.len() > 1 {
+        columns.push("vs_first_layout");
+    }
+    print_rows(&rows, args.json, &columns)
+}
+
+/// One row per layout from its rounds (`runs[layout][round]`): the round of median throughput, and,
+/// beside several layouts, the median of each round's throughput over the first layout's.
+fn median_rounds(runs: Vec<Vec<RunRow>>) -> Vec<RunRow> {
+    let first: Vec<f64> = runs[0].iter().map(|r| r.gbps).collect();
+    let several = runs.len() > 1;
+    runs.into_iter()
+        .map(|mut rounds| {
+            let mut ratios: Vec<f64> = rounds.iter().zip(&first).map(|(r, f)| r.gbps / f).collect();
+            let recompute = rounds.iter().map(|r| r.recompute_blocks).sum();
+            let retransmits = rounds.iter().map(|r| r.retransmits).sum();
+            rounds.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
+            let mut row = rounds.swap_remove(rounds.len() / 2);
+            (row.recompute_blocks, row.retransmits) = (recompute, retransmits);
+            row.vs_first_layout = several.then(|| quantile(&mut ratios, 0.5));
+            row
+        })
+        .collect()
 }
 
 /// One RDMA row: the transfers and both limits.
@@ -267,22 +332,23 @@ pub(crate) fn measure(
         Backend::Rdma => {
             bail!("RDMA runs need a provider: use `te-bench run --backend rdma --provider P`")
         }
-        Backend::Loopback => run_loopback(layout, mode, iterations),
-        Backend::Tcp => tcp_row(layout, mode, iterations, false),
+        Backend::Loopback => run_loopback((layout, layout), mode, iterations),
+        Backend::Tcp => tcp_row((layout, layout), mode, iterations, false),
     }
 }
 
-/// A TCP run's row; `staged`: every payload through the lanes' staging buffers (backend `tcp-staged`).
+/// A TCP run's row from `layouts.0` into `layouts.1`; `staged`: every payload through the lanes'
+/// staging buffers (backend `tcp-staged`).
 fn tcp_row(
-    layout: KvLayout,
+    layouts: (KvLayout, KvLayout),
     mode: TransferMode,
     iterations: usize,
     staged: bool,
 ) -> anyhow::Result<RunRow> {
-    let run = crate::tcp::run_tcp(layout, mode, iterations, staged)?;
+    let run = crate::tcp::run_tcp(layouts, mode, iterations, staged)?;
     Ok(row(
         if staged { "tcp-staged" } else { "tcp" },
-        layout,
+        layouts.0,
         mode,
         run.seconds,
         run.limit_gbps,
@@ -301,12 +367,13 @@ pub(crate) fn row(
     retransmits: u64,
     recompute_blocks: usize,
 ) -> RunRow {
-    let bytes = layout.total_bytes();
+    let bytes = layout.kv_bytes();
     let median = quantile(&mut seconds, 0.5);
     let gbps = bytes as f64 / median / 1e9;
     RunRow {
         backend,
         mode: mode.name(),
+        layout: LayoutArg::LayerMajor.name(),
         block_bytes: layout.block_bytes,
         block: fmt_size(layout.block_bytes),
         bytes,
@@ -319,6 +386,7 @@ pub(crate) fn row(
         p99_ms: quantile(&mut seconds, 0.99) * 1e3,
         retransmits,
         recompute_blocks,
+        vs_first_layout: None,
         provider: None,
         provider_limit_gbps: None,
         provider_ratio: None,
@@ -347,21 +415,27 @@ pub(crate) fn layout_for(block_bytes: u64, total: u64) -> anyhow::Result<KvLayou
     )?)
 }
 
-fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyhow::Result<RunRow> {
+/// A loopback run's row from `layouts.0` into `layouts.1`.
+fn run_loopback(
+    layouts: (KvLayout, KvLayout),
+    mode: TransferMode,
+    iterations: usize,
+) -> anyhow::Result<RunRow> {
+    let (layout, dst_layout) = layouts;
     let pair = LoopbackPair::with_defaults();
     // Caller-owned memory on both ends, registered as it is.
     let mut kv = vec![0u8; usize::try_from(layout.total_bytes())?];
     fill(&mut kv);
-    let dst_memory = MemoryRegion::zeroed(kv_len(layout)?);
+    let dst_memory = MemoryRegion::zeroed(kv_len(dst_layout)?);
     dst_memory.fill_with(|_, b| b.fill(0))?; // touched now, as the memcpy limit's buffers are
-    let limit = memcpy_limit(&kv, layout, iterations);
+    let limit = placed_memcpy_limit(&kv, layouts, iterations);
     let src_memory = MemoryRegion::from_vec(kv);
     let src = pair
         .producer()
         .register_kv_region(layout, src_memory.clone())?;
     let dst = pair
         .consumer()
-        .register_kv_region(layout, dst_memory.clone())?;
+        .register_kv_region(dst_layout, dst_memory.clone())?;
     let mut seconds = Vec::new();
     let mut recompute = 0;
     for i in 0..=iterations {
@@ -372,11 +446,7 @@ fn run_loopback(layout: KvLayout, mode: TransferMode, iterations: usize) -> anyh
             seconds.push(out.elapsed.as_secs_f64());
         }
     }
-    if *src_memory.read(0..src_memory.len())? != *dst_memory.read(0..dst_memory.len())? {
-        bail!(
-            "destination differs from source after the transfer: this is a bug, please report it"
-        );
-    }
+    check_blocks(&src_memory, &layout, &dst_memory, &dst_layout)?;
     let retransmits = pair.producer().stats().retransmits;
     Ok(row(
         "loopback",

@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+use crate::placement::check_blocks;
 use backends::tcp::{BlockingNode, SocketCopy, TcpConfig, TcpNode};
 use transfer_engine::{
     KvLayout, MemoryRegion, RegionHandle, SHARD_BYTES, TransferMode, TransferRequest,
@@ -26,11 +28,12 @@ pub(crate) struct TcpRun {
     pub(crate) recompute_blocks: usize,
 }
 
-/// Runs one warm-up and `iterations` measured transfers of a whole `layout` in `mode` between two TCP
-/// nodes, checks the destination is byte-identical to the source, and measures the socket-copy limit.
-/// `staged`: both nodes stage every payload through their lanes' buffers (`stage_host_memory`).
+/// Runs one warm-up and `iterations` measured transfers of every block of `layouts.0` into `layouts.1`
+/// in `mode` between two TCP nodes, checks every destination block is byte-identical to its source, and
+/// measures the socket-copy limit. `staged`: both nodes stage every payload through their lanes'
+/// buffers (`stage_host_memory`).
 pub(crate) fn run_tcp(
-    layout: KvLayout,
+    layouts: (KvLayout, KvLayout),
     mode: TransferMode,
     iterations: usize,
     staged: bool,
@@ -46,8 +49,9 @@ pub(crate) fn run_tcp(
     };
     let lanes = sender_cfg.max_lanes_per_peer;
     let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
+    let (layout, dst_layout) = layouts;
     let src = sender.kv_region(layout)?;
-    let dst = receiver.kv_region(layout)?;
+    let dst = receiver.kv_region(dst_layout)?;
     fill(sender.node(), &src, 1)?;
     let addr = receiver
         .node()
@@ -75,7 +79,12 @@ pub(crate) fn run_tcp(
         }
     }
     if recompute_blocks == 0 {
-        check_identical(sender.node(), &src, receiver.node(), &dst)?;
+        check_blocks(
+            &sender.node().memory(src.id)?,
+            &layout,
+            &receiver.node().memory(dst.id)?,
+            &dst_layout,
+        )?;
     }
     if staged {
         let moved = bytes * (iterations as u64 + 1);
@@ -129,25 +138,4 @@ pub(crate) fn holds_pattern(memory: &MemoryRegion, seed: u64) -> anyhow::Result<
         offset = end;
     }
     Ok(true)
-}
-
-fn check_identical(
-    a: &TcpNode,
-    ra: &RegionHandle,
-    b: &TcpNode,
-    rb: &RegionHandle,
-) -> anyhow::Result<()> {
-    let (x, y) = (a.memory(ra.id)?, b.memory(rb.id)?);
-    let mut off = 0;
-    while off < x.len() {
-        let n = (x.len() - off).min(16 << 20);
-        if *x.read(off..off + n)? != *y.read(off..off + n)? {
-            bail!(
-                "destination differs from source in bytes {off}..{}: this is a bug, please report it",
-                off + n
-            );
-        }
-        off += n;
-    }
-    Ok(())
 }

@@ -1,4 +1,5 @@
-//! `te-bench run --backend tcp` moves bytes between two TCP nodes and reports them beside the socket copy.
+//! `te-bench run --backend tcp` moves bytes between two TCP nodes and reports them beside the socket copy;
+//! `--layout` moves them between strided layouts on either backend.
 
 mod common;
 
@@ -27,4 +28,33 @@ fn run_over_tcp_reports_throughput_beside_the_socket_copy() {
     assert!((v["ratio"].as_f64().unwrap() - ratio).abs() < 1e-9, "{v}");
     assert_eq!(v["backend"], "tcp");
     assert_eq!(v["recompute_blocks"], 0);
+}
+
+#[test]
+fn run_moves_and_checks_blocks_between_strided_layouts() {
+    for backend in ["loopback", "tcp"] {
+        for layout in ["block-major", "kv-apart", "layer-to-block"] {
+            // te-bench checks every block on arrival and fails the run if one differs.
+            let v = te_bench_json(&[
+                "run",
+                "--backend",
+                backend,
+                "--mode",
+                "auto",
+                "--layout",
+                layout,
+                "--block-bytes",
+                "64KiB",
+                "--total-bytes",
+                "8MiB",
+                "--iterations",
+                "1",
+                "--json",
+            ]);
+            assert_eq!(v["layout"], layout, "{v}");
+            assert_eq!(v["backend"], backend, "{v}");
+            assert_eq!(v["recompute_blocks"], 0, "{v}");
+            assert!(v["gbps"].as_f64().is_some_and(|x| x > 0.0), "{v}");
+        }
+    }
 }
