@@ -8,11 +8,6 @@ use transfer_engine::{BlockId, KvLayout};
 
 use crate::report::quantile;
 
-/// GB/s of a plain memcpy of the same blocks between two warmed buffers (median of `iterations`).
-pub(crate) fn memcpy_limit(src: &[u8], layout: KvLayout, iterations: usize) -> f64 {
-    placed_memcpy_limit(src, (layout, layout), iterations)
-}
-
 /// GB/s of a plain memcpy of every block of `layouts.0` in `src` to the same block of `layouts.1`, chunk
 /// by chunk as they lie, between two warmed buffers (median of `iterations`): the limit of the same
 /// copies a transfer between those placements makes.

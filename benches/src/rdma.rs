@@ -146,9 +146,9 @@ pub(crate) fn raw_limit(
     iterations: usize,
 ) -> anyhow::Result<f64> {
     if provider == "shm" {
-        Ok(crate::buffers::memcpy_limit(
+        Ok(crate::buffers::placed_memcpy_limit(
             &src.read(0..src.len())?,
-            layout,
+            (layout, layout),
             iterations,
         ))
     } else {
