@@ -14,7 +14,11 @@
 #   - the rdma backend (feature `rdma`) compiles a C shim against libfabric's headers (libfabric-dev) and runs
 #     bindgen over them, which loads libclang at build time (clang-sys, runtime loading): it looks for
 #     `libclang.so`, `libclang-*.so` or a versioned one in `llvm-config --libdir`, then in /usr/lib*/*/* and
-#     the like, which finds Debian 12's /usr/lib/llvm-14/lib/libclang.so from libclang-dev.
+#     the like, which finds Debian 12's /usr/lib/llvm-14/lib/libclang.so from libclang-dev;
+#   - the Python package's tests (scripts/python-env.sh) make a venv: python3 (>= 3.9) with its venv and
+#     ensurepip modules, which Debian ships apart as python3-venv ("python3-venv module:ensurepip" below
+#     is checked by importing the module with python3). The tools inside the venv (maturin, pytest, numpy)
+#     come from PyPI, pinned in that script.
 set -euo pipefail
 
 NEEDS=(
@@ -27,11 +31,16 @@ NEEDS=(
   "pkg-config pkg-config"
   "libfabric-dev /usr/include/rdma/fabric.h"
   "libclang-dev /usr/lib/llvm-14/lib/libclang.so"
+  "python3 python3"
+  "python3-venv module:ensurepip"
+  "python3-venv module:venv"
 )
 
 missing() {
   local what="$1"
-  if [[ "$what" == /* ]]; then
+  if [[ "$what" == module:* ]]; then
+    ! python3 -c "import ${what#module:}" >/dev/null 2>&1
+  elif [[ "$what" == /* ]]; then
     [ ! -e "$what" ]
   else
     ! command -v "$what" >/dev/null 2>&1

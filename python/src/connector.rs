@@ -1,0 +1,367 @@
+//! `Connector`: the KV connector shaped after vLLM's v1 connector, one call for each of vLLM's.
+
+use std::collections::HashMap;
+
+use backends::tcp::TcpConfig;
+use connector::{
+    ConnectorConfig, ConnectorMetadata, KvConnector, KvRequest, KvTransferParams, RequestExtras,
+    Role, TpRank, namespace,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyAny, PyDict};
+
+use crate::layout::{PyKvLayout, dtype};
+use crate::{buffer, err};
+
+/// Settings keys a connector takes, with what each means (the package docs list their defaults).
+const KEYS: [&str; 13] = [
+    "role",
+    "model",
+    "weight_version",
+    "block_size",
+    "dtype",
+    "layers",
+    "block_bytes",
+    "store_blocks",
+    "prefetch_depth",
+    "load_timeout",
+    "tp_rank",
+    "tp_size",
+    "python_hash_seed",
+];
+
+/// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
+fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
+    let bad =
+        |key: &str, e: PyErr| PyValueError::new_err(format!("connector setting {key:?}: {e}"));
+    for key in settings.keys() {
+        let key: String = key.extract()?;
+        if !KEYS.contains(&key.as_str()) {
+            return Err(PyValueError::new_err(format!(
+                "unknown connector setting {key:?}; known: {}",
+                KEYS.join(", ")
+            )));
+        }
+    }
+    fn get<'py, T: FromPyObjectOwned<'py>>(
+        settings: &Bound<'py, PyDict>,
+        key: &str,
+    ) -> PyResult<Option<T>> {
+        settings
+            .get_item(key)?
+            .map(|v| v.extract::<T>().map_err(Into::into))
+            .transpose()
+    }
+    let role = match get::<String>(settings, "role")
+        .map_err(|e| bad("role", e))?
+        .as_deref()
+    {
+        Some("producer") => Role::Producer,
+        Some("consumer") => Role::Consumer,
+        Some("both") => Role::Both,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "connector setting \"role\" is {other:?}: use producer, consumer or both"
+            )));
+        }
+    };
+    let model: String = get(settings, "model")
+        .map_err(|e| bad("model", e))?
+        .unwrap_or_else(|| "model".into());
+    let version: u64 = get(settings, "weight_version")
+        .map_err(|e| bad("weight_version", e))?
+        .unwrap_or(0);
+    let block_size: u32 = get(settings, "block_size")
+        .map_err(|e| bad("block_size", e))?
+        .unwrap_or(16);
+    let mut ns = namespace(&model, version, block_size);
+    if let Some(d) = get::<String>(settings, "dtype").map_err(|e| bad("dtype", e))? {
+        ns.dtype = dtype(&d).map_err(|e| bad("dtype", e))?;
+    }
+    let mut cfg = ConnectorConfig::new(role, ns);
+    macro_rules! set {
+        ($key:literal, $field:expr) => {
+            if let Some(v) = get(settings, $key).map_err(|e| bad($key, e))? {
+                $field = v;
+            }
+        };
+    }
+    set!("layers", cfg.layers);
+    set!("block_bytes", cfg.block_bytes);
+    set!("store_blocks", cfg.store_blocks);
+    set!("prefetch_depth", cfg.prefetch_depth);
+    if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {
+        cfg.load_timeout = crate::duration(s).map_err(|e| bad("load_timeout", e))?;
+    }
+    let rank: u32 = get(settings, "tp_rank")
+        .map_err(|e| bad("tp_rank", e))?
+        .unwrap_or(0);
+    let size: u32 = get(settings, "tp_size")
+        .map_err(|e| bad("tp_size", e))?
+        .unwrap_or(1);
+    cfg.tp = TpRank::new(rank, size).map_err(err)?;
+    cfg.python_hash_seed =
+        get(settings, "python_hash_seed").map_err(|e| bad("python_hash_seed", e))?;
+    cfg.validate().map_err(err)?;
+    Ok(cfg)
+}
+
+fn addr(what: &str, a: Option<String>) -> PyResult<Option<std::net::SocketAddr>> {
+    a.map(|a| a.parse())
+        .transpose()
+        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
+}
+
+/// The scheduler's plan for one step (vLLM's `KVConnectorMetadata`), handed to each worker's
+/// `bind_connector_metadata`.
+#[pyclass(name = "ConnectorMetadata", module = "kv_transfer", frozen)]
+pub(crate) struct PyConnectorMetadata(ConnectorMetadata);
+
+#[pymethods]
+impl PyConnectorMetadata {
+    /// Requests with loads planned.
+    #[getter]
+    fn loads(&self) -> Vec<String> {
+        self.0.loads.iter().map(|s| s.request.clone()).collect()
+    }
+
+    /// Requests with saves planned.
+    #[getter]
+    fn saves(&self) -> Vec<String> {
+        self.0.saves.iter().map(|s| s.request.clone()).collect()
+    }
+}
+
+/// A KV connector: the scheduler-side and worker-side calls of vLLM's v1 connector, one to one. Every
+/// waiting call releases the GIL.
+#[pyclass(name = "Connector", module = "kv_transfer", frozen)]
+pub(crate) struct PyConnector(KvConnector);
+
+#[pymethods]
+impl PyConnector {
+    /// A producer and a consumer in this process, joined by the loopback backend.
+    #[staticmethod]
+    fn loopback_pair(
+        producer: &Bound<'_, PyDict>,
+        consumer: &Bound<'_, PyDict>,
+    ) -> PyResult<(PyConnector, PyConnector)> {
+        let (p, c) =
+            KvConnector::loopback_pair(config(producer)?, config(consumer)?).map_err(err)?;
+        Ok((PyConnector(p), PyConnector(c)))
+    }
+
+    /// A connector over TCP: its engine `engine_id` listens on `listen` (consumers must), a producer
+    /// serves lookups and loads on `control_listen`, a consumer asks `producer` by default.
+    #[staticmethod]
+    #[pyo3(signature = (settings, engine_id, listen = Some("127.0.0.1:0".to_owned()), control_listen = None, producer = None))]
+    fn tcp(
+        py: Python<'_>,
+        settings: &Bound<'_, PyDict>,
+        engine_id: u32,
+        listen: Option<String>,
+        control_listen: Option<String>,
+        producer: Option<String>,
+    ) -> PyResult<PyConnector> {
+        let cfg = config(settings)?;
+        let tcp = TcpConfig {
+            listen: addr("listen", listen)?,
+            ..TcpConfig::with_engine_id(engine_id)
+        };
+        let (control, producer) = (
+            addr("control_listen", control_listen)?,
+            addr("producer", producer)?,
+        );
+        py.detach(|| KvConnector::tcp(cfg, tcp, control, producer))
+            .map(PyConnector)
+            .map_err(err)
+    }
+
+    /// `"producer"`, `"consumer"` or `"both"`.
+    #[getter]
+    fn role(&self) -> &'static str {
+        self.0.role().name()
+    }
+
+    /// Where a producer serves lookups and loads (`"IP:PORT"`), for consumers and transfer parameters.
+    #[getter]
+    fn control_addr(&self) -> Option<String> {
+        self.0.control_addr().map(|a| a.to_string())
+    }
+
+    /// Registers the worker's KV caches in place (use `kv_transfer.register_kv_caches`, which takes any
+    /// writable buffer): `layout` as the engine placed them, or `blocks` blocks per layer layer-major.
+    #[pyo3(signature = (address, nbytes, keepalive, layout = None, blocks = None))]
+    fn _register_kv_caches(
+        &self,
+        address: usize,
+        nbytes: usize,
+        keepalive: Py<PyAny>,
+        layout: Option<PyKvLayout>,
+        blocks: Option<u32>,
+    ) -> PyResult<()> {
+        let memory = buffer::region(address, nbytes, keepalive)?;
+        match (layout, blocks) {
+            (Some(l), None) => self.0.register_kv_layout(memory, l.0),
+            (None, Some(b)) => self.0.register_kv_caches(memory, b),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give a layout or a block count, not both",
+                ));
+            }
+        }
+        .map_err(err)
+    }
+
+    /// vLLM's `get_num_new_matched_tokens`: tokens of the request beyond `num_computed` that can be
+    /// loaded, and whether the load is asynchronous. `transfer_params` is what a producer's
+    /// `request_finished` returned, carried by the proxy.
+    #[pyo3(signature = (request_id, tokens, num_computed = 0, transfer_params = None))]
+    fn get_num_new_matched_tokens(
+        &self,
+        py: Python<'_>,
+        request_id: &str,
+        tokens: Vec<u32>,
+        num_computed: usize,
+        transfer_params: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<(usize, bool)> {
+        let params = transfer_params.map(params_from).transpose()?;
+        let extras = RequestExtras::default();
+        let req = KvRequest {
+            id: request_id,
+            tokens: &tokens,
+            extras: &extras,
+            external_keys: None,
+            transfer_params: params.as_ref(),
+        };
+        py.detach(|| self.0.get_num_new_matched_tokens(&req, num_computed))
+            .map_err(err)
+    }
+
+    /// vLLM's `update_state_after_alloc`.
+    fn update_state_after_alloc(
+        &self,
+        request_id: &str,
+        block_ids: Vec<u32>,
+        num_external_tokens: usize,
+    ) -> PyResult<()> {
+        self.0
+            .update_state_after_alloc(request_id, &block_ids, num_external_tokens)
+            .map_err(err)
+    }
+
+    /// vLLM's `build_connector_meta`.
+    fn build_connector_meta(&self) -> PyConnectorMetadata {
+        PyConnectorMetadata(self.0.build_connector_meta())
+    }
+
+    /// vLLM's `request_finished`: `(delay_free, kv_transfer_params)`; a producer's parameters are a
+    /// JSON-serialisable dict.
+    fn request_finished<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &str,
+    ) -> PyResult<(bool, Option<Bound<'py, PyDict>>)> {
+        let (delay, params) = self.0.request_finished(request_id);
+        let dict = params
+            .map(|p| {
+                let d = PyDict::new(py);
+                d.set_item("producer", p.producer.to_string())?;
+                if !p.ranks.is_empty() {
+                    let ranks: Vec<String> = p.ranks.iter().map(ToString::to_string).collect();
+                    d.set_item("ranks", ranks)?;
+                }
+                Ok::<_, PyErr>(d)
+            })
+            .transpose()?;
+        Ok((delay, dict))
+    }
+
+    /// vLLM's `bind_connector_metadata`.
+    fn bind_connector_metadata(&self, meta: &PyConnectorMetadata) {
+        self.0.bind_connector_metadata(meta.0.clone());
+    }
+
+    /// vLLM's `clear_connector_metadata`.
+    fn clear_connector_metadata(&self) {
+        self.0.clear_connector_metadata();
+    }
+
+    /// vLLM's `start_load_kv`.
+    fn start_load_kv(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.0.start_load_kv()).map_err(err)
+    }
+
+    /// vLLM's `wait_for_layer_load`.
+    fn wait_for_layer_load(&self, py: Python<'_>, layer: u32) -> PyResult<()> {
+        py.detach(|| self.0.wait_for_layer_load(layer)).map_err(err)
+    }
+
+    /// vLLM's `save_kv_layer`.
+    fn save_kv_layer(&self, py: Python<'_>, layer: u32) -> PyResult<()> {
+        py.detach(|| self.0.save_kv_layer(layer)).map_err(err)
+    }
+
+    /// vLLM's `wait_for_save`.
+    fn wait_for_save(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.0.wait_for_save()).map_err(err)
+    }
+
+    /// vLLM's `get_finished`: `(finished_sending, finished_receiving)` request ids.
+    fn get_finished(&self) -> (Vec<String>, Vec<String>) {
+        self.0.get_finished()
+    }
+
+    /// vLLM's `get_block_ids_with_load_errors`: blocks to recompute.
+    fn failed_blocks(&self) -> Vec<u32> {
+        self.0.failed_blocks()
+    }
+
+    /// Why loads could not start since the last call.
+    fn take_load_errors(&self) -> Vec<String> {
+        self.0
+            .take_load_errors()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Every metric as Prometheus text.
+    fn prometheus(&self) -> String {
+        self.0.prometheus()
+    }
+
+    /// The metrics as numbers, by name.
+    fn metrics(&self) -> HashMap<&'static str, u64> {
+        let s = self.0.metrics().snapshot();
+        HashMap::from([
+            ("lookup_blocks", s.lookup_blocks),
+            ("lookup_hits", s.lookup_hits),
+            ("bytes_in", s.bytes_in),
+            ("bytes_out", s.bytes_out),
+            ("retransmits", s.retransmits),
+            ("recompute_blocks", s.recompute_blocks),
+            ("saved_blocks", s.saved_blocks),
+            ("loads", s.loads),
+        ])
+    }
+}
+
+/// Transfer parameters from the dict a producer's `request_finished` returned.
+fn params_from(d: &Bound<'_, PyDict>) -> PyResult<KvTransferParams> {
+    let producer: String = d
+        .get_item("producer")?
+        .ok_or_else(|| PyValueError::new_err("transfer_params has no \"producer\""))?
+        .extract()?;
+    let producer = addr("transfer_params producer", Some(producer))?.expect("given");
+    let ranks: Vec<String> = d
+        .get_item("ranks")?
+        .map(|r| r.extract())
+        .transpose()?
+        .unwrap_or_default();
+    let ranks = ranks
+        .into_iter()
+        .map(|r| addr("transfer_params ranks", Some(r)).map(|a| a.expect("given")))
+        .collect::<PyResult<_>>()?;
+    Ok(KvTransferParams { producer, ranks })
+}

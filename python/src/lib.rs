@@ -1,0 +1,89 @@
+//! The native module of the `kv_transfer` Python package: the engine's nodes (loopback, TCP), KV layouts,
+//! regions over Python buffers, transfers and the receiving side, and the KV connector. The pure-Python
+//! part of the package (`kv_transfer/__init__.py`) wraps what needs Python's own machinery (buffers).
+//!
+//! Every call that waits or moves bytes releases the GIL while Rust works; every Rust error reaches Python
+//! as a [`KvTransferError`] carrying the Rust reason.
+
+mod buffer;
+mod connector;
+mod layout;
+mod node;
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+
+create_exception!(
+    _native,
+    KvTransferError,
+    PyException,
+    "An engine, transport or connector call failed; the message is the engine's reason."
+);
+
+/// The runtime every node and connector of this process runs its tasks on.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("kv-transfer")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime starts")
+    })
+}
+
+/// Runs `f` to completion on the runtime with the GIL released.
+fn block_on<F>(py: Python<'_>, f: F) -> F::Output
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    py.detach(|| runtime().block_on(f))
+}
+
+/// `f` within `seconds`, or a [`KvTransferError`] naming `what`.
+fn within<T, F>(py: Python<'_>, seconds: f64, what: &str, f: F) -> PyResult<T>
+where
+    F: Future<Output = PyResult<T>> + Send,
+    T: Send,
+{
+    let limit = duration(seconds)?;
+    block_on(py, async { tokio::time::timeout(limit, f).await }).unwrap_or_else(|_| {
+        Err(KvTransferError::new_err(format!(
+            "{what}: no answer within {seconds} s"
+        )))
+    })
+}
+
+/// Seconds from Python as a duration; negative or not finite is a `ValueError`.
+fn duration(seconds: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(seconds).map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err(format!("{seconds} is not a number of seconds"))
+    })
+}
+
+/// Any Rust error as a [`KvTransferError`].
+fn err(e: impl std::fmt::Display) -> PyErr {
+    KvTransferError::new_err(e.to_string())
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("KvTransferError", m.py().get_type::<KvTransferError>())?;
+    m.add_class::<layout::PyKvLayout>()?;
+    m.add_class::<node::PyNode>()?;
+    m.add_class::<node::PyRegion>()?;
+    m.add_class::<node::PyRegionHandle>()?;
+    m.add_class::<node::PyOutcome>()?;
+    m.add_class::<node::PyIncoming>()?;
+    m.add_class::<connector::PyConnector>()?;
+    m.add_class::<connector::PyConnectorMetadata>()?;
+    Ok(())
+}

@@ -1,0 +1,86 @@
+"""The connector from Python: a producer saves layer by layer, a consumer loads into other blocks."""
+
+import numpy as np
+import pytest
+
+import kv_transfer as kt
+
+LAYERS, POOL, BLOCK, TOKENS = 4, 32, 4096, 16
+
+
+def settings(role, **extra):
+    s = dict(role=role, model="py-model", weight_version=1, block_size=TOKENS, layers=LAYERS, block_bytes=BLOCK)
+    s["store_blocks"] = 64 if role != "consumer" else 0
+    s.update(extra)
+    return s
+
+
+def at(layer, block):
+    return (layer * POOL + block) * BLOCK
+
+
+def run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer):
+    tokens = list(range(50))  # 3 full blocks
+    producer.get_num_new_matched_tokens("r1", tokens)
+    producer.update_state_after_alloc("r1", [0, 1, 2, 3], 0)
+    meta = producer.build_connector_meta()
+    assert meta.saves == ["r1"]
+    producer.bind_connector_metadata(meta)
+    for layer in range(LAYERS):
+        producer.save_kv_layer(layer)
+    producer.wait_for_save()
+    assert producer.get_finished()[0] == ["r1"]
+    _, params = producer.request_finished("r1")
+    if transfer_params_from_producer:
+        assert params == {"producer": producer.control_addr}
+    else:
+        params = None
+    n, is_async = consumer.get_num_new_matched_tokens("r1", tokens, 0, params)
+    assert (n, is_async) == (48, False)
+    consumer.update_state_after_alloc("r1", [7, 8, 9, 10], n)
+    consumer.bind_connector_metadata(consumer.build_connector_meta())
+    consumer.start_load_kv()
+    for layer in range(LAYERS):
+        consumer.wait_for_layer_load(layer)
+        for s, d in [(0, 7), (1, 8), (2, 9)]:
+            assert decode_kv[at(layer, d) : at(layer, d) + BLOCK].tobytes() == prefill_kv[
+                at(layer, s) : at(layer, s) + BLOCK
+            ].tobytes()
+    assert consumer.failed_blocks() == []
+    assert consumer.get_finished()[1] == ["r1"]
+    assert "kv_cache_hit_rate 1" in consumer.prometheus()
+    assert consumer.metrics()["bytes_in"] == 3 * LAYERS * BLOCK
+
+
+def test_save_then_load_over_loopback():
+    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 251).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    assert (producer.role, consumer.role) == ("producer", "consumer")
+    run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=False)
+
+
+def test_save_then_load_over_tcp_following_the_transfer_params():
+    producer = kt.Connector.tcp(settings("producer"), 1, listen=None)
+    consumer = kt.Connector.tcp(settings("consumer"), 2)
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 241).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
+
+
+def test_bad_settings_name_the_key():
+    with pytest.raises(ValueError, match='unknown connector setting "colour"'):
+        kt.Connector.loopback_pair(settings("producer", colour=1), settings("consumer"))
+    with pytest.raises(ValueError, match="role"):
+        kt.Connector.loopback_pair(settings("prefill"), settings("consumer"))
+    with pytest.raises(ValueError, match="layers"):
+        kt.Connector.loopback_pair(settings("producer", layers="four"), settings("consumer"))
+    with pytest.raises(kt.KvTransferError, match="tensor-parallel"):
+        kt.Connector.loopback_pair(settings("producer", tp_size=2), settings("consumer"))
+    producer, _ = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+    with pytest.raises(kt.KvTransferError, match="smaller than"):
+        kt.register_kv_caches(producer, bytearray(1000), blocks=POOL)
