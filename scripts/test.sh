@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command: installs what the tests need, then runs every test of the workspace, then
 # the Python package's tests (in the environment scripts/python-env.sh makes or reuses, with the package
-# built from this checkout).
+# built from this checkout), then its vLLM connector's tests under official vLLM 0.33 (the environment
+# scripts/vllm-env.sh makes once per machine, about 9 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo test --workspace --all-features --locked "$@"
 pyenv=$(bash scripts/python-env.sh)
 "$pyenv/bin/python" -m pytest -q python/tests
+vllm_env=$(bash scripts/vllm-env.sh)
+"$vllm_env/bin/python" -m pytest -q python/tests_vllm

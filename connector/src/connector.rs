@@ -258,6 +258,37 @@ impl KvConnector {
         Ok(c)
     }
 
+    /// The scheduler half alone, for a serving engine whose scheduler runs in a process of its own
+    /// (vLLM's engine core): lookups ask producers over their control channels, and saves and loads are
+    /// planned into metadata for the workers ([`crate::ConnectorMetadata::to_json`]). It moves no KV and
+    /// holds no store, so its `request_finished` names no producer (the workers serve, at addresses the
+    /// engine configured), and its worker calls fail for want of KV caches.
+    pub fn scheduler(cfg: ConnectorConfig) -> Result<KvConnector, ConnectorError> {
+        cfg.validate()?;
+        // A transport nobody reaches: the scheduler half never submits or receives.
+        let (end, _) = LoopbackPair::with_defaults().into_nodes();
+        let source = if cfg.role.loads() {
+            Source::Remote(Remotes::new(None, cfg.load_timeout))
+        } else {
+            Source::None
+        };
+        Ok(KvConnector {
+            namespace: Mutex::new(cfg.namespace.clone()),
+            hasher: cfg.hasher(),
+            rt: runtime()?,
+            transport: DataPlane::new(Arc::new(end)),
+            producer: None,
+            source,
+            control_addr: None,
+            metrics: Arc::new(Metrics::default()),
+            sched: Mutex::default(),
+            worker: Mutex::default(),
+            kv_handle: Mutex::new(None),
+            rank_controls: Mutex::default(),
+            cfg,
+        })
+    }
+
     /// A producer and a consumer in one process, joined by the loopback backend (tests, and tier moves
     /// within one host).
     pub fn loopback_pair(

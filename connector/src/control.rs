@@ -70,7 +70,7 @@ pub(crate) fn hex_keys(keys: &[ScopedKey]) -> Vec<String> {
     keys.iter().map(|k| k.hash.to_hex()).collect()
 }
 
-fn parse_keys(ns: u64, keys: &[String]) -> Result<Vec<ScopedKey>, String> {
+pub(crate) fn parse_keys(ns: u64, keys: &[String]) -> Result<Vec<ScopedKey>, String> {
     keys.iter()
         .map(|h| {
             if h.len() != 64 || !h.is_ascii() {

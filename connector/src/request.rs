@@ -85,3 +85,111 @@ pub(crate) fn request_number(id: &str) -> u64 {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
 }
+
+/// A [`BlockSpec`] as it travels between processes: keys in hex, in one namespace.
+#[derive(Serialize, Deserialize)]
+struct SpecOnWire {
+    request: String,
+    ns: u64,
+    keys: Vec<String>,
+    blocks: Vec<u32>,
+    local: bool,
+    producer: Option<KvTransferParams>,
+}
+
+/// [`ConnectorMetadata`] as it travels between processes.
+#[derive(Serialize, Deserialize)]
+struct MetadataOnWire {
+    loads: Vec<SpecOnWire>,
+    saves: Vec<SpecOnWire>,
+}
+
+impl SpecOnWire {
+    fn from(s: &BlockSpec) -> Self {
+        SpecOnWire {
+            request: s.request.clone(),
+            ns: s.keys.first().map_or(0, |k| k.ns.0),
+            keys: crate::control::hex_keys(&s.keys),
+            blocks: s.blocks.clone(),
+            local: s.local,
+            producer: s.producer.clone(),
+        }
+    }
+
+    fn into_spec(self) -> Result<BlockSpec, String> {
+        Ok(BlockSpec {
+            keys: crate::control::parse_keys(self.ns, &self.keys)?,
+            request: self.request,
+            blocks: self.blocks,
+            local: self.local,
+            producer: self.producer,
+        })
+    }
+}
+
+impl ConnectorMetadata {
+    /// The metadata as JSON, for a serving engine that hands it from its scheduler process to its
+    /// workers (vLLM pickles it).
+    #[must_use]
+    pub fn to_json(&self) -> String {
+        let wire = MetadataOnWire {
+            loads: self.loads.iter().map(SpecOnWire::from).collect(),
+            saves: self.saves.iter().map(SpecOnWire::from).collect(),
+        };
+        serde_json::to_string(&wire).expect("metadata serialises")
+    }
+
+    /// Metadata from [`ConnectorMetadata::to_json`]; the error says what is malformed.
+    pub fn from_json(json: &str) -> Result<ConnectorMetadata, crate::ConnectorError> {
+        let bad = |e: String| crate::ConnectorError::Blocks(format!("connector metadata: {e}"));
+        let wire: MetadataOnWire = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+        let specs = |v: Vec<SpecOnWire>| -> Result<Vec<BlockSpec>, crate::ConnectorError> {
+            v.into_iter().map(|s| s.into_spec().map_err(bad)).collect()
+        };
+        Ok(ConnectorMetadata {
+            loads: specs(wire.loads)?,
+            saves: specs(wire.saves)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy::NamespaceId;
+
+    #[test]
+    fn metadata_survives_json_and_refuses_garbage() {
+        let key = |b: u8| ScopedKey {
+            ns: NamespaceId(42),
+            hash: BlockHash([b; 32]),
+        };
+        let params = KvTransferParams {
+            producer: "10.0.0.1:7000".parse().unwrap(),
+            ranks: vec![
+                "10.0.0.1:7000".parse().unwrap(),
+                "10.0.0.1:7001".parse().unwrap(),
+            ],
+        };
+        let meta = ConnectorMetadata {
+            loads: vec![BlockSpec {
+                request: "r1".into(),
+                keys: vec![key(1), key(2)],
+                blocks: vec![7, 3],
+                local: false,
+                producer: Some(params),
+            }],
+            saves: vec![BlockSpec {
+                request: "r2".into(),
+                keys: vec![key(9)],
+                blocks: vec![0],
+                local: true,
+                producer: None,
+            }],
+        };
+        assert_eq!(ConnectorMetadata::from_json(&meta.to_json()).unwrap(), meta);
+        assert!(ConnectorMetadata::from_json("{\"loads\":[]}").is_err());
+        let bad_key = meta.to_json().replace(&"01".repeat(32), "zz");
+        assert!(ConnectorMetadata::from_json(&bad_key).is_err());
+    }
+}

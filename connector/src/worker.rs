@@ -230,7 +230,12 @@ impl KvConnector {
         let Some(core) = &self.producer else {
             return Err(ConnectorError::Role {
                 call: "save_kv_layer",
-                role: self.cfg.role.name(),
+                // A saving role without a store is the scheduler half alone.
+                role: if self.cfg.role.saves() {
+                    "scheduler-only"
+                } else {
+                    self.cfg.role.name()
+                },
             });
         };
         let w = lock(&self.worker);

@@ -13,9 +13,10 @@ use pyo3::types::{PyAny, PyDict};
 
 use crate::layout::{PyKvLayout, dtype};
 use crate::{buffer, err};
+use transfer_engine::KvKind;
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 16] = [
     "role",
     "model",
     "weight_version",
@@ -29,6 +30,9 @@ const KEYS: [&str; 13] = [
     "tp_rank",
     "tp_size",
     "python_hash_seed",
+    "kv_heads",
+    "head_size",
+    "kv_kind",
 ];
 
 /// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
@@ -103,6 +107,21 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
     cfg.tp = TpRank::new(rank, size).map_err(err)?;
     cfg.python_hash_seed =
         get(settings, "python_hash_seed").map_err(|e| bad("python_hash_seed", e))?;
+    set!("kv_heads", cfg.heads.kv_heads);
+    set!("head_size", cfg.heads.head_size);
+    if let Some(kind) = get::<String>(settings, "kv_kind").map_err(|e| bad("kv_kind", e))? {
+        cfg.heads.kind = match kind.as_str() {
+            "bytes" => KvKind::Bytes,
+            "kv_together" => KvKind::KvTogether,
+            "kv_apart" => KvKind::KvApart,
+            "mla" => KvKind::Mla,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "connector setting \"kv_kind\" is {kind:?}: use bytes, kv_together, kv_apart or mla"
+                )));
+            }
+        };
+    }
     cfg.validate().map_err(err)?;
     Ok(cfg)
 }
@@ -120,6 +139,17 @@ pub(crate) struct PyConnectorMetadata(ConnectorMetadata);
 
 #[pymethods]
 impl PyConnectorMetadata {
+    /// The plan as JSON (to hand it to another process).
+    fn to_json(&self) -> String {
+        self.0.to_json()
+    }
+
+    /// A plan from [`PyConnectorMetadata::to_json`].
+    #[staticmethod]
+    fn from_json(json: &str) -> PyResult<Self> {
+        ConnectorMetadata::from_json(json).map(Self).map_err(err)
+    }
+
     /// Requests with loads planned.
     #[getter]
     fn loads(&self) -> Vec<String> {
@@ -149,6 +179,16 @@ impl PyConnector {
         let (p, c) =
             KvConnector::loopback_pair(config(producer)?, config(consumer)?).map_err(err)?;
         Ok((PyConnector(p), PyConnector(c)))
+    }
+
+    /// The scheduler half alone (vLLM's scheduler-role connector, in the engine-core process): lookups
+    /// and plans, no KV moved, no store.
+    #[staticmethod]
+    fn scheduler(py: Python<'_>, settings: &Bound<'_, PyDict>) -> PyResult<PyConnector> {
+        let cfg = config(settings)?;
+        py.detach(|| KvConnector::scheduler(cfg))
+            .map(PyConnector)
+            .map_err(err)
     }
 
     /// A connector over TCP: its engine `engine_id` listens on `listen` (consumers must), a producer

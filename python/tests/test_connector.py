@@ -84,3 +84,28 @@ def test_bad_settings_name_the_key():
     producer, _ = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
     with pytest.raises(kt.KvTransferError, match="smaller than"):
         kt.register_kv_caches(producer, bytearray(1000), blocks=POOL)
+
+
+def test_a_scheduler_half_plans_for_workers_in_another_process():
+    # The scheduler half (vLLM's engine core) plans; its plan travels as JSON to a worker's connector.
+    scheduler = kt.Connector.scheduler(settings("producer"))
+    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 239).astype(np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8), blocks=POOL)
+    tokens = list(range(40))
+    assert scheduler.get_num_new_matched_tokens("s", tokens) == (0, False)
+    scheduler.update_state_after_alloc("s", [4, 5, 6], 0)
+    json = scheduler.build_connector_meta().to_json()
+    meta = kt.ConnectorMetadata.from_json(json)
+    assert meta.saves == ["s"]
+    producer.bind_connector_metadata(meta)
+    for layer in range(LAYERS):
+        producer.save_kv_layer(layer)
+    producer.wait_for_save()
+    assert producer.metrics()["saved_blocks"] == 2
+    assert scheduler.request_finished("s") == (False, None)  # the workers serve, not the scheduler
+    with pytest.raises(kt.KvTransferError, match="connector metadata"):
+        kt.ConnectorMetadata.from_json('{"loads": 1}')
+    with pytest.raises(kt.KvTransferError, match="not available to a scheduler-only connector"):
+        scheduler.save_kv_layer(0)

@@ -1,0 +1,281 @@
+"""A vLLM KV connector over the transfer engine.
+
+vLLM (0.32, 0.33) loads it by module path::
+
+    kv_transfer_config={"kv_connector": "KvTransferConnector",
+                        "kv_connector_module_path": "kv_transfer.vllm",
+                        "kv_role": "kv_producer" | "kv_consumer",
+                        "kv_buffer_device": "cpu",
+                        "kv_port": 14579}
+
+The scheduler half runs in vLLM's engine-core process (lookups, plans; no KV moved), the worker half in
+each worker process (its KV caches registered in place, its TCP node, and for a producer the host tier
+store and the control server that serves consumers on threads of its own, whatever vLLM's steps do).
+Metadata travels from one to the other as a JSON string.
+
+Disaggregated prefill and decode in vLLM's proxy convention: a request to a producer whose
+``kv_transfer_params`` ask ``do_remote_decode`` returns, in its output's ``kv_transfer_params``, where its
+KV waits (``producer``, and every tensor-parallel rank's control address under ``ranks``); the same prompt
+sent to a consumer with those parameters loads the prompt's KV from the producer, layer by layer inside
+the forward pass, instead of computing it. A producer copies each layer into its tier store as it is
+computed, so vLLM frees the request's blocks as usual (no delayed free).
+
+``kv_connector_extra_config`` keys (a key not listed, or a bad value, fails start-up naming it):
+
+- ``kv_ip`` (``"127.0.0.1"``): the address a producer's workers serve on, at ``kv_port`` + rank; a
+  consumer's workers listen there too, on a free port;
+- ``weight_version`` (``0``): part of the key namespace, with the model, block size and dtype;
+- ``store_blocks`` (``1024``): blocks a producer keeps in its host tier store;
+- ``load_timeout`` (``10.0``): seconds a load may take before its blocks are recomputed;
+- ``prefetch_depth`` (``2``): layers a load may run ahead of the forward pass.
+
+Loads are synchronous (the request is scheduled at once; its layers stream during the forward pass). A
+block that cannot arrive intact is reported by ``get_block_ids_with_load_errors`` for vLLM to recompute
+(``kv_load_failure_policy="recompute"``). Not built yet: prefix reuse across instances (``peers``),
+RDMA and shared memory through this connector, asynchronous loads, CUDA KV caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from . import Connector, ConnectorMetadata, KvLayout, KvTransferError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["KvTransferConnector", "KvTransferMetadata", "EXTRA_CONFIG"]
+
+#: Every ``kv_connector_extra_config`` key, with its default.
+EXTRA_CONFIG: Dict[str, Any] = {
+    "kv_ip": "127.0.0.1",
+    "weight_version": 0,
+    "store_blocks": 1024,
+    "load_timeout": 10.0,
+    "prefetch_depth": 2,
+}
+
+_ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
+_DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+class KvTransferMetadata(KVConnectorMetadata):
+    """The scheduler's plan for one step, as the JSON the workers read (picklable)."""
+
+    def __init__(self, json: str) -> None:
+        self.json = json
+
+
+def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
+    unknown = sorted(set(extra) - set(EXTRA_CONFIG))
+    if unknown:
+        raise ValueError(
+            f"kv_connector_extra_config: unknown key {unknown[0]!r}; known: {', '.join(EXTRA_CONFIG)}"
+        )
+    opts = dict(EXTRA_CONFIG)
+    opts.update(extra)
+    for key, default in EXTRA_CONFIG.items():
+        kind = float if isinstance(default, float) else type(default)
+        try:
+            opts[key] = kind(opts[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"kv_connector_extra_config[{key!r}] = {opts[key]!r} is not a {kind.__name__}")
+    return opts
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).replace("torch.", "")
+    if name not in _DTYPES:
+        raise ValueError(f"KV caches of dtype {name} are not supported: use float32, float16 or bfloat16")
+    return _DTYPES[name]
+
+
+class KvTransferConnector(KVConnectorBase_V1):
+    """vLLM's ``KVConnectorBase_V1`` over the transfer engine (see the module docs)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        tc = self._kv_transfer_config
+        if tc.kv_role not in _ROLES:
+            raise ValueError(f"kv_role {tc.kv_role!r}: use one of {', '.join(_ROLES)}")
+        self._opts = _options(dict(tc.kv_connector_extra_config or {}))
+        self._role = _ROLES[tc.kv_role]
+        self._port = int(tc.kv_port)
+        self._tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._model = str(vllm_config.model_config.model)
+        self._dtype = _dtype_name(vllm_config.model_config.dtype)
+        self._layers: List[str] = []
+        self._index: Dict[str, int] = {}
+        self._worker: Optional[Connector] = None
+        self._scheduler: Optional[Connector] = None
+        if role == KVConnectorRole.SCHEDULER:
+            layers, block_bytes = self._cache_shape(kv_cache_config)
+            self._scheduler = Connector.scheduler(self._settings(layers, block_bytes, 0, {}))
+
+    # ---- settings ----
+
+    @staticmethod
+    def _cache_shape(kv_cache_config: Any) -> Tuple[int, int]:
+        """Attention layers and bytes of one block of one layer, from vLLM's KV cache plan."""
+        if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
+            return 1, 1 << 16
+        names = [n for g in kv_cache_config.kv_cache_groups for n in g.layer_names]
+        page = kv_cache_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes
+        return len(names), int(page)
+
+    def _settings(self, layers: int, block_bytes: int, rank: int, heads: Dict[str, Any]) -> Dict[str, Any]:
+        s = dict(
+            role=self._role,
+            model=self._model,
+            weight_version=self._opts["weight_version"],
+            block_size=self._block_size,
+            dtype=self._dtype,
+            layers=layers,
+            block_bytes=block_bytes,
+            store_blocks=self._opts["store_blocks"] if self._role != "consumer" else 0,
+            prefetch_depth=self._opts["prefetch_depth"],
+            load_timeout=self._opts["load_timeout"],
+            tp_rank=rank,
+            tp_size=self._tp_size,
+        )
+        s.update(heads)
+        return s
+
+    def _control(self, rank: int) -> str:
+        return f"{self._opts['kv_ip']}:{self._port + rank}"
+
+    # ---- scheduler side ----
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
+        params = getattr(request, "kv_transfer_params", None) or {}
+        producer = None
+        if isinstance(params, dict) and params.get("producer"):
+            producer = {"producer": params["producer"]}
+            if params.get("ranks"):
+                producer["ranks"] = list(params["ranks"])
+        assert self._scheduler is not None
+        try:
+            n, _ = self._scheduler.get_num_new_matched_tokens(
+                request.request_id, list(request.prompt_token_ids), num_computed_tokens, producer
+            )
+        except KvTransferError as e:
+            # A producer that cannot answer (or refuses this instance) costs this request its KV, never
+            # the engine: it computes the prompt itself.
+            logger.warning("kv_transfer: request %s computes its prompt: %s", request.request_id, e)
+            self._scheduler.get_num_new_matched_tokens(
+                request.request_id, list(request.prompt_token_ids), num_computed_tokens, None
+            )
+            return 0, False
+        return n, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        block_ids = blocks.get_block_ids()[0]
+        self._scheduler.update_state_after_alloc(request.request_id, list(block_ids), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return KvTransferMetadata(self._scheduler.build_connector_meta().to_json())
+
+    def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        assert self._scheduler is not None
+        self._scheduler.request_finished(request.request_id)
+        if self._role == "consumer":
+            return False, None
+        params: Dict[str, Any] = {"do_remote_prefill": True, "producer": self._control(0)}
+        if self._tp_size > 1:
+            params["ranks"] = [self._control(r) for r in range(self._tp_size)]
+        return False, params
+
+    # ---- worker side ----
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        if not kv_caches:
+            raise ValueError("register_kv_caches: no KV caches")
+        names = sorted(kv_caches, key=lambda n: kv_caches[n].storage_offset())
+        first = kv_caches[names[0]]
+        storage = first.untyped_storage()
+        for n in names:
+            t = kv_caches[n]
+            if t.device.type != "cpu":
+                raise ValueError(f"{n}: KV caches on {t.device} are not supported by this build (cpu only)")
+            if t.untyped_storage().data_ptr() != storage.data_ptr():
+                raise ValueError(f"{n}: the KV caches are not views over one buffer")
+            if t.dim() != 4:
+                raise ValueError(f"{n}: a KV cache of shape {tuple(t.shape)}; expected 4 dimensions")
+        views = [(list(kv_caches[n].shape), list(kv_caches[n].stride()), kv_caches[n].storage_offset()) for n in names]
+        elem = first.element_size()
+        layout = KvLayout.from_vllm(views, elem, _dtype_name(first.dtype))
+        heads = {"kv_heads": int(first.shape[1]), "head_size": int(first.shape[3]), "kv_kind": "kv_together"}
+        rank = self._tp_rank()
+        settings = self._settings(len(names), layout.block_bytes, rank, heads)
+        engine_id = zlib.crc32(f"{self._role}:{self._port}:{rank}:{os.getpid()}".encode()) & 0x7FFFFFFF
+        if self._role == "consumer":
+            conn = Connector.tcp(settings, engine_id, listen=f"{self._opts['kv_ip']}:0")
+        else:
+            conn = Connector.tcp(settings, engine_id, listen=None, control_listen=self._control(rank))
+        conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)
+        self._layers, self._index = names, {n: i for i, n in enumerate(names)}
+        self._worker = conn
+
+    def _tp_rank(self) -> int:
+        if self._tp_size == 1:
+            return 0
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+
+    def _require_worker(self, call: str) -> Connector:
+        if self._worker is None:
+            raise RuntimeError(f"{call} before register_kv_caches")
+        return self._worker
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, KvTransferMetadata):
+            self._worker.bind_connector_metadata(ConnectorMetadata.from_json(connector_metadata.json))
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        if self._worker is not None:
+            self._worker.clear_connector_metadata()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self._role != "producer":
+            self._require_worker("start_load_kv").start_load_kv()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._role != "producer" and self._worker is not None:
+            self._worker.wait_for_layer_load(self._index[layer_name])
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        if self._role != "consumer":
+            self._require_worker("save_kv_layer").save_kv_layer(self._index[layer_name])
+
+    def wait_for_save(self) -> None:
+        if self._role != "consumer" and self._worker is not None:
+            self._worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        # Loads are synchronous and blocks are never held past a step: nothing to report to vLLM.
+        if self._worker is not None:
+            self._worker.get_finished()
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        if self._worker is None:
+            return set()
+        return set(self._worker.failed_blocks())
+
+    def shutdown(self) -> None:
+        self._worker = None
+        self._scheduler = None
