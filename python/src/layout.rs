@@ -123,12 +123,14 @@ impl PyKvLayout {
         dtype_name(self.0.dtype)
     }
 
-    /// What a block holds: `"bytes"`, `"kv_together"`, `"kv_apart"` or `"mla"`.
+    /// What a block holds: `"bytes"`, `"kv_together"`, `"kv_together_head_major"`, `"kv_apart"` or
+    /// `"mla"`.
     #[getter]
     fn kind(&self) -> &'static str {
         match self.0.heads.kind {
             KvKind::Bytes => "bytes",
             KvKind::KvTogether => "kv_together",
+            KvKind::KvTogetherHeadMajor => "kv_together_head_major",
             KvKind::KvApart => "kv_apart",
             KvKind::Mla => "mla",
         }

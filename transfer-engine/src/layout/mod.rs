@@ -63,6 +63,9 @@ pub enum KvKind {
     /// Per token, per KV head, K then V side by side (vLLM 0.33's caches). Each tensor-parallel rank
     /// holds its own heads' shard.
     KvTogether,
+    /// Per KV head, per token, K then V side by side (head-major blocks, as vLLM's CPU attention keeps
+    /// them): the same values as [`KvKind::KvTogether`] in another order, so the two never pair.
+    KvTogetherHeadMajor,
     /// The block's K (per token, per head) in one chunk, its V in another (older vLLM FlashAttention).
     KvApart,
     /// One latent vector per token (multi-head latent attention, as in DeepSeek): the same on every
@@ -79,6 +82,7 @@ impl KvKind {
             KvKind::KvTogether => 2,
             KvKind::KvApart => 3,
             KvKind::Mla => 4,
+            KvKind::KvTogetherHeadMajor => 5,
         }
     }
 
@@ -90,6 +94,7 @@ impl KvKind {
             2 => KvKind::KvTogether,
             3 => KvKind::KvApart,
             4 => KvKind::Mla,
+            5 => KvKind::KvTogetherHeadMajor,
             _ => return None,
         })
     }
@@ -475,7 +480,7 @@ impl KvLayout {
             stated
                 .then(|| {
                     mismatch(
-                        "KV arrangement (2 K/V together, 3 K/V apart, 4 MLA)",
+                        "KV arrangement (2 K/V together, 3 K/V apart, 4 MLA, 5 K/V together head-major)",
                         h.kind.code().into(),
                         r.kind.code().into(),
                     )

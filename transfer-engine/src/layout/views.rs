@@ -130,7 +130,7 @@ fn dense(view: &TensorView, inner: &[usize], names: &[&str]) -> Result<u64, Erro
         if view.shape[d] > 1 && view.strides[d] != expected {
             return Err(bad(format!(
                 "the {name} dimension has stride {} where a dense block needs {expected} (shape {:?}, \
-                 strides {:?}): only token-major blocks without gaps are supported",
+                 strides {:?}): only dense blocks (token-major or head-major) are supported",
                 view.strides[d], view.shape, view.strides
             )));
         }
@@ -145,7 +145,8 @@ fn dim(value: u64, what: &str) -> Result<u32, Error> {
 
 impl KvLayout {
     /// vLLM 0.33's caches: one view per layer of shape `[num_blocks, num_kv_heads, block_size,
-    /// head_size + head_size_v]`, K and V side by side, each block token-major and dense. Covers the
+    /// head_size + head_size_v]`, K and V side by side, each block dense, token-major
+    /// ([`KvKind::KvTogether`]) or head-major ([`KvKind::KvTogetherHeadMajor`]). Covers the
     /// layer-major ("LBNHC": layer *l* starts *l* layers' bytes in) and block-major ("BLNHC": the block
     /// stride spans every layer) layouts over one buffer.
     pub fn from_vllm(views: &[TensorView], dtype: Dtype) -> Result<Self, Error> {
@@ -154,13 +155,23 @@ impl KvLayout {
             dtype,
             "num_blocks, num_kv_heads, block_size, head_size",
         )?;
-        // Token-major inside a block: tokens, then heads, then channels.
-        let block_elems = dense(v, &[2, 1, 3], &["block_size", "num_kv_heads", "head_size"])?;
+        // Dense inside a block: token-major (tokens, then heads, then channels; vLLM's GPU backends) or
+        // head-major (heads, then tokens; its CPU attention). Both are one chunk; the kind says which.
+        let (block_elems, kind) =
+            match dense(v, &[2, 1, 3], &["block_size", "num_kv_heads", "head_size"]) {
+                Ok(n) => (n, KvKind::KvTogether),
+                Err(token_major) => {
+                    match dense(v, &[1, 2, 3], &["num_kv_heads", "block_size", "head_size"]) {
+                        Ok(n) => (n, KvKind::KvTogetherHeadMajor),
+                        Err(_) => return Err(token_major),
+                    }
+                }
+            };
         let (blocks, heads, tokens, head) = (v.shape[0], v.shape[1], v.shape[2], v.shape[3]);
         let heads = KvHeads {
             kv_heads: dim(heads, "num_kv_heads")?,
             head_size: dim(head, "head_size")?,
-            kind: KvKind::KvTogether,
+            kind,
         };
         one_chunk(views, dtype, (blocks, tokens, block_elems), heads)
     }

