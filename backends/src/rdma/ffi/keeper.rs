@@ -27,6 +27,27 @@ pub(super) fn maps_peers_in_process(provider: &str) -> bool {
     provider.split(';').any(|p| p == "shm" || p == "efa")
 }
 
+/// Removes shared-memory files left under this process's id by an earlier process that had the same id
+/// (once per process, before its first `shm` endpoint). libfabric's `shm` names an endpoint's region
+/// `/dev/shm/PID:DOMAIN:ENDPOINT` and maps a file of that name if one exists: a file left by a dead
+/// process of the same PID (one killed, or one whose parked endpoints were never closed) made the next
+/// endpoint fail with "Device or resource busy", or crash on an empty file (SIGBUS). None of these files
+/// can be a live endpoint's: no other live process has this PID, and this process has opened none yet.
+pub(super) fn clear_stale_names() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let prefix = format!("{}:", std::process::id());
+        let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    });
+}
+
 /// One kept endpoint's key in the keeper.
 pub(super) type KeptId = u64;
 

@@ -195,6 +195,9 @@ impl Endpoint {
             scratch: Vec::with_capacity(64),
             kept: None,
         };
+        if keeper::maps_peers_in_process(&ep.info.provider) {
+            keeper::clear_stale_names();
+        }
         // SAFETY: each call gets a valid entry of `list` (alive until the end of this function: libfabric
         // copies what it keeps) or objects opened just before, and a valid place for its result; every
         // object opened is recorded in `ep` at once, so an early return closes it in `Drop`.
