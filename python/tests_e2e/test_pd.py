@@ -2,7 +2,8 @@
 Llama on CPU, every instance in its own processes): the decode returns exactly the greedy tokens one
 instance without a connector returns, with the chosen tokens' logprobs equal to float32 rounding, while it
 computes only the prompt's tail (vLLM's own counter shows the rest was loaded); a producer gone before
-the decode, or another weight version, costs only recompute."""
+the decode, or another weight version, costs only recompute; an instance reuses the prefixes another
+computed, found through its peers."""
 
 import json
 import os
@@ -133,3 +134,23 @@ def test_a_producer_gone_or_new_weights_cost_only_recompute(model, reference):
         newer.close()
         consumer.close()
         producer.close()
+
+
+def test_an_instance_reuses_the_prefixes_a_peer_computed(model, reference):
+    port = free_port()
+    first = Instance(model, "both", port)
+    second = Instance(model, "both", free_port(), 0, f"127.0.0.1:{port}")
+    try:
+        # The first computes every prompt (no peer of its own) and keeps their KV in its tier store.
+        before = first.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = first.ask(PROMPTS, MAX_TOKENS)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == 0
+        # The second, asked the same prompts with no transfer parameters, finds them at its peer.
+        before = second.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = second.ask(PROMPTS, MAX_TOKENS)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == sum(LOADABLE), got["prompt_tokens_by_source"]
+    finally:
+        second.close()
+        first.close()
