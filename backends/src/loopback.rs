@@ -193,6 +193,14 @@ impl LoopbackEnd {
         Ok(complete)
     }
 
+    /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
+    /// verified are reported for recompute.
+    pub fn abandon_receive(&self, session: SessionId) -> Result<(), LoopbackError> {
+        self.station.abandon_receive(session)?;
+        self.wake();
+        Ok(())
+    }
+
     /// Every event from now on.
     #[must_use]
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -66,6 +66,15 @@ impl Station {
         }
     }
 
+    /// Stops placing receiving session `session`'s bytes; see [`Engine::abandon_receive`]. Its waiters
+    /// learn at once.
+    pub(crate) fn abandon_receive(&self, session: SessionId) -> Result<(), Error> {
+        let mut engine = self.engine();
+        engine.abandon_receive(session)?;
+        self.drain_events(&mut engine);
+        Ok(())
+    }
+
     /// Hands every pending event of `engine` (this station's, locked by the caller) to the board.
     pub(crate) fn drain_events(&self, engine: &mut Engine) {
         while let Some(event) = engine.poll_event() {

@@ -74,6 +74,11 @@ pub struct ConnectorConfig {
     pub store_segments: bool,
     /// Layers a load may run ahead of the consumer's compute.
     pub prefetch_depth: u32,
+    /// Loads run between the engine's steps instead of inside its forward pass: the scheduler half says
+    /// a load is asynchronous, the request waits until [`crate::KvConnector::get_finished`] reports its
+    /// load over (all layers, or its missing blocks handed back), and `wait_for_layer_load` does not wait
+    /// for it. Off by default: layers stream while the forward pass computes.
+    pub async_loads: bool,
     /// Traffic class of loads a consumer waits on.
     pub class: TrafficClass,
     /// Traffic shaping of this connector's engine: the KV bandwidth cap (link rate and KV share of it,
@@ -100,6 +105,7 @@ impl ConnectorConfig {
             store_blocks: if role.saves() { 1024 } else { 0 },
             store_segments: false,
             prefetch_depth: 2,
+            async_loads: false,
             class: TrafficClass::UrgentKv,
             shaping: None,
             load_timeout: Duration::from_secs(10),

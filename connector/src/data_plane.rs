@@ -107,6 +107,24 @@ impl DataPlane {
         }
     }
 
+    /// Opens the whole prefetch window of receiving session `session` (whose last layer is `last`: no
+    /// compute runs alongside), then waits until it is over; returns its destination blocks that did not
+    /// arrive intact. The caller bounds the wait.
+    pub(crate) async fn wait_whole(
+        &self,
+        session: SessionId,
+        last: u32,
+    ) -> Result<Vec<BlockId>, ConnectorError> {
+        self.0.wait_announced(session).await?;
+        let _ = self.0.consume_layer(session, last);
+        Ok(self.0.wait_received(session).await?.recompute)
+    }
+
+    /// Stops placing the bytes of receiving session `session`: its blocks are recomputed instead.
+    pub(crate) fn abandon(&self, session: SessionId) -> Result<(), ConnectorError> {
+        Ok(self.0.abandon_receive(session)?)
+    }
+
     /// Destination blocks of receiving session `session` that did not arrive intact, once it is over
     /// (`None` if that is not known within `limit`).
     pub(crate) async fn unfinished_blocks(

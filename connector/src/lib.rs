@@ -18,7 +18,7 @@
 //! | --- | --- |
 //! | `get_num_new_matched_tokens` | [`KvConnector::get_num_new_matched_tokens`] |
 //! | `update_state_after_alloc` | [`KvConnector::update_state_after_alloc`] |
-//! | `build_connector_meta` | [`KvConnector::build_connector_meta`] |
+//! | `build_connector_meta` (its `SchedulerOutput`) | [`KvConnector::build_connector_meta`] ([`KvConnector::record_step`]) |
 //! | `request_finished` (and its `kv_transfer_params`) | [`KvConnector::request_finished`] ([`KvTransferParams`]) |
 //! | `register_kv_caches` | [`KvConnector::register_kv_caches`] |
 //! | `bind_connector_metadata` / `clear_connector_metadata` | [`KvConnector::bind_connector_metadata`] / [`KvConnector::clear_connector_metadata`] |

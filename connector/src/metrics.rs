@@ -84,6 +84,10 @@ pub struct MetricsSnapshot {
     pub save_dropped: u64,
     /// Loads timed.
     pub loads: u64,
+    /// Their total time, in microseconds.
+    pub latency_sum_us: u64,
+    /// Bytes copied from this instance's own tier store.
+    pub local_tier_bytes: u64,
     /// Loads served while some of their layers were still being saved.
     pub streamed_loads: u64,
     /// Blocks whose save ended before their last layer.
@@ -184,6 +188,8 @@ impl Metrics {
             saved_blocks: self.saved_blocks.load(Ordering::Relaxed),
             save_dropped: self.save_dropped.load(Ordering::Relaxed),
             loads: self.latency_count.load(Ordering::Relaxed),
+            latency_sum_us: self.latency_sum_us.load(Ordering::Relaxed),
+            local_tier_bytes: self.local_tier_bytes.load(Ordering::Relaxed),
             streamed_loads: self.streamed_loads.load(Ordering::Relaxed),
             abandoned_blocks: self.abandoned_blocks.load(Ordering::Relaxed),
             tier_blocks: self.tier_blocks.load(Ordering::Relaxed),

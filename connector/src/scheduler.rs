@@ -6,7 +6,7 @@ use crate::error::ConnectorError;
 use crate::keys::{ScopedKey, scoped};
 use crate::producer::lock;
 use crate::request::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
-use crate::state::Tracked;
+use crate::state::{SavePlan, SchedulerState, Tracked};
 use crate::tp::{RankHandshake, rank_controls};
 
 impl KvConnector {
@@ -47,8 +47,9 @@ impl KvConnector {
 
     /// vLLM's `get_num_new_matched_tokens`: how many tokens of `req` beyond the `num_computed` already in
     /// the engine's own cache can be loaded from other instances, counting blocks stored whole and blocks
-    /// a producer is saving now (their layers stream as they are saved), and whether the load is asynchronous (always `false`: loads stream layer by layer inside the
-    /// forward pass). At least one prompt token is always left to compute. The connector tracks the
+    /// a producer is saving now (their layers stream as they are saved), and whether the load is
+    /// asynchronous (with [`crate::ConnectorConfig::async_loads`] and something to load; otherwise its
+    /// layers stream inside the forward pass). At least one prompt token is always left to compute. The connector tracks the
     /// request until [`KvConnector::request_finished`]: call it for every request. Asking a producer
     /// that does not answer within `load_timeout` is an error.
     pub fn get_num_new_matched_tokens(
@@ -80,14 +81,18 @@ impl KvConnector {
                 matched_blocks: matched,
                 local,
                 producer,
+                load_async: self.cfg.async_loads && new_tokens > 0,
+                save: None,
             },
         );
-        Ok((new_tokens, false))
+        Ok((new_tokens, self.cfg.async_loads && new_tokens > 0))
     }
 
     /// vLLM's `update_state_after_alloc`: the engine allocated `block_ids` (the request's whole block
     /// table) and will load `num_external_tokens` tokens through this connector. A consumer plans the
-    /// load of those blocks; a producer plans saving every full block.
+    /// load of those blocks; a producer plans saving every full block of the prompt, each in the step
+    /// that computes it (see [`KvConnector::record_step`]). A request whose load is asynchronous plans no
+    /// save until the engine allocates it again, once the load is over: its blocks hold nothing yet.
     pub fn update_state_after_alloc(
         &self,
         request: &str,
@@ -96,44 +101,102 @@ impl KvConnector {
     ) -> Result<(), ConnectorError> {
         let bs = self.cfg.namespace.block_size as usize;
         let mut sched = lock(&self.sched);
-        let t = sched
-            .requests
-            .get(request)
-            .cloned()
+        let SchedulerState { requests, pending } = &mut *sched;
+        let t = requests
+            .get_mut(request)
             .ok_or_else(|| ConnectorError::UnknownRequest(request.into()))?;
+        let mut loading_async = false;
         if self.cfg.role.loads() && num_external_tokens > 0 {
             let first = t.computed_blocks;
             let last = (first + num_external_tokens / bs)
                 .min(t.matched_blocks)
                 .min(block_ids.len());
             if last > first {
-                sched.pending.loads.push(BlockSpec {
+                pending.loads.push(BlockSpec {
                     request: request.into(),
                     keys: t.keys[first..last].to_vec(),
                     blocks: block_ids[first..last].to_vec(),
                     local: t.local,
                     producer: t.producer.clone(),
                 });
-            }
-        }
-        if self.cfg.role.saves() {
-            let n = t.keys.len().min(block_ids.len());
-            if n > 0 {
-                sched.pending.saves.push(BlockSpec {
+                loading_async = t.load_async;
+            } else if t.load_async {
+                // Told the engine the load is asynchronous, so it waits for its report: an empty one.
+                pending.loads.push(BlockSpec {
                     request: request.into(),
-                    keys: t.keys[..n].to_vec(),
-                    blocks: block_ids[..n].to_vec(),
-                    local: false,
+                    keys: Vec::new(),
+                    blocks: Vec::new(),
+                    local: t.local,
                     producer: None,
                 });
             }
         }
+        t.load_async = false;
+        if self.cfg.role.saves() && !loading_async && !t.keys.is_empty() {
+            let saved = t.save.as_ref().map_or(0, |p| p.saved);
+            t.save = Some(SavePlan {
+                blocks: block_ids.to_vec(),
+                saved: saved.min(block_ids.len()),
+                computed_tokens: None,
+            });
+        }
         Ok(())
     }
 
-    /// vLLM's `build_connector_meta`: the loads and saves planned since the last step, for the workers.
+    /// What the engine's step does to `request` (vLLM's `SchedulerOutput`): it appends `new_blocks` to
+    /// the request's block table (or, with `replace`, the table is `new_blocks`: a preempted request
+    /// resumed), and by the step's end `computed_tokens` of it are computed. A saving role then saves
+    /// only the blocks computed by then, and the rest in the steps that compute them (chunked prefill).
+    /// Without this call a request's every full block is saved in the step after its allocation.
+    /// Returns whether the request is tracked.
+    pub fn record_step(
+        &self,
+        request: &str,
+        new_blocks: &[u32],
+        replace: bool,
+        computed_tokens: usize,
+    ) -> bool {
+        let mut sched = lock(&self.sched);
+        let Some(t) = sched.requests.get_mut(request) else {
+            return false;
+        };
+        if let Some(plan) = &mut t.save {
+            if replace {
+                plan.blocks = new_blocks.to_vec();
+                plan.saved = plan.saved.min(plan.blocks.len());
+            } else {
+                plan.blocks.extend_from_slice(new_blocks);
+            }
+            plan.computed_tokens = Some(computed_tokens);
+        }
+        true
+    }
+
+    /// vLLM's `build_connector_meta`: the loads planned since the last step, and the saves of every
+    /// block computed by this step's end, for the workers.
     pub fn build_connector_meta(&self) -> ConnectorMetadata {
-        std::mem::take(&mut lock(&self.sched).pending)
+        let bs = self.cfg.namespace.block_size as usize;
+        let mut sched = lock(&self.sched);
+        let SchedulerState { requests, pending } = &mut *sched;
+        for (id, t) in requests.iter_mut() {
+            let Some(plan) = &mut t.save else { continue };
+            let full = t.keys.len().min(plan.blocks.len());
+            let upto = plan.computed_tokens.map_or(full, |c| (c / bs).min(full));
+            if upto > plan.saved {
+                pending.saves.push(BlockSpec {
+                    request: id.clone(),
+                    keys: t.keys[plan.saved..upto].to_vec(),
+                    blocks: plan.blocks[plan.saved..upto].to_vec(),
+                    local: false,
+                    producer: None,
+                });
+                plan.saved = upto;
+            }
+            if plan.computed_tokens.is_none() || plan.saved == t.keys.len() {
+                t.save = None;
+            }
+        }
+        std::mem::take(pending)
     }
 
     /// vLLM's `request_finished`: the request is done. Returns whether the engine must keep its blocks

@@ -1,7 +1,7 @@
 //! The mutable state a connector keeps for each half: the scheduler's tracked requests and pending step
 //! metadata, the worker's KV caches, running loads, failed blocks and finished requests.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use transfer_engine::{KvLayout, MemoryRegion, SessionId};
@@ -18,12 +18,29 @@ pub(crate) struct Tracked {
     pub(crate) matched_blocks: usize,
     pub(crate) local: bool,
     pub(crate) producer: Option<KvTransferParams>,
+    /// Its load is asynchronous and not planned yet ([`crate::ConnectorConfig::async_loads`]).
+    pub(crate) load_async: bool,
+    /// The blocks a saving role still has to save, once they are computed.
+    pub(crate) save: Option<SavePlan>,
+}
+
+/// A saving role's plan for one request: its block table and how far it was saved. Blocks are saved
+/// in the step that computes them (see [`crate::KvConnector::record_step`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SavePlan {
+    /// The request's block table, as far as the engine allocated it.
+    pub(crate) blocks: Vec<u32>,
+    /// Leading blocks already planned for saving.
+    pub(crate) saved: usize,
+    /// Tokens computed by the end of the current step, if the engine said (`None`: the whole prompt in
+    /// one step).
+    pub(crate) computed_tokens: Option<usize>,
 }
 
 /// The scheduler half's state.
 #[derive(Debug, Default)]
 pub(crate) struct SchedulerState {
-    pub(crate) requests: HashMap<String, Tracked>,
+    pub(crate) requests: BTreeMap<String, Tracked>,
     pub(crate) pending: ConnectorMetadata,
 }
 

@@ -48,6 +48,11 @@ impl KvConnector {
             } = spec;
             let number = request_number(&request);
             let started = Instant::now();
+            if blocks.is_empty() {
+                // Nothing to move: over at once (an asynchronous load must still be reported).
+                lock(&self.worker).finished_receiving.push(request);
+                continue;
+            }
             if local {
                 let copied = self.load_from_own_store(&keys, &blocks, number);
                 let mut w = lock(&self.worker);
@@ -157,6 +162,10 @@ impl KvConnector {
     /// its session ended without it: those blocks become failed blocks, to recompute). Tells the
     /// transfers the consumer is at `layer`, so they keep up to the prefetch depth ahead.
     pub fn wait_for_layer_load(&self, layer: u32) -> Result<(), ConnectorError> {
+        if self.cfg.async_loads {
+            // Asynchronous loads are waited for by `get_finished`, never inside the forward pass.
+            return Ok(());
+        }
         let sessions: Vec<(SessionId, Vec<u32>)> = lock(&self.worker)
             .loads
             .iter()
@@ -188,8 +197,12 @@ impl KvConnector {
                     b.dedup();
                     Some(b)
                 }
-                // Timed out or the transport failed: nothing of this load can be trusted.
-                Ok(Err(_)) | Err(_) => Some(blocks.clone()),
+                // Timed out or the transport failed: nothing of this load can be trusted, and
+                // nothing more of it may land in blocks the engine now recomputes.
+                Ok(Err(_)) | Err(_) => {
+                    let _ = self.transport.abandon(session);
+                    Some(blocks.clone())
+                }
             };
             let mut w = lock(&self.worker);
             let Some(pos) = w.loads.iter().position(|l| l.session == session) else {
@@ -284,13 +297,67 @@ impl KvConnector {
     }
 
     /// vLLM's `get_finished`: requests whose saves ended and requests whose loads ended since the last
-    /// call, as `(finished_sending, finished_receiving)`.
+    /// call, as `(finished_sending, finished_receiving)`. With asynchronous loads, it first looks (without
+    /// waiting) for loads that are over: every layer arrived, or the session ended and its missing
+    /// blocks are failed blocks, or `load_timeout` passed and all of its blocks are.
     pub fn get_finished(&self) -> (Vec<String>, Vec<String>) {
+        if self.cfg.async_loads {
+            self.poll_loads();
+        }
         let mut w = lock(&self.worker);
         (
             std::mem::take(&mut w.finished_sending),
             std::mem::take(&mut w.finished_receiving),
         )
+    }
+
+    /// Ends the asynchronous loads that are over (see [`KvConnector::get_finished`]).
+    fn poll_loads(&self) {
+        let sessions: Vec<(SessionId, Instant)> = lock(&self.worker)
+            .loads
+            .iter()
+            .map(|l| (l.session, l.started))
+            .collect();
+        let last = self.cfg.layers.saturating_sub(1);
+        for (session, started) in sessions {
+            let over = self.block_on(async {
+                tokio::time::timeout(Duration::ZERO, self.transport.wait_whole(session, last)).await
+            });
+            let lost: Option<Vec<u32>> = match over {
+                Ok(Ok(missing)) => Some(missing.iter().map(|id| id.block).collect()),
+                Ok(Err(e)) => {
+                    lock(&self.worker).load_errors.push(e);
+                    None
+                }
+                Err(_) if started.elapsed() < self.cfg.load_timeout => continue,
+                Err(_) => {
+                    // Nothing more of it may land in blocks the engine now recomputes.
+                    let _ = self.transport.abandon(session);
+                    None
+                }
+            };
+            let mut w = lock(&self.worker);
+            let Some(pos) = w.loads.iter().position(|l| l.session == session) else {
+                continue;
+            };
+            let load = w.loads.remove(pos);
+            let mut lost = lost.unwrap_or_else(|| load.blocks.clone());
+            lost.sort_unstable();
+            lost.dedup();
+            let delivered = load.blocks.len() - lost.len().min(load.blocks.len());
+            if lost.is_empty() {
+                self.metrics.latency(load.started.elapsed());
+            } else {
+                self.metrics.recompute(lost.len());
+            }
+            self.metrics.bytes(
+                Direction::In,
+                self.cfg.class,
+                delivered as u64 * self.block_bytes_all_layers(),
+            );
+            w.failed.extend(lost);
+            w.finished_receiving.push(load.request);
+        }
     }
 
     /// Why loads could not start since the last call (their blocks are in

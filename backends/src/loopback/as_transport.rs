@@ -214,6 +214,11 @@ impl Transport for LoopbackNode {
         Ok(self.end().consume_layer(session, layer)?)
     }
 
+    fn abandon_receive(&self, session: SessionId) -> Result<(), TransportError> {
+        self.only(Side::Consumer, "receive")?;
+        Ok(self.end().abandon_receive(session)?)
+    }
+
     fn wait_layer(
         &self,
         session: SessionId,

@@ -287,6 +287,13 @@ impl RdmaNode {
         Ok(())
     }
 
+    /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
+    /// verified are reported for recompute.
+    pub fn abandon_receive(&self, session: SessionId) -> Result<(), RdmaError> {
+        self.shared.station.abandon_receive(session)?;
+        Ok(())
+    }
+
     /// Sets the engine's traffic shaping (the KV bandwidth cap, per-class rates) for every frame from now
     /// on.
     pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), RdmaError> {

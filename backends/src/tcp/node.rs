@@ -307,6 +307,14 @@ impl TcpNode {
         Ok(())
     }
 
+    /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
+    /// verified are reported for recompute.
+    pub fn abandon_receive(&self, session: SessionId) -> Result<(), TcpError> {
+        self.state.ctx.station.abandon_receive(session)?;
+        self.state.ctx.wake.notify_one();
+        Ok(())
+    }
+
     /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
     /// recompute).
     pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, TcpError> {

@@ -98,6 +98,13 @@ macro_rules! forward_to_node {
             Ok($node::consume_layer(self, session, layer)?)
         }
 
+        fn abandon_receive(
+            &self,
+            session: transfer_engine::SessionId,
+        ) -> Result<(), TransportError> {
+            Ok($node::abandon_receive(self, session)?)
+        }
+
         fn wait_layer(
             &self,
             session: transfer_engine::SessionId,

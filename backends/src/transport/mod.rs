@@ -188,6 +188,11 @@ pub trait Transport: Send + Sync + Debug {
     /// becomes urgent. Returns whether the layer is complete.
     fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, TransportError>;
 
+    /// Stops receiving session `session` (the consumer gave up on it): none of its bytes is placed from
+    /// now on, so memory handed back for recompute is never written by it again; its blocks not yet
+    /// verified are reported for recompute.
+    fn abandon_receive(&self, session: SessionId) -> Result<(), TransportError>;
+
     /// Waits until `layer` of receiving session `session` has arrived whole and verified; if the session
     /// ends without it, the error ([`crate::WaitError::LayerLost`]) names the blocks to recompute.
     fn wait_layer(

@@ -343,6 +343,31 @@ impl Engine {
         Ok(())
     }
 
+    /// Stops receiving session `session` (the consumer gave up on it: it timed out, say): none of its
+    /// bytes is placed from now on, and its blocks not yet verified are reported for recompute, after an
+    /// [`Event::Aborted`]. The sender's later frames for it are those of a closed session.
+    pub fn abandon_receive(&mut self, session: SessionId) -> Result<(), Error> {
+        let mut found = false;
+        for ((_, id), rx) in self
+            .receivers
+            .iter_mut()
+            .filter(|((_, id), r)| *id == session && !r.is_done())
+        {
+            self.events.push_back(Event::Aborted {
+                session: *id,
+                role: Role::Receiver,
+                reason: "abandoned by the receiver".to_string(),
+            });
+            rx.abort(&mut self.events);
+            found = true;
+        }
+        if !found {
+            return Err(Error::UnknownSession(session));
+        }
+        self.reap();
+        Ok(())
+    }
+
     /// The driver lost `peer` for good (every connection gone and redialing refused): every session with
     /// it ends now, each with an [`Event::Aborted`] carrying `reason`, then its recompute report (the
     /// sender's unacknowledged blocks, the receiver's missing ones) and completion. Returns how many ended.
