@@ -9,16 +9,19 @@ vLLM (0.32, 0.33) loads it by module path::
                         "kv_port": 14579}
 
 The scheduler half runs in vLLM's engine-core process (lookups, plans; no KV moved), the worker half in
-each worker process (its KV caches registered in place, its TCP node, and for a producer the host tier
+each worker process (its KV caches registered in place, its TCP or RDMA node, and for a producer the host tier
 store and the control server that serves consumers on threads of its own, whatever vLLM's steps do).
 Metadata travels from one to the other as a JSON string.
 
 Disaggregated prefill and decode in vLLM's proxy convention: a request to a producer whose
 ``kv_transfer_params`` ask ``do_remote_decode`` returns, in its output's ``kv_transfer_params``, where its
 KV waits (``producer``, and every tensor-parallel rank's control address under ``ranks``); the same prompt
-sent to a consumer with those parameters loads the prompt's KV from the producer, layer by layer inside
-the forward pass, instead of computing it. A producer copies each layer into its tier store as it is
-computed, so vLLM frees the request's blocks as usual (no delayed free).
+sent to a consumer with those parameters loads the prompt's KV from the producer instead of computing it.
+A producer copies each layer into its tier store in the step that computes it (a prompt prefilled in
+chunks is saved chunk by chunk), so vLLM frees the request's blocks as usual: ``request_finished`` never
+delays a free, and the KV stays loadable until the store evicts it (``store_blocks``, least valuable
+first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this convention in front of
+``vllm serve`` instances.
 
 ``kv_connector_extra_config`` keys (a key not listed, or a bad value, fails start-up naming it):
 
@@ -28,21 +31,38 @@ computed, so vLLM frees the request's blocks as usual (no delayed free).
 - ``store_blocks`` (``1024``): blocks a producer keeps in its host tier store;
 - ``load_timeout`` (``10.0``): seconds a load may take before its blocks are recomputed;
 - ``prefetch_depth`` (``2``): layers a load may run ahead of the forward pass;
+- ``async_loads`` (``false``): load between vLLM's steps instead of inside the forward pass: the request
+  waits (vLLM's ``WAITING_FOR_REMOTE_KVS``) until a worker reports its load over, and the step never
+  waits for it;
+- ``kv_bandwidth_gbps`` (``0``, no cap): the most a producer serves KV at, in Gbit/s (the engine's token
+  bucket);
+- ``backend`` (``"tcp"``): how KV moves, ``"tcp"`` or ``"rdma"`` (libfabric; a build with feature
+  ``rdma``, see the README); the control channel is TCP either way;
+- ``rdma_provider`` (``"auto-local"``): libfabric's provider with ``backend: "rdma"``: ``"auto"``
+  (``efa``, then ``verbs``, then ``tcp``), ``"auto-local"`` (``shm`` too, for peers on this host), or a
+  name (``"verbs"``, ``"efa"``, ``"tcp"``, ``"shm"``);
+- ``rdma_domain`` (``""``: the provider's first): the device or interface (``"mlx5_0"``, ``"lo"``);
 - ``peers`` (``[]``): control addresses (``"host:port"``, a ``kv_producer`` or ``kv_both`` instance's
   ``kv_ip:kv_port``) a consumer or ``kv_both`` instance asks for the longest stored prefix of each prompt
   whose request names no producer: cross-instance prefix reuse.
 
-Loads are synchronous (the request is scheduled at once; its layers stream during the forward pass). A
-block that cannot arrive intact is reported by ``get_block_ids_with_load_errors`` for vLLM to recompute
-(``kv_load_failure_policy="recompute"``). Not built yet: RDMA and shared memory through this connector,
-asynchronous loads, CUDA KV caches.
+By default a load is synchronous: the request is scheduled at once and its layers stream during the forward
+pass (``wait_for_layer_load`` waits for layer *l* while the next ones are on their way). A block that
+cannot arrive intact, within ``load_timeout`` or at all, is reported by ``get_block_ids_with_load_errors``
+for vLLM to recompute (``kv_load_failure_policy="recompute"``), and a load given up on never writes
+another byte into vLLM's blocks. Workers report ``KvTransferStats`` (``get_kv_connector_stats``), which
+vLLM logs as "KV Transfer metrics": loads, bytes, recomputed and saved blocks, and the seconds its steps
+spent in the connector's calls. Not built yet: the same-host shared-memory backend, CUDA KV caches,
+tensor parallelism proven under vLLM.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import zlib
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -50,12 +70,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from . import Connector, ConnectorMetadata, KvLayout, KvTransferError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KvTransferConnector", "KvTransferMetadata", "EXTRA_CONFIG"]
+__all__ = ["KvTransferConnector", "KvTransferMetadata", "KvTransferStats", "EXTRA_CONFIG"]
 
 #: Every ``kv_connector_extra_config`` key, with its default.
 EXTRA_CONFIG: Dict[str, Any] = {
@@ -64,11 +85,59 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "store_blocks": 1024,
     "load_timeout": 10.0,
     "prefetch_depth": 2,
+    "async_loads": False,
+    "kv_bandwidth_gbps": 0.0,
     "peers": [],
+    "backend": "tcp",
+    "rdma_provider": "auto-local",
+    "rdma_domain": "",
 }
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+#: The engine's counters a worker reports in vLLM's connector stats (deltas per interval).
+_STAT_COUNTERS = (
+    "loads",
+    "load_us",
+    "bytes_in",
+    "bytes_out",
+    "local_tier_bytes",
+    "recompute_blocks",
+    "saved_blocks",
+    "save_dropped_blocks",
+    "retransmits",
+)
+
+
+@dataclass
+class KvTransferStats(KVConnectorStats):
+    """This connector's figures for one logging interval, summed over the workers: loads and their time,
+    KV bytes in and out, blocks recomputed and saved, and the seconds vLLM's step spent in the
+    connector's own calls (``call_seconds``; waits for loads apart, in ``load_wait_seconds``)."""
+
+    data: Dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: "KVConnectorStats") -> "KvTransferStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        d = self.data
+        out: Dict[str, Any] = {k: d[k] for k in sorted(d) if k not in ("load_us",)}
+        loads = d.get("loads", 0)
+        out["avg_load_ms"] = round(d.get("load_us", 0) / loads / 1e3, 3) if loads else 0.0
+        calls = d.get("calls", 0)
+        out["avg_call_us"] = round(d.get("call_seconds", 0) / calls * 1e6, 1) if calls else 0.0
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
 
 
 class KvTransferMetadata(KVConnectorMetadata):
@@ -89,8 +158,14 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
     peers = opts["peers"]
     if not isinstance(peers, (list, tuple)) or not all(isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in peers):
         raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
+    if opts["backend"] not in ("tcp", "rdma"):
+        raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp' or 'rdma'")
     for key, default in EXTRA_CONFIG.items():
         if key == "peers":
+            continue
+        if isinstance(default, bool):
+            if not isinstance(opts[key], bool):
+                raise ValueError(f"kv_connector_extra_config[{key!r}] = {opts[key]!r} is not true or false")
             continue
         kind = float if isinstance(default, float) else type(default)
         try:
@@ -126,6 +201,16 @@ class KvTransferConnector(KVConnectorBase_V1):
         self._index: Dict[str, int] = {}
         self._worker: Optional[Connector] = None
         self._scheduler: Optional[Connector] = None
+        # Scheduler side: requests waiting for an asynchronous load, since when; loads seen to finish.
+        self._async_waiting: Dict[str, float] = {}
+        self.async_loads_done = 0
+        self.async_wait_seconds = 0.0
+        # Worker side: seconds spent in this connector's calls (waits for loads apart), and the
+        # engine's counters at the last stats report.
+        self._call_seconds = 0.0
+        self._wait_seconds = 0.0
+        self._calls = 0
+        self._reported: Dict[str, float] = {}
         if role == KVConnectorRole.SCHEDULER:
             layers, block_bytes = self._cache_shape(kv_cache_config)
             self._scheduler = Connector.scheduler(self._settings(layers, block_bytes, 0, {}))
@@ -153,6 +238,8 @@ class KvTransferConnector(KVConnectorBase_V1):
             store_blocks=self._opts["store_blocks"] if self._role != "consumer" else 0,
             prefetch_depth=self._opts["prefetch_depth"],
             load_timeout=self._opts["load_timeout"],
+            async_loads=self._opts["async_loads"],
+            kv_bandwidth=int(self._opts["kv_bandwidth_gbps"] * 1e9 / 8),
             tp_rank=rank,
             tp_size=self._tp_size,
         )
@@ -176,7 +263,7 @@ class KvTransferConnector(KVConnectorBase_V1):
         if producer is None and self._opts["peers"] and self._role != "producer":
             producer = self._best_peer(request.request_id, tokens, num_computed_tokens)
         try:
-            n, _ = self._scheduler.get_num_new_matched_tokens(
+            n, load_async = self._scheduler.get_num_new_matched_tokens(
                 request.request_id, tokens, num_computed_tokens, producer
             )
         except KvTransferError as e:
@@ -187,7 +274,7 @@ class KvTransferConnector(KVConnectorBase_V1):
                 request.request_id, list(request.prompt_token_ids), num_computed_tokens, None
             )
             return 0, False
-        return n, False
+        return n, load_async
 
     def _best_peer(self, request_id: str, tokens: List[int], num_computed: int) -> Optional[Dict[str, Any]]:
         """The peer holding the longest prefix of ``tokens`` (``None`` if none holds any)."""
@@ -207,14 +294,42 @@ class KvTransferConnector(KVConnectorBase_V1):
         assert self._scheduler is not None
         block_ids = blocks.get_block_ids()[0]
         self._scheduler.update_state_after_alloc(request.request_id, list(block_ids), num_external_tokens)
+        if self._opts["async_loads"] and num_external_tokens > 0:
+            self._async_waiting[request.request_id] = time.monotonic()
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._scheduler is not None
+        if self._role != "consumer" and scheduler_output is not None:
+            self._record_steps(scheduler_output)
         return KvTransferMetadata(self._scheduler.build_connector_meta().to_json())
+
+    def _record_steps(self, so: Any) -> None:
+        """Tells the scheduler half what this step computes, so a save covers only computed blocks (a
+        prompt prefilled in chunks is saved chunk by chunk)."""
+        assert self._scheduler is not None
+        scheduled = so.num_scheduled_tokens
+        for r in so.scheduled_new_reqs:
+            self._scheduler.record_step(r.req_id, [], False, r.num_computed_tokens + scheduled.get(r.req_id, 0))
+        cached = so.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or set()
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            blocks = list(new[0]) if new else []
+            self._scheduler.record_step(rid, blocks, rid in resumed, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        # The workers' finished loads end the requests' waits (vLLM moves them on); kept as figures.
+        now = time.monotonic()
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            started = self._async_waiting.pop(rid, None)
+            if started is not None:
+                self.async_loads_done += 1
+                self.async_wait_seconds += now - started
 
     def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
         assert self._scheduler is not None
         self._scheduler.request_finished(request.request_id)
+        self._async_waiting.pop(request.request_id, None)
         if self._role == "consumer":
             return False, None
         params: Dict[str, Any] = {"do_remote_prefill": True, "producer": self._control(0)}
@@ -248,7 +363,11 @@ class KvTransferConnector(KVConnectorBase_V1):
         # A role that loads listens (producers dial it); a role that saves serves at kv_port + rank.
         listen = f"{self._opts['kv_ip']}:0" if self._role != "producer" else None
         control = self._control(rank) if self._role != "consumer" else None
-        conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
+        if self._opts["backend"] == "rdma":
+            domain = self._opts["rdma_domain"] or None
+            conn = Connector.rdma(settings, engine_id, self._opts["rdma_provider"], domain, control_listen=control)
+        else:
+            conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
         conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)
         self._layers, self._index = names, {n: i for i, n in enumerate(names)}
         self._worker = conn
@@ -277,30 +396,70 @@ class KvTransferConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self._role != "producer":
+            t = time.perf_counter()
             self._require_worker("start_load_kv").start_load_kv()
+            self._spent(t)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         if self._role != "producer" and self._worker is not None:
+            t = time.perf_counter()
             self._worker.wait_for_layer_load(self._index[layer_name])
+            self._wait_seconds += time.perf_counter() - t
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         if self._role != "consumer":
+            t = time.perf_counter()
             self._require_worker("save_kv_layer").save_kv_layer(self._index[layer_name])
+            self._spent(t)
 
     def wait_for_save(self) -> None:
         if self._role != "consumer" and self._worker is not None:
+            t = time.perf_counter()
             self._worker.wait_for_save()
+            self._spent(t)
 
     def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
-        # Loads are synchronous and blocks are never held past a step: nothing to report to vLLM.
-        if self._worker is not None:
-            self._worker.get_finished()
+        # Blocks are never held past a step (no sends to report); loads are reported to vLLM only when
+        # they are asynchronous (a synchronous one ended inside the forward pass).
+        if self._worker is None:
+            return None, None
+        t = time.perf_counter()
+        _, received = self._worker.get_finished()
+        self._spent(t)
+        if self._opts["async_loads"] and received:
+            return None, set(received)
         return None, None
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
         if self._worker is None:
             return set()
+        for reason in self._worker.take_load_errors():
+            logger.warning("kv_transfer: a load could not start (its blocks are recomputed): %s", reason)
         return set(self._worker.failed_blocks())
+
+    def _spent(self, since: float) -> None:
+        self._call_seconds += time.perf_counter() - since
+        self._calls += 1
+
+    # ---- stats ----
+
+    def get_kv_connector_stats(self) -> Optional["KvTransferStats"]:
+        """What this worker did since the last call (vLLM sums the workers' and logs the interval)."""
+        if self._worker is None:
+            return None
+        now: Dict[str, float] = {k: float(v) for k, v in self._worker.metrics().items() if k in _STAT_COUNTERS}
+        now["call_seconds"] = self._call_seconds
+        now["load_wait_seconds"] = self._wait_seconds
+        now["calls"] = float(self._calls)
+        delta = {k: v - self._reported.get(k, 0.0) for k, v in now.items()}
+        self._reported = now
+        if not any(delta.values()):
+            return None
+        return KvTransferStats(data=delta)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional["KvTransferStats"]:
+        return KvTransferStats(data=dict(data) if data else {})
 
     def shutdown(self) -> None:
         self._worker = None

@@ -13,10 +13,10 @@ use pyo3::types::{PyAny, PyDict};
 
 use crate::layout::{PyKvLayout, dtype};
 use crate::{buffer, err};
-use transfer_engine::KvKind;
+use transfer_engine::{KvKind, ShapingConfig};
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 18] = [
     "role",
     "model",
     "weight_version",
@@ -27,6 +27,8 @@ const KEYS: [&str; 16] = [
     "store_blocks",
     "prefetch_depth",
     "load_timeout",
+    "async_loads",
+    "kv_bandwidth",
     "tp_rank",
     "tp_size",
     "python_hash_seed",
@@ -95,6 +97,20 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
     set!("block_bytes", cfg.block_bytes);
     set!("store_blocks", cfg.store_blocks);
     set!("prefetch_depth", cfg.prefetch_depth);
+    set!("async_loads", cfg.async_loads);
+    let rate: u64 = get(settings, "kv_bandwidth")
+        .map_err(|e| bad("kv_bandwidth", e))?
+        .unwrap_or(0);
+    if rate > 0 {
+        // A cap on KV alone (no collectives share this engine), with a burst of a tenth of a second
+        // (at least 256 KiB, at most the engine's default 16 MiB).
+        cfg.shaping = Some(ShapingConfig {
+            link_bytes_per_sec: Some(rate),
+            kv_share: 1.0,
+            burst_bytes: (rate / 10).clamp(256 << 10, 16 << 20),
+            ..ShapingConfig::default()
+        });
+    }
     if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {
         cfg.load_timeout = crate::duration(s).map_err(|e| bad("load_timeout", e))?;
     }
@@ -218,6 +234,29 @@ impl PyConnector {
             .map_err(err)
     }
 
+    /// A connector over RDMA (libfabric: `provider` `"auto"`, `"auto-local"` for peers on this host,
+    /// `"tcp"`, `"shm"`, `"verbs"`, `"efa"`, on `domain` or the provider's first), with the same control
+    /// channel as [`PyConnector::tcp`]. Needs a build with feature `rdma`; without it the error says how
+    /// to make one.
+    #[staticmethod]
+    #[pyo3(signature = (settings, engine_id, provider = "auto-local", domain = None, control_listen = None, producer = None))]
+    fn rdma(
+        py: Python<'_>,
+        settings: &Bound<'_, PyDict>,
+        engine_id: u32,
+        provider: &str,
+        domain: Option<String>,
+        control_listen: Option<String>,
+        producer: Option<String>,
+    ) -> PyResult<PyConnector> {
+        let cfg = config(settings)?;
+        let (control, producer) = (
+            addr("control_listen", control_listen)?,
+            addr("producer", producer)?,
+        );
+        rdma_connector(py, cfg, engine_id, provider, domain, control, producer)
+    }
+
     /// `"producer"`, `"consumer"` or `"both"`.
     #[getter]
     fn role(&self) -> &'static str {
@@ -289,6 +328,20 @@ impl PyConnector {
         self.0
             .update_state_after_alloc(request_id, &block_ids, num_external_tokens)
             .map_err(err)
+    }
+
+    /// What this step does to a request (vLLM's `SchedulerOutput`): blocks appended to its table (or its
+    /// new table, with `replace`) and the tokens computed by the step's end; saves then cover only
+    /// computed blocks. Returns whether the request is tracked.
+    fn record_step(
+        &self,
+        request: &str,
+        new_blocks: Vec<u32>,
+        replace: bool,
+        computed_tokens: usize,
+    ) -> bool {
+        self.0
+            .record_step(request, &new_blocks, replace, computed_tokens)
     }
 
     /// vLLM's `build_connector_meta`.
@@ -384,6 +437,10 @@ impl PyConnector {
             ("recompute_blocks", s.recompute_blocks),
             ("saved_blocks", s.saved_blocks),
             ("loads", s.loads),
+            ("load_us", s.latency_sum_us),
+            ("local_tier_bytes", s.local_tier_bytes),
+            ("save_dropped_blocks", s.save_dropped),
+            ("abandoned_blocks", s.abandoned_blocks),
         ])
     }
 }
@@ -405,4 +462,38 @@ fn params_from(d: &Bound<'_, PyDict>) -> PyResult<KvTransferParams> {
         .map(|r| addr("transfer_params ranks", Some(r)).map(|a| a.expect("given")))
         .collect::<PyResult<_>>()?;
     Ok(KvTransferParams { producer, ranks })
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_connector(
+    py: Python<'_>,
+    cfg: ConnectorConfig,
+    engine_id: u32,
+    provider: &str,
+    domain: Option<String>,
+    control: Option<std::net::SocketAddr>,
+    producer: Option<std::net::SocketAddr>,
+) -> PyResult<PyConnector> {
+    use backends::rdma::{Provider, RdmaConfig};
+    let mut rdma = RdmaConfig::new(engine_id, Provider::parse(provider));
+    rdma.domain = domain;
+    py.detach(|| KvConnector::rdma(cfg, rdma, control, producer))
+        .map(PyConnector)
+        .map_err(err)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_connector(
+    _py: Python<'_>,
+    _cfg: ConnectorConfig,
+    _engine_id: u32,
+    _provider: &str,
+    _domain: Option<String>,
+    _control: Option<std::net::SocketAddr>,
+    _producer: Option<std::net::SocketAddr>,
+) -> PyResult<PyConnector> {
+    Err(crate::KvTransferError::new_err(
+        "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
+         pip install ./python (needs libfabric's headers and libclang)",
+    ))
 }

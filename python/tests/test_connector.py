@@ -109,3 +109,55 @@ def test_a_scheduler_half_plans_for_workers_in_another_process():
         kt.ConnectorMetadata.from_json('{"loads": 1}')
     with pytest.raises(kt.KvTransferError, match="not available to a scheduler-only connector"):
         scheduler.save_kv_layer(0)
+
+
+def test_an_asynchronous_load_is_reported_by_get_finished_once_whole():
+    import time
+
+    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer", async_loads=True))
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    tokens = list(range(50))
+    producer.get_num_new_matched_tokens("r1", tokens)
+    producer.update_state_after_alloc("r1", [0, 1, 2, 3], 0)
+    # The step computes the whole prompt: every full block is saved.
+    assert producer.record_step("r1", [], False, 50)
+    producer.bind_connector_metadata(producer.build_connector_meta())
+    for layer in range(LAYERS):
+        producer.save_kv_layer(layer)
+    producer.wait_for_save()
+    assert consumer.get_num_new_matched_tokens("r1", tokens) == (48, True)
+    consumer.update_state_after_alloc("r1", [7, 8, 9, 10], 48)
+    consumer.bind_connector_metadata(consumer.build_connector_meta())
+    consumer.start_load_kv()
+    consumer.wait_for_layer_load(0)  # returns at once: the load is not the forward pass's
+    deadline = time.monotonic() + 30
+    while "r1" not in consumer.get_finished()[1]:
+        assert time.monotonic() < deadline, "the load was never reported"
+        time.sleep(0.002)
+    for layer in range(LAYERS):
+        for s, d in [(0, 7), (1, 8), (2, 9)]:
+            assert decode_kv[at(layer, d) : at(layer, d) + BLOCK].tobytes() == prefill_kv[
+                at(layer, s) : at(layer, s) + BLOCK
+            ].tobytes()
+    assert consumer.failed_blocks() == []
+    assert consumer.metrics()["loads"] == 1
+
+
+def test_a_kv_bandwidth_cap_is_a_setting():
+    kt.Connector.loopback_pair(settings("producer", kv_bandwidth=1 << 20), settings("consumer"))
+    with pytest.raises(ValueError, match="kv_bandwidth"):
+        kt.Connector.loopback_pair(settings("producer", kv_bandwidth="fast"), settings("consumer"))
+    with pytest.raises(ValueError, match="async_loads"):
+        kt.Connector.loopback_pair(settings("producer"), settings("consumer", async_loads="yes"))
+
+
+def test_rdma_connectors_need_a_build_with_rdma_and_say_how_to_make_one():
+    try:
+        c = kt.Connector.rdma(settings("producer"), 9, "tcp", "lo")
+    except kt.KvTransferError as e:
+        assert "--features rdma" in str(e)
+    else:  # a build with feature rdma (the vllm-cpu environment's)
+        assert c.role == "producer" and c.control_addr

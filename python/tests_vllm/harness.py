@@ -4,7 +4,9 @@ cache planning and allocation, and its worker-side connector plumbing (the conne
 through ``unified_attention_with_output``, which calls ``wait_for_layer_load`` and ``save_kv_layer``),
 with a fake forward pass that writes known K and V into the paged cache.
 
-Run as ``python harness.py ROLE LAYOUT PORT`` (ROLE producer or consumer, LAYOUT LBNHC or BLNHC). It reads
+Run as ``python harness.py ROLE LAYOUT PORT [EXTRA [BATCH]]`` (ROLE producer or consumer, LAYOUT LBNHC or
+BLNHC, EXTRA a JSON object added to ``kv_connector_extra_config``, BATCH vLLM's
+``max_num_batched_tokens``: below a prompt's length, the prompt is prefilled in chunks). It reads
 one JSON object per line on stdin, ``{"id": ..., "prompt": [...], "kv_transfer_params": ...}``, runs the
 request to its end, and prints one JSON line with what happened. A producer then keeps serving its KV
 until stdin closes.
@@ -18,6 +20,7 @@ import os
 import pickle
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,6 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 ROLE, LAYOUT, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
+EXTRA = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+BATCH = int(sys.argv[5]) if len(sys.argv) > 5 else 256
 os.environ["VLLM_KV_CACHE_LAYOUT"] = LAYOUT
 BLOCK, HEADS, HEAD, LAYERS = 16, 2, 16, 2
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
@@ -67,7 +72,7 @@ with open(os.path.join(model_dir, "config.json"), "w") as f:
 config = VllmConfig(
     model_config=ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0, max_model_len=256),
     scheduler_config=SchedulerConfig(
-        max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, enable_chunked_prefill=True,
+        max_num_seqs=8, max_num_batched_tokens=BATCH, max_model_len=256, enable_chunked_prefill=True,
         is_encoder_decoder=False, async_scheduling=False,
     ),
     cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
@@ -77,7 +82,7 @@ config = VllmConfig(
         kv_role=f"kv_{ROLE}",
         kv_buffer_device="cpu",
         kv_port=PORT,
-        kv_connector_extra_config={"load_timeout": 20.0},
+        kv_connector_extra_config={"load_timeout": 20.0, **EXTRA},
     ),
     device_config=DeviceConfig("cpu"),
 )
@@ -156,7 +161,7 @@ for n in NAMES:
 
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 init_none_hash(sha256)
 hasher = get_request_block_hasher(BLOCK, sha256)
@@ -174,8 +179,15 @@ def step(report: dict) -> list:
     for rid, nb in zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.new_block_ids):
         if nb is not None:
             tables[rid].extend(nb[0])
+    waiting = [r for r in scheduler.requests.values() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
+    report["waiting_steps"] += bool(waiting)
     if so.total_num_scheduled_tokens == 0:
-        return list(scheduler.update_from_output(planned, runner.no_forward(so)).items())
+        out = runner.no_forward(so)
+        observe(report, out.kv_connector_output)
+        if not waiting:
+            report["idle_steps"] += 1
+        time.sleep(0.001)
+        return list(scheduler.update_from_output(planned, out).items())
     order = list(so.num_scheduled_tokens)
     slots, toks, positions = [], [], []
     for rid in order:
@@ -196,11 +208,23 @@ def step(report: dict) -> list:
             unified_attention_with_output(q, k, v, torch.empty_like(q), n)
     runner.finish_forward()
     kv_out = runner.post_forward(so.finished_req_ids)
+    observe(report, kv_out)
     sampled = [[7] if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens else [] for r in order]
     out = ModelRunnerOutput(req_ids=order, req_id_to_index={r: i for i, r in enumerate(order)}, sampled_token_ids=sampled, kv_connector_output=kv_out)
     if kv_out is not None and kv_out.invalid_block_ids:
         report["invalid_blocks"] += len(kv_out.invalid_block_ids)
     return list(scheduler.update_from_output(planned, out).items())
+
+
+def observe(report: dict, kv_out) -> None:
+    """What a step's connector output says: stats (summed as vLLM's logger does) and finished loads."""
+    if kv_out is None:
+        return
+    stats = getattr(kv_out, "kv_connector_stats", None)
+    if stats is not None and not stats.is_empty():
+        for k, v in stats.data.items():
+            report["stats"][k] = report["stats"].get(k, 0) + v
+    report["finished_recving"] += len(kv_out.finished_recving or ())
 
 
 def loaded_blocks_hold_the_prompt(rid: str, prompt: list[int], upto: int) -> bool:
@@ -224,8 +248,12 @@ for line in sys.stdin:
     sp = SamplingParams(max_tokens=ask.get("max_tokens", 1), ignore_eos=True, extra_args=extra)
     sp.update_from_generation_config({}, 2)
     scheduler.add_request(Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp, pooling_params=None, block_hasher=hasher))
-    report = {"id": rid, "pickled_steps": 0, "invalid_blocks": 0, "computed_from": None, "kv_transfer_params": None}
-    for _ in range(50):
+    report = {
+        "id": rid, "pickled_steps": 0, "invalid_blocks": 0, "computed_from": None, "kv_transfer_params": None,
+        "stats": {}, "finished_recving": 0, "waiting_steps": 0, "idle_steps": 0,
+    }
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
         for _, outs in step(report):
             for o in outs.outputs:
                 if o.finish_reason is not None and o.request_id == rid:

@@ -22,9 +22,9 @@ def free_port():
 
 
 class Instance:
-    def __init__(self, role, layout, port):
+    def __init__(self, role, layout, port, extra=None, batch=256):
         self.p = subprocess.Popen(
-            [sys.executable, HARNESS, role, layout, str(port)],
+            [sys.executable, HARNESS, role, layout, str(port), json.dumps(extra or {}), str(batch)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
 
@@ -72,6 +72,44 @@ def test_the_consumer_loads_the_prompt_the_producer_computed(producer_layout, co
         producer.close()
 
 
+def test_an_asynchronous_load_waits_outside_the_forward_pass_and_lands_whole():
+    port = free_port()
+    producer = Instance("producer", "LBNHC", port)
+    consumer = Instance("consumer", "BLNHC", free_port(), extra={"async_loads": True})
+    try:
+        prompt = [(5 * i + 9) % 4000 + 3 for i in range(3 * BLOCK + 2)]
+        params = producer.ask(id="p1", prompt=prompt, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
+        got = consumer.ask(id="d1", prompt=prompt, max_tokens=2, kv_transfer_params=params)
+        # vLLM parked the request (WAITING_FOR_REMOTE_KVS) until a worker reported its load, then
+        # computed only the tail.
+        assert got["waiting_steps"] >= 1 and got["finished_recving"] == 1, got
+        assert got["loaded_tokens"] == 3 * BLOCK and got["blocks_hold_the_prompt"], got
+        assert got["invalid_blocks"] == 0 and got["free_blocks"] == got["all_blocks"] - 1, got
+        # The worker's stats reached vLLM: one load of 3 blocks x 2 layers x (2 heads x 16 tokens x 32 floats).
+        stats = got["stats"]
+        assert stats["loads"] == 1 and stats["bytes_in"] == 3 * 2 * 2 * 16 * 32 * 4, stats
+        assert stats["calls"] > 0 and stats["call_seconds"] > 0 and stats["recompute_blocks"] == 0, stats
+    finally:
+        consumer.close()
+        producer.close()
+
+
+def test_a_prompt_prefilled_in_chunks_is_served_as_each_chunk_computed_it():
+    port = free_port()
+    # 20 tokens a step: the producer prefills the prompt over three steps.
+    producer = Instance("producer", "LBNHC", port, batch=20)
+    consumer = Instance("consumer", "LBNHC", free_port())
+    try:
+        prompt = [(3 * i + 4) % 4000 + 3 for i in range(3 * BLOCK + 7)]
+        made = producer.ask(id="p1", prompt=prompt, kv_transfer_params={"do_remote_decode": True})
+        assert made["stats"]["saved_blocks"] == 3, made
+        got = consumer.ask(id="d1", prompt=prompt, max_tokens=1, kv_transfer_params=made["kv_transfer_params"])
+        assert got["loaded_tokens"] == 3 * BLOCK and got["blocks_hold_the_prompt"], got
+    finally:
+        consumer.close()
+        producer.close()
+
+
 def test_a_producer_gone_before_the_load_costs_only_recompute():
     port = free_port()
     producer = Instance("producer", "LBNHC", port)
@@ -95,4 +133,6 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
         _options({"peer": "x"})
     with pytest.raises(ValueError, match="store_blocks"):
         _options({"store_blocks": "many"})
+    with pytest.raises(ValueError, match="async_loads"):
+        _options({"async_loads": "yes"})
     assert _options({})["kv_ip"] == "127.0.0.1"
