@@ -347,21 +347,7 @@ impl Engine {
     /// bytes is placed from now on, and its blocks not yet verified are reported for recompute, after an
     /// [`Event::Aborted`]. The sender's later frames for it are those of a closed session.
     pub fn abandon_receive(&mut self, session: SessionId) -> Result<(), Error> {
-        let mut found = false;
-        for ((_, id), rx) in self
-            .receivers
-            .iter_mut()
-            .filter(|((_, id), r)| *id == session && !r.is_done())
-        {
-            self.events.push_back(Event::Aborted {
-                session: *id,
-                role: Role::Receiver,
-                reason: "abandoned by the receiver".to_string(),
-            });
-            rx.abort(&mut self.events);
-            found = true;
-        }
-        if !found {
+        if self.abort_receivers(|(_, id)| *id == session, "abandoned by the receiver") == 0 {
             return Err(Error::UnknownSession(session));
         }
         self.reap();
@@ -383,20 +369,32 @@ impl Engine {
             sender.abort(&mut ctx);
             ended += 1;
         }
-        for ((_, id), rx) in self
+        ended += self.abort_receivers(|(p, _)| *p == peer, reason);
+        self.reap();
+        ended
+    }
+
+    /// Ends every live receiving session whose key `matches`, each with an [`Event::Aborted`] carrying
+    /// `reason`, then its recompute report and completion. Returns how many ended.
+    fn abort_receivers(
+        &mut self,
+        matches: impl Fn(&(PeerId, SessionId)) -> bool,
+        reason: &str,
+    ) -> usize {
+        let mut ended = 0;
+        for (key, rx) in self
             .receivers
             .iter_mut()
-            .filter(|((p, _), r)| *p == peer && !r.is_done())
+            .filter(|(k, r)| matches(k) && !r.is_done())
         {
             self.events.push_back(Event::Aborted {
-                session: *id,
+                session: key.1,
                 role: Role::Receiver,
                 reason: reason.to_string(),
             });
             rx.abort(&mut self.events);
             ended += 1;
         }
-        self.reap();
         ended
     }
 
