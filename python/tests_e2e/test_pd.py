@@ -108,10 +108,19 @@ def loaded(before, after):
     return after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
 
 
-def test_prefill_and_decode_return_the_single_instance_tokens(model, reference):
+# Over TCP, and over RDMA on libfabric's shm and tcp providers (the control channel is TCP either way).
+BACKENDS = {
+    "tcp": {},
+    "rdma-shm": {"backend": "rdma", "rdma_provider": "shm", "rdma_domain": ""},
+    "rdma-tcp": {"backend": "rdma", "rdma_provider": "tcp", "rdma_domain": "lo"},
+}
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_prefill_and_decode_return_the_single_instance_tokens(model, reference, backend):
     port = free_port()
-    producer = Instance(model, "producer", port)
-    consumer = Instance(model, "consumer", free_port())
+    producer = Instance(model, "producer", port, extra=BACKENDS[backend])
+    consumer = Instance(model, "consumer", free_port(), extra=BACKENDS[backend])
     try:
         made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
         params = [o["kv_transfer_params"] for o in made["outputs"]]
@@ -188,20 +197,3 @@ def test_a_producer_killed_mid_load_costs_only_recompute(model, reference, async
         consumer.close()
         producer.close()
 
-
-@pytest.mark.parametrize("provider,domain", [("shm", ""), ("tcp", "lo")])
-def test_prefill_and_decode_over_rdma_return_the_single_instance_tokens(model, reference, provider, domain):
-    rdma = {"backend": "rdma", "rdma_provider": provider, "rdma_domain": domain}
-    port = free_port()
-    producer = Instance(model, "producer", port, extra=rdma)
-    consumer = Instance(model, "consumer", free_port(), extra=rdma)
-    try:
-        made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
-        params = [o["kv_transfer_params"] for o in made["outputs"]]
-        before = consumer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
-        got = consumer.ask(PROMPTS, MAX_TOKENS, params)
-        assert_same_answers(got["outputs"], reference)
-        assert loaded(before, got["prompt_tokens_by_source"]) == sum(LOADABLE), got["prompt_tokens_by_source"]
-    finally:
-        consumer.close()
-        producer.close()
