@@ -7,6 +7,9 @@
 //!   identity, KV namespace and optional shared-secret authentication, bounds-checked remote access.
 //! - `rdma` (feature `rdma`): libfabric (OFI) nodes: one-sided RDMA writes with remote CQ data into the peer's
 //!   registered region, CRC verified in place; runs over `verbs`, `efa`, and here over `tcp` and `shm`.
+//! - [`shm`] (Linux): two processes on one host: control frames on a Unix socket, each unit copied once,
+//!   straight from the sender's memory into the receiver's region (cross-memory attach), peers checked by
+//!   their kernel credentials.
 //! - [`discovery`]: where peers and segments live, behind one trait: an embedded in-process registry, and
 //!   etcd (feature `etcd`) with leases so a dead peer's entries expire.
 //! - `cuda` (feature `cuda`): GPU and pinned host memory as region memory (through `cudarc`, loaded at run
@@ -74,6 +77,8 @@ mod lock;
 pub mod loopback;
 #[cfg(feature = "rdma")]
 pub mod rdma;
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod staging;
 mod station;
 pub mod tcp;

@@ -539,7 +539,31 @@ fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
     })
 }
 
+/// Two same-host nodes in this process (cross-memory attach copies from this process itself), each
+/// listening on a socket of its own.
+#[cfg(target_os = "linux")]
+fn shm() -> Option<Pair> {
+    use backends::shm::{ShmConfig, ShmNode};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let path = |id: u32| {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        std::env::temp_dir().join(format!(
+            "te-conformance-{}-{n}-{id}.sock",
+            std::process::id()
+        ))
+    };
+    let start = |id| ShmNode::start(ShmConfig::new(id, Some(path(id)))).unwrap();
+    Some(Pair {
+        sender: Arc::new(start(1)),
+        receiver: Arc::new(start(2)),
+        rt: runtime(),
+    })
+}
+
 conformance!(loopback, loopback());
+#[cfg(target_os = "linux")]
+conformance!(shm, shm());
 conformance!(tcp, tcp());
 #[cfg(feature = "rdma")]
 conformance!(rdma_tcp, rdma("tcp", Some("lo")));

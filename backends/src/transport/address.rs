@@ -1,6 +1,6 @@
 //! Where a node is reached, in one type for every backend, with a text form that travels in control
 //! messages (`127.0.0.1:5000`, as control messages carried TCP addresses before this type, or with a
-//! `tcp:` prefix; `rdma:` and the endpoint name in hex; `loopback`).
+//! `tcp:` prefix; `rdma:` and the endpoint name in hex; `shm:` and a socket path; `loopback`).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -14,6 +14,8 @@ pub enum PeerAddress {
     Tcp(SocketAddr),
     /// A libfabric endpoint's name (provider-specific bytes, exchanged out of band).
     Rdma(Vec<u8>),
+    /// A same-host node's Unix socket path.
+    Shm(std::path::PathBuf),
     /// The other end of an in-process loopback pair.
     Loopback,
 }
@@ -26,6 +28,7 @@ impl fmt::Display for PeerAddress {
                 f.write_str("rdma:")?;
                 name.iter().try_for_each(|b| write!(f, "{b:02x}"))
             }
+            PeerAddress::Shm(path) => write!(f, "shm:{}", path.display()),
             PeerAddress::Loopback => f.write_str("loopback"),
         }
     }
@@ -33,7 +36,7 @@ impl fmt::Display for PeerAddress {
 
 /// A text that is no [`PeerAddress`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a peer address (IP:PORT, tcp:IP:PORT, rdma:HEX or loopback)")]
+#[error("{0:?} is not a peer address (IP:PORT, tcp:IP:PORT, rdma:HEX, shm:PATH or loopback)")]
 pub struct BadAddress(pub String);
 
 impl FromStr for PeerAddress {
@@ -44,6 +47,12 @@ impl FromStr for PeerAddress {
         let bad = || BadAddress(s.chars().take(200).collect());
         if s == "loopback" {
             return Ok(PeerAddress::Loopback);
+        }
+        if let Some(path) = s.strip_prefix("shm:") {
+            if path.is_empty() {
+                return Err(bad());
+            }
+            return Ok(PeerAddress::Shm(path.into()));
         }
         if let Some(hex) = s.strip_prefix("rdma:") {
             if hex.is_empty() || hex.len() % 2 != 0 || !hex.is_ascii() {
@@ -70,6 +79,7 @@ mod tests {
             PeerAddress::Tcp("127.0.0.1:5000".parse().unwrap()),
             PeerAddress::Tcp("[::1]:7".parse().unwrap()),
             PeerAddress::Rdma(vec![0, 1, 0xab, 0xff]),
+            PeerAddress::Shm("/run/user/1000/kv.sock".into()),
             PeerAddress::Loopback,
         ] {
             assert_eq!(a.to_string().parse::<PeerAddress>(), Ok(a));

@@ -187,6 +187,30 @@ impl From<crate::rdma::RdmaError> for TransportError {
     }
 }
 
+#[cfg(target_os = "linux")]
+impl From<crate::shm::ShmError> for TransportError {
+    fn from(e: crate::shm::ShmError) -> Self {
+        use crate::shm::ShmError as S;
+        match e {
+            S::Config(message) => TransportError::Config {
+                backend: "shm",
+                message,
+            },
+            S::Io(e) => TransportError::Io {
+                backend: "shm",
+                message: e.to_string(),
+            },
+            S::Refused(m) => TransportError::Refused(m),
+            S::Engine(e) => TransportError::Engine(e),
+            S::Wait(e) => TransportError::Wait(e),
+            S::Unreachable(m) => TransportError::Unreachable(m),
+            S::NoRoute(peer, why) => TransportError::NoRoute { peer, why },
+            S::Timeout { what, waited } => TransportError::Timeout { what, waited },
+            S::Closed => TransportError::Closed,
+        }
+    }
+}
+
 impl From<crate::loopback::LoopbackError> for TransportError {
     fn from(e: crate::loopback::LoopbackError) -> Self {
         use crate::loopback::LoopbackError as L;

@@ -1,0 +1,304 @@
+//! Reaching a peer and being reached: the hello and welcome (protocol version, engine id, whether this end
+//! wants checksums, its listening path, the segments it offers, and a probe word for cross-memory
+//! attach), the credential rule on both ends, and the listener that answers hellos on threads of their
+//! own, a bounded number at once.
+
+use std::io;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use transfer_engine::PeerId;
+
+use super::ShmError;
+use super::cma::{self, Credentials};
+use super::shared::Shared;
+use super::wire::Envelope;
+use crate::codec::{ByteReader, put_bytes, put_named_handle};
+use crate::transport::Segment;
+
+/// Version of this backend's protocol (the envelopes and these messages).
+pub(crate) const VERSION: u16 = 1;
+/// How often the listener looks for connections (it also looks at the stop flag).
+const LISTEN_POLL: Duration = Duration::from_millis(20);
+
+/// A hello or a welcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub(crate) engine_id: u32,
+    pub(crate) checksum: bool,
+    /// Where the sender of the message listens, if it does.
+    pub(crate) path: Option<PathBuf>,
+    /// Address and value of a word in the sender's memory: the other end reads it back to prove that it
+    /// may copy from this process, and that the process the kernel names is the one that sent it.
+    pub(crate) probe: (u64, u64),
+    pub(crate) segments: Vec<Segment>,
+}
+
+impl Hello {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&self.engine_id.to_le_bytes());
+        out.push(u8::from(self.checksum));
+        let path = self.path.as_ref().map(|p| p.to_string_lossy().into_owned());
+        put_bytes(&mut out, path.unwrap_or_default().as_bytes());
+        out.extend_from_slice(&self.probe.0.to_le_bytes());
+        out.extend_from_slice(&self.probe.1.to_le_bytes());
+        let n = self.segments.len().min(usize::from(u16::MAX));
+        out.extend_from_slice(&(n as u16).to_le_bytes());
+        for s in &self.segments[..n] {
+            put_named_handle(&mut out, &s.name, &s.handle);
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut r = ByteReader::new(bytes, "shm handshake message");
+        let version = r.u16()?;
+        if version != VERSION {
+            return Err(format!(
+                "shm protocol version {version}, this node speaks {VERSION}"
+            ));
+        }
+        let engine_id = r.u32()?;
+        let checksum = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(format!("checksum flag {f} is neither 0 nor 1")),
+        };
+        let path = r.str()?;
+        let probe = (r.u64()?, r.u64()?);
+        let n = r.u16()?;
+        let mut segments = Vec::with_capacity(usize::from(n));
+        for _ in 0..n {
+            let (name, handle) = r.named_handle()?;
+            segments.push(Segment { name, handle });
+        }
+        if r.remaining() != 0 {
+            return Err(format!("{} bytes after the segments", r.remaining()));
+        }
+        Ok(Self {
+            engine_id,
+            checksum,
+            path: (!path.is_empty()).then(|| PathBuf::from(path)),
+            probe,
+            segments,
+        })
+    }
+}
+
+/// Checks `creds` against the node's rule and proves cross-memory attach into that process with the
+/// probe word of its `hello`.
+fn check_peer(shared: &Shared, creds: Credentials, hello: &Hello) -> Result<(), String> {
+    if !shared.cfg.allowed.allows(creds.uid) {
+        return Err(format!(
+            "process {} of user {} is not allowed by this node's credential rule ({:?})",
+            creds.pid, creds.uid, shared.cfg.allowed
+        ));
+    }
+    let mut word = [0u8; 8];
+    cma::pull(creds.pid, hello.probe.0, &mut word).map_err(|e| {
+        format!(
+            "cannot copy from process {} (cross-memory attach, process_vm_readv: {e}); it needs \
+             ptrace access: the same user, kernel.yama.ptrace_scope 0, or CAP_SYS_PTRACE",
+            creds.pid
+        )
+    })?;
+    if u64::from_le_bytes(word) != hello.probe.1 {
+        return Err(format!(
+            "process {} does not hold the probe word its hello names",
+            creds.pid
+        ));
+    }
+    if hello.engine_id == shared.engine_id {
+        return Err(format!(
+            "the peer claims this node's own engine id {}",
+            hello.engine_id
+        ));
+    }
+    Ok(())
+}
+
+fn timeouts(stream: &UnixStream, limit: Option<Duration>) -> io::Result<()> {
+    stream.set_read_timeout(limit)?;
+    stream.set_write_timeout(limit)
+}
+
+/// Dials the node listening at `path`: sends this node's hello, reads its welcome, checks it. Returns the
+/// connection (its timeouts cleared), the peer's credentials and its welcome.
+pub(crate) fn dial(
+    shared: &Shared,
+    path: &Path,
+) -> Result<(UnixStream, Credentials, Hello), ShmError> {
+    let mut stream = UnixStream::connect(path)
+        .map_err(|e| ShmError::Unreachable(format!("cannot connect to {}: {e}", path.display())))?;
+    timeouts(&stream, Some(shared.cfg.connect_timeout))?;
+    let creds = cma::peer_credentials(&stream)?;
+    Envelope::Hello(shared.hello().encode()).write_to(&mut stream)?;
+    let welcome = match Envelope::read_from(&mut stream) {
+        Ok(Envelope::Welcome(body)) => Hello::decode(&body).map_err(ShmError::Refused)?,
+        Ok(Envelope::Refuse(reason)) => {
+            return Err(ShmError::Refused(format!(
+                "{} refused this node: {reason}",
+                path.display()
+            )));
+        }
+        Ok(other) => {
+            return Err(ShmError::Refused(format!(
+                "{} answered a hello with {other:?}",
+                path.display()
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(ShmError::Refused(format!(
+                "{} closed the connection during the handshake",
+                path.display()
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    check_peer(shared, creds, &welcome).map_err(ShmError::Refused)?;
+    timeouts(&stream, None)?;
+    Ok((stream, creds, welcome))
+}
+
+/// Answers one connection: credentials, hello, probe, then admission (the engine id must not be
+/// connected already), welcome and the link's threads.
+fn answer(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), String> {
+    timeouts(&stream, Some(shared.cfg.connect_timeout)).map_err(|e| e.to_string())?;
+    let creds = cma::peer_credentials(&stream).map_err(|e| e.to_string())?;
+    let refuse = |stream: &mut UnixStream, why: String| {
+        let _ = Envelope::Refuse(why.clone()).write_to(stream);
+        why
+    };
+    if !shared.cfg.allowed.allows(creds.uid) {
+        let why = format!("process {} of user {} is not allowed", creds.pid, creds.uid);
+        return Err(refuse(&mut stream, why));
+    }
+    let hello = match Envelope::read_from(&mut stream) {
+        Ok(Envelope::Hello(body)) => Hello::decode(&body),
+        Ok(other) => Err(format!("expected a hello, got {other:?}")),
+        Err(e) => Err(format!("reading the hello: {e}")),
+    };
+    let hello = hello
+        .and_then(|h| check_peer(shared, creds, &h).map(|()| h))
+        .map_err(|why| refuse(&mut stream, why))?;
+    let welcome = Envelope::Welcome(shared.hello().encode());
+    shared
+        .admit(stream, creds, hello, |s| {
+            welcome.write_to(s).map_err(|e| e.to_string())?;
+            timeouts(s, None).map_err(|e| e.to_string())
+        })
+        .map(|_| ())
+}
+
+/// Creates the listening socket at `path` (owner only), replacing a stale socket file there.
+pub(crate) fn listen(path: &Path) -> Result<UnixListener, ShmError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ShmError::Config(format!(
+                "{} exists and is not a socket",
+                path.display()
+            )));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(ShmError::Config(format!(
+                "a node is already listening at {}",
+                path.display()
+            )));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// The listener's loop: accepts connections until the node stops, each answered on a thread of its own
+/// while fewer than `max_handshakes` are in progress, refused at once otherwise.
+pub(crate) fn serve(shared: &Arc<Shared>, listener: &UnixListener) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((mut stream, _)) => {
+                let _ = stream.set_nonblocking(false);
+                if shared.handshakes.fetch_add(1, Ordering::AcqRel) >= shared.cfg.max_handshakes {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    let _ = stream.set_write_timeout(Some(LISTEN_POLL));
+                    let why = "too many handshakes in progress; try again".to_owned();
+                    let _ = Envelope::Refuse(why.clone()).write_to(&mut stream);
+                    shared.note(format!("refused a connection: {why}"));
+                    continue;
+                }
+                let answering = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("shm-handshake".into())
+                    .spawn(move || {
+                        if let Err(why) = answer(&answering, stream) {
+                            answering.note(format!("refused a connection: {why}"));
+                        }
+                        answering.handshakes.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    shared.handshakes.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(LISTEN_POLL),
+            Err(e) => {
+                shared.note(format!("accept failed: {e}"));
+                std::thread::sleep(LISTEN_POLL);
+            }
+        }
+    }
+}
+
+/// The peer a hello names.
+pub(crate) fn peer_of(hello: &Hello) -> PeerId {
+    PeerId(u64::from(hello.engine_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use transfer_engine::{AccessKey, RegionHandle, RegionId};
+
+    #[test]
+    fn hellos_round_trip_and_bad_ones_are_refused() {
+        let hello = Hello {
+            engine_id: 9,
+            checksum: true,
+            path: Some("/tmp/x.sock".into()),
+            probe: (0x1000, 42),
+            segments: vec![Segment {
+                name: "kv".into(),
+                handle: RegionHandle {
+                    id: RegionId(3),
+                    key: AccessKey(77),
+                    len: 4096,
+                    layout: None,
+                },
+            }],
+        };
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello.clone()));
+        let mut wrong = hello.encode();
+        wrong[0] = 9;
+        assert!(Hello::decode(&wrong).unwrap_err().contains("version 9"));
+        let mut long = hello.encode();
+        long.push(0);
+        assert!(
+            Hello::decode(&long)
+                .unwrap_err()
+                .contains("after the segments")
+        );
+        let short = hello.encode();
+        assert!(
+            Hello::decode(&short[..10])
+                .unwrap_err()
+                .contains("truncated")
+        );
+    }
+}

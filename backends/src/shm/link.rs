@@ -1,0 +1,286 @@
+//! One connection to a peer: a writer thread that drains the peer's bounded queue onto the socket, and
+//! a reader thread that hands control frames to the engine and places data units by copying them out of
+//! the peer's memory.
+
+use std::io::{self, BufReader, BufWriter, Write};
+use std::ops::Range;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use transfer_engine::wire::Header;
+use transfer_engine::{Error, MemoryRegion, PeerId};
+
+use super::cma::{self, Credentials};
+use super::handshake::{Hello, peer_of};
+use super::shared::Shared;
+use super::wire::Envelope;
+use crate::transport::Segment;
+
+/// Read buffer of a link: many data headers per `read`.
+const READ_BUFFER: usize = 64 << 10;
+
+/// A frame waiting for the writer.
+#[derive(Debug)]
+pub(crate) enum Outbound {
+    /// A control frame.
+    Control(Header, Vec<u8>),
+    /// A data unit: its header and where its payload lies here.
+    Data(Header, MemoryRegion, Range<usize>),
+}
+
+/// A live connection to one peer.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) peer: PeerId,
+    /// Which link this is (a peer reached again gets a new one).
+    pub(crate) id: u64,
+    pub(crate) creds: Credentials,
+    /// Where the peer listens, if it does.
+    pub(crate) path: Option<PathBuf>,
+    pub(crate) segments: Vec<Segment>,
+    /// Whether units carry checksums (unless both ends turned them off).
+    pub(crate) checksum: bool,
+    queue: SyncSender<Outbound>,
+    stream: UnixStream,
+}
+
+impl Link {
+    /// Starts the link's reader and writer threads over `stream`, whose handshake passed.
+    pub(crate) fn start(
+        shared: &Arc<Shared>,
+        id: u64,
+        stream: UnixStream,
+        creds: Credentials,
+        hello: Hello,
+    ) -> io::Result<Arc<Self>> {
+        let reader = stream.try_clone()?;
+        let writer = stream.try_clone()?;
+        writer.set_write_timeout(Some(shared.cfg.stall_timeout))?;
+        let (queue, rx) = mpsc::sync_channel(shared.cfg.queue_frames.max(1));
+        let link = Arc::new(Self {
+            peer: peer_of(&hello),
+            id,
+            creds,
+            path: hello.path,
+            segments: hello.segments,
+            checksum: hello.checksum || shared.cfg.checksum,
+            queue,
+            stream,
+        });
+        let name = format!("shm-{}-{}", shared.engine_id, link.peer.0);
+        let (s, l) = (Arc::downgrade(shared), link.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("{name}-write"))
+            .spawn(move || write_loop(&s, &l, writer, &rx))
+            .and_then(|_| {
+                let (s, l) = (Arc::downgrade(shared), link.clone());
+                std::thread::Builder::new()
+                    .name(format!("{name}-read"))
+                    .spawn(move || read_loop(&s, &l, reader))
+            });
+        if let Err(e) = spawned {
+            link.close();
+            return Err(e);
+        }
+        Ok(link)
+    }
+
+    /// Queues a frame for the peer; false when the queue is full (the frame is dropped: the engine resends
+    /// what is not acknowledged).
+    pub(crate) fn send(&self, frame: Outbound) -> bool {
+        match self.queue.try_send(frame) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Closes the socket both ways: the reader and writer threads end.
+    pub(crate) fn close(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Drains the queue onto the socket, flushing whenever it runs empty. A data unit goes as its header and
+/// address, then (with checksums) the seal: the CRC is taken here, under the source's read locks, while
+/// the peer copies the same bytes.
+fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Receiver<Outbound>) {
+    let mut out = BufWriter::with_capacity(READ_BUFFER, stream);
+    let result = (|| -> io::Result<()> {
+        loop {
+            let frame = match rx.try_recv() {
+                Ok(f) => f,
+                Err(mpsc::TryRecvError::Empty) => {
+                    out.flush()?;
+                    match rx.recv() {
+                        Ok(f) => f,
+                        Err(_) => return Ok(()),
+                    }
+                }
+                Err(mpsc::TryRecvError::Disconnected) => return Ok(()),
+            };
+            match frame {
+                Outbound::Control(h, payload) => {
+                    Envelope::Control(h, payload).write_to(&mut out)?
+                }
+                Outbound::Data(mut h, memory, range) => {
+                    let address = (memory.address() + range.start) as u64;
+                    if !link.checksum {
+                        h.crc = 0;
+                        Envelope::Data(h, address).write_to(&mut out)?;
+                    } else {
+                        Envelope::Data(h, address).write_to(&mut out)?;
+                        // The header goes first so the peer copies while this end checksums.
+                        out.flush()?;
+                        match memory.crc32c(range) {
+                            Ok(crc) => h.crc = crc,
+                            Err(e) => {
+                                if let Some(s) = shared.upgrade() {
+                                    s.note(format!("refused to seal a unit: {e}"));
+                                }
+                            }
+                        }
+                        Envelope::Seal(h).write_to(&mut out)?;
+                    }
+                }
+            }
+            if let Some(s) = shared.upgrade() {
+                s.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })();
+    if let (Err(e), Some(s)) = (result, shared.upgrade()) {
+        let why = if matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ) {
+            format!("took no bytes for {:?}", s.cfg.stall_timeout)
+        } else {
+            format!("could not be written to: {e}")
+        };
+        s.link_lost(link.peer, link.id, &why);
+    }
+}
+
+/// A data unit placed, waiting for its seal.
+struct Placed {
+    header: Header,
+    /// CRC-32C of the placed bytes; `None` when the engine had no place for them.
+    crc: Option<u32>,
+}
+
+/// Reads envelopes until the socket ends or the peer breaks the protocol; then the link is lost.
+fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
+    let mut input = BufReader::with_capacity(READ_BUFFER, stream);
+    let mut pending: Option<Placed> = None;
+    let why = loop {
+        let envelope = match Envelope::read_from(&mut input) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break "closed its socket".into(),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                break format!("sent a malformed message ({e})");
+            }
+            Err(e) => break format!("could not be read from: {e}"),
+        };
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let result = match envelope {
+            Envelope::Control(h, payload) => {
+                shared
+                    .station
+                    .engine()
+                    .handle_frame(Instant::now(), link.peer, &h, &payload)
+            }
+            Envelope::Data(h, address) => {
+                let placed = place(&shared, link, h, address);
+                match placed {
+                    Ok(p) if !link.checksum => {
+                        pending = None;
+                        seal(&shared, link, Some(p), h)
+                    }
+                    Ok(p) => {
+                        pending = Some(p);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        pending = None;
+                        Err(e)
+                    }
+                }
+            }
+            Envelope::Seal(h) if link.checksum => seal(&shared, link, pending.take(), h),
+            other => break format!("sent {other:?} on a linked connection"),
+        };
+        if let Err(e) = result {
+            shared.note(format!("refused a frame from engine {}: {e}", link.peer.0));
+        }
+        if input.buffer().is_empty() {
+            shared.wake();
+        }
+    };
+    if let Some(s) = shared.upgrade() {
+        s.link_lost(link.peer, link.id, &why);
+    }
+}
+
+/// Copies a data unit from the peer's memory at `address` to where the engine places it, under the
+/// destination's write locks, taking the CRC of each chunk while it is in cache.
+fn place(shared: &Shared, link: &Link, header: Header, address: u64) -> Result<Placed, Error> {
+    let target = shared.station.engine().destination(link.peer, &header)?;
+    let Some((memory, range)) = target else {
+        return Ok(Placed { header, crc: None });
+    };
+    let mut view = memory.write(range)?;
+    let chunk = shared.cfg.pull_chunk.max(4096);
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    let mut at = address;
+    for piece in view.chunks_mut(chunk) {
+        cma::pull(link.creds.pid, at, piece).map_err(|e| {
+            Error::InvalidRequest(format!(
+                "the unit's bytes at {at:#x} in process {} cannot be copied: {e}",
+                link.creds.pid
+            ))
+        })?;
+        if link.checksum {
+            digest.update(piece);
+        }
+        at += piece.len() as u64;
+    }
+    shared.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .bytes_pulled
+        .fetch_add(view.len() as u64, Ordering::Relaxed);
+    let crc = if link.checksum {
+        digest.finalize() as u32
+    } else {
+        0
+    };
+    Ok(Placed {
+        header,
+        crc: Some(crc),
+    })
+}
+
+/// Hands a placed unit to the engine once its seal matches the header it was placed by.
+fn seal(shared: &Shared, link: &Link, placed: Option<Placed>, sealed: Header) -> Result<(), Error> {
+    let Some(placed) = placed else {
+        return Err(Error::InvalidRequest("a seal without its data unit".into()));
+    };
+    let mut unsealed = sealed;
+    unsealed.crc = placed.header.crc;
+    if unsealed != placed.header {
+        return Err(Error::InvalidRequest(
+            "a seal does not match the data unit it seals".into(),
+        ));
+    }
+    let crc = placed.crc.unwrap_or(sealed.crc);
+    shared
+        .station
+        .engine()
+        .handle_data(Instant::now(), link.peer, &sealed, crc)
+}

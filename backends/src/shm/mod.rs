@@ -1,0 +1,165 @@
+//! The same-host backend (`shm`): two processes on one machine, each unit's bytes moved with one copy,
+//! straight from the sender's region into the receiver's, by cross-memory attach (`process_vm_readv`).
+//!
+//! # Data path
+//! Nodes reach each other over a Unix domain socket (the listener's path is the node's address); control
+//! frames (open, ack, nack, close, ...) travel on it in the engine's wire format. A data unit travels as
+//! its 48-byte header and the address of its payload in the sender's memory. The receiver asks its engine
+//! where the unit goes and, under the destination shards' write locks, has the kernel copy the bytes from
+//! the sender's address space into place (`process_vm_readv`, in chunks of [`ShmConfig::pull_chunk`]),
+//! taking the CRC-32C of each chunk while it is still in cache. Meanwhile the sender checksums the same
+//! source bytes under their read locks and follows with the sealed header; the receiver compares the two
+//! and hands the unit to the engine, whose acknowledgements, retransmits and recompute are those of every
+//! other backend. With [`ShmConfig::checksum`] off on both ends, neither pass runs and the header goes
+//! sealed with a zero CRC (a torn read is then not noticed: see `docs/PERFORMANCE.md` for what each costs).
+//!
+//! The receiver copies, not the sender: the destination is written only under the receiver's own locks,
+//! so no safe view of its memory races with the copy, and a resend over verified bytes is never placed.
+//! The source is read by the kernel on the receiver's behalf, as a `write(2)` would read it; the caller's
+//! rule for source blocks (unchanged while a session is live) is the one every backend states, and a
+//! change shows as a CRC failure and a resend.
+//!
+//! # Who may connect
+//! The listening socket is made mode 0600 and every connection's peer credentials (`SO_PEERCRED`, given
+//! by the kernel, not by the peer) are checked against [`ShmConfig::allowed`] (the same user by default)
+//! on both ends. The peer's process id comes from the same credentials, so a peer cannot point the copy
+//! at any process but its own. A connection is bound to the engine id its hello names; a second
+//! connection claiming an engine id that is connected is refused, so no peer can speak for another's
+//! sessions. Cross-memory attach needs ptrace access to the peer (same user, no Yama restriction, or
+//! `CAP_SYS_PTRACE`): each end probes it in the handshake and refuses the peer with the reason when the
+//! kernel says no.
+//!
+//! # Dead peers
+//! A peer that exits or is killed closes its socket: its sessions end at once with recompute, reasons
+//! naming the peer, and new sessions to it are refused until [`ShmNode::connect`] reaches it again. A peer
+//! that stops reading loses its connection after [`ShmConfig::stall_timeout`].
+//!
+//! # Memory a node can be made to hold
+//! The caller's regions; per connection a bounded queue of [`ShmConfig::queue_frames`] outgoing frames
+//! (headers and references, no payloads), a 64 KiB read buffer and one control payload (4 MiB at most);
+//! [`ShmConfig::max_peers`] connections and [`ShmConfig::max_handshakes`] handshakes in progress, each
+//! ended after [`ShmConfig::connect_timeout`]; the board's bounded retention.
+//!
+//! GPU memory is refused here (CUDA IPC is not built yet): register it with the TCP or RDMA backend.
+
+mod as_transport;
+mod cma;
+mod driver;
+mod handshake;
+mod link;
+mod node;
+mod shared;
+mod wire;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use transfer_engine::{EngineConfig, PeerId};
+
+pub use node::{ShmNode, ShmStats};
+
+/// Which peers' processes may connect, by the user id the kernel reports for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CredentialRule {
+    /// Only processes of this process's own user (the default).
+    SameUser,
+    /// Processes of these users (root is not implied).
+    Users(Vec<u32>),
+}
+
+impl CredentialRule {
+    /// Whether a peer of user `uid` may connect.
+    #[must_use]
+    pub fn allows(&self, uid: u32) -> bool {
+        match self {
+            CredentialRule::SameUser => uid == nix::unistd::getuid().as_raw(),
+            CredentialRule::Users(users) => users.contains(&uid),
+        }
+    }
+}
+
+/// Settings of one same-host node.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// The engine's settings; `engine.engine_id` is the node's identity in hellos.
+    pub engine: EngineConfig,
+    /// Where the node listens (a Unix socket path it creates, replacing a stale socket file there);
+    /// `None` for a node that only dials.
+    pub socket_path: Option<PathBuf>,
+    /// Which peers may connect (checked on both ends).
+    pub allowed: CredentialRule,
+    /// Take CRC-32C of every unit (default on). Off only when both ends turn it off.
+    pub checksum: bool,
+    /// Bytes the receiver copies per `process_vm_readv` call, each checksummed while in cache.
+    pub pull_chunk: usize,
+    /// Frames queued to one peer before more are dropped (the engine resends what is not acknowledged).
+    pub queue_frames: usize,
+    /// Longest a handshake may take.
+    pub connect_timeout: Duration,
+    /// A peer that takes no bytes for this long loses its connection.
+    pub stall_timeout: Duration,
+    /// Connections at once.
+    pub max_peers: usize,
+    /// Handshakes in progress at once; more are refused at once.
+    pub max_handshakes: usize,
+}
+
+impl ShmConfig {
+    /// Defaults for engine `engine_id` listening at `socket_path`.
+    #[must_use]
+    pub fn new(engine_id: u32, socket_path: Option<PathBuf>) -> Self {
+        Self {
+            engine: EngineConfig {
+                engine_id,
+                ..crate::loopback::loopback_engine_config(engine_id)
+            },
+            socket_path,
+            allowed: CredentialRule::SameUser,
+            checksum: true,
+            pull_chunk: 256 << 10,
+            queue_frames: 8192,
+            connect_timeout: Duration::from_secs(5),
+            stall_timeout: Duration::from_secs(10),
+            max_peers: 256,
+            max_handshakes: 16,
+        }
+    }
+}
+
+/// Errors of the same-host backend.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// The configuration is not usable.
+    #[error("invalid shm configuration: {0}")]
+    Config(String),
+    /// A socket call failed.
+    #[error("shm socket I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer refused this node, or broke the handshake or the protocol.
+    #[error("{0}")]
+    Refused(String),
+    /// The engine refused a command.
+    #[error(transparent)]
+    Engine(#[from] transfer_engine::Error),
+    /// A wait ended without its answer.
+    #[error(transparent)]
+    Wait(#[from] crate::board::WaitError),
+    /// The peer's process is gone (its socket closed): new sessions to it are refused until it is reached
+    /// again.
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    /// The peer was never reached, or does not offer the region.
+    #[error("no route to peer {0:?}: {1}")]
+    NoRoute(PeerId, String),
+    /// A wait ran out of time.
+    #[error("{what} did not finish within {waited:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// How long.
+        waited: Duration,
+    },
+    /// The node is shut down.
+    #[error("the node is shut down")]
+    Closed,
+}

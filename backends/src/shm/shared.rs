@@ -1,0 +1,199 @@
+//! What the node's API, its driver, its listener and its links share: the engine's station, the links
+//! by peer, the peers found gone, the published segments, counters and the log.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+use transfer_engine::PeerId;
+
+use super::ShmConfig;
+use super::cma::Credentials;
+use super::handshake::{Hello, peer_of};
+use super::link::Link;
+use crate::lock::lock;
+use crate::station::Station;
+use crate::transport::{PeerInfo, Segment};
+
+/// Log lines kept (oldest dropped first).
+const KEEP_LOG: usize = 1024;
+
+/// Counters of the data path, beside the engine's.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) units_pulled: AtomicU64,
+    pub(crate) bytes_pulled: AtomicU64,
+    pub(crate) frames_sent: AtomicU64,
+    pub(crate) frames_dropped: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) peers_lost: AtomicU64,
+}
+
+pub(crate) struct Shared {
+    pub(crate) station: Station,
+    pub(crate) engine_id: u32,
+    pub(crate) cfg: ShmConfig,
+    pub(crate) stop: AtomicBool,
+    /// Wakes the driver (a command changed the engine, or a link handed it frames).
+    pub(crate) wake: mpsc::SyncSender<()>,
+    pub(crate) links: Mutex<HashMap<PeerId, Arc<Link>>>,
+    /// Peers whose link was lost, and why: new sessions to them are refused until they are reached again.
+    pub(crate) unreachable: Mutex<HashMap<PeerId, String>>,
+    pub(crate) published: Mutex<Vec<Segment>>,
+    pub(crate) handshakes: AtomicUsize,
+    pub(crate) next_link: AtomicU64,
+    pub(crate) counters: Counters,
+    log: Mutex<VecDeque<String>>,
+    /// The probe word peers read back through cross-memory attach.
+    probe: Box<u64>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("engine_id", &self.engine_id)
+            .field("path", &self.cfg.socket_path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(cfg: ShmConfig, wake: mpsc::SyncSender<()>) -> Self {
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        Self {
+            station: Station::new(cfg.engine.clone()),
+            engine_id: cfg.engine.engine_id,
+            cfg,
+            stop: AtomicBool::new(false),
+            wake,
+            links: Mutex::default(),
+            unreachable: Mutex::default(),
+            published: Mutex::default(),
+            handshakes: AtomicUsize::new(0),
+            next_link: AtomicU64::new(1),
+            counters: Counters::default(),
+            log: Mutex::default(),
+            probe: Box::new(u64::from_le_bytes(seed) | 1),
+        }
+    }
+
+    /// This node's hello (or welcome).
+    pub(crate) fn hello(&self) -> Hello {
+        Hello {
+            engine_id: self.engine_id,
+            checksum: self.cfg.checksum,
+            path: self.cfg.socket_path.clone(),
+            probe: (std::ptr::from_ref::<u64>(&self.probe) as u64, *self.probe),
+            segments: lock(&self.published).clone(),
+        }
+    }
+
+    /// Wakes the driver.
+    pub(crate) fn wake(&self) {
+        let _ = self.wake.try_send(());
+    }
+
+    /// Records a log line (and counts it as a refusal when it is one).
+    pub(crate) fn note(&self, line: String) {
+        if line.starts_with("refused") {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut log = lock(&self.log);
+        if log.len() >= KEEP_LOG {
+            log.pop_front();
+        }
+        log.push_back(line);
+    }
+
+    pub(crate) fn log(&self) -> Vec<String> {
+        lock(&self.log).iter().cloned().collect()
+    }
+
+    /// The live link to the peer listening at `path`, if any.
+    pub(crate) fn link_at(&self, path: &std::path::Path) -> Option<Arc<Link>> {
+        lock(&self.links)
+            .values()
+            .find(|l| l.path.as_deref() == Some(path))
+            .cloned()
+    }
+
+    /// Makes a connection whose handshake passed a link of this node, unless its engine id is connected
+    /// already or the node has `max_peers` links: `greet` (the welcome, on the listener's side) runs under
+    /// the links' lock, so two connections claiming one engine id cannot both be admitted. A refusal is
+    /// written to the peer, with its reason, before the connection closes.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        mut stream: UnixStream,
+        creds: Credentials,
+        hello: Hello,
+        greet: impl FnOnce(&mut UnixStream) -> Result<(), String>,
+    ) -> Result<Arc<Link>, String> {
+        let peer = peer_of(&hello);
+        let mut links = lock(&self.links);
+        let refusal = if let Some(old) = links.get(&peer) {
+            Some(format!(
+                "engine id {} is already connected (process {})",
+                peer.0, old.creds.pid
+            ))
+        } else if links.len() >= self.cfg.max_peers {
+            Some(format!("this node has {} peers, its limit", links.len()))
+        } else {
+            greet(&mut stream).err()
+        };
+        if let Some(why) = refusal {
+            let _ = super::wire::Envelope::Refuse(why.clone()).write_to(&mut stream);
+            return Err(why);
+        }
+        let id = self.next_link.fetch_add(1, Ordering::Relaxed);
+        let link = Link::start(self, id, stream, creds, hello)
+            .map_err(|e| format!("cannot start the link: {e}"))?;
+        links.insert(peer, link.clone());
+        drop(links);
+        lock(&self.unreachable).remove(&peer);
+        self.note(format!(
+            "linked to engine {} (process {}, user {})",
+            peer.0, creds.pid, creds.uid
+        ));
+        Ok(link)
+    }
+
+    /// Ends link `id` to `peer` (its socket closed, it broke the protocol, or it stalled): its sessions end
+    /// with recompute here, and new ones are refused until the peer is reached again. A newer link to the
+    /// same peer is left alone.
+    pub(crate) fn link_lost(&self, peer: PeerId, id: u64, why: &str) {
+        let removed = {
+            let mut links = lock(&self.links);
+            match links.get(&peer) {
+                Some(l) if l.id == id => links.remove(&peer),
+                _ => None,
+            }
+        };
+        let Some(link) = removed else {
+            return;
+        };
+        link.close();
+        self.counters.peers_lost.fetch_add(1, Ordering::Relaxed);
+        let reason = format!(
+            "unreachable: engine {} (process {}) {why}",
+            peer.0, link.creds.pid
+        );
+        lock(&self.unreachable).insert(peer, reason.clone());
+        {
+            let mut engine = self.station.engine();
+            engine.abort_peer(peer, &reason);
+            self.station.drain_events(&mut engine);
+        }
+        self.note(reason);
+        self.wake();
+    }
+
+    /// What this node knows of `peer`.
+    pub(crate) fn peer_info(&self, peer: PeerId) -> Option<PeerInfo> {
+        lock(&self.links).get(&peer).map(|l| PeerInfo {
+            peer,
+            segments: l.segments.clone(),
+        })
+    }
+}
