@@ -57,6 +57,7 @@ mod message;
 mod node;
 mod provider;
 mod shared;
+mod stuck;
 mod units;
 mod wait;
 
@@ -112,6 +113,13 @@ pub struct RdmaConfig {
     /// sessions to an unreachable peer are refused until it sends a message again, which
     /// [`RdmaNode::connect`] asks it to (the rule of every [`crate::transport::Transport`]).
     pub answer_timeout: Duration,
+    /// A driver that has not come back from one step for this long is taken as stuck inside a provider
+    /// call (on `shm`, a peer process that died holding a lock in shared memory leaves the call spinning
+    /// for good): every live session ends at once with recompute, its peer given as unreachable, and the
+    /// node refuses new sessions and registrations (5 s). [`RdmaNode::shutdown`] does not wait for such a
+    /// driver. Calls towards an `shm` peer whose process is known to have exited are refused before they
+    /// reach the provider, so this is only for one that dies during a call.
+    pub stuck_after: Duration,
     /// Ask for a provider that registers GPU memory (`FI_HMEM`, CUDA), so GPU regions are registered in
     /// place and NICs write straight from and into them. Off by default: providers without it would not
     /// be found. Without it, GPU regions are staged through host mirrors (see [`RdmaNode::register_kv_region`]).
@@ -141,6 +149,7 @@ impl RdmaConfig {
             write_timeout: Duration::from_secs(5),
             unreachable_after: Duration::from_secs(1),
             answer_timeout: Duration::from_secs(3),
+            stuck_after: Duration::from_secs(5),
             gpu_memory: false,
             host_memory: HostMemoryAccess::Mirrored,
         }

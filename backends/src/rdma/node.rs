@@ -26,6 +26,8 @@ use crate::station::Station;
 pub struct RdmaNode {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The watch over the driver (see `stuck.rs`).
+    watch: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for RdmaNode {
@@ -75,16 +77,25 @@ impl RdmaNode {
             sessions: Mutex::default(),
             counters: Counters::default(),
             log: Mutex::default(),
+            beat: super::stuck::Beat::default(),
         });
         let driver_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("rdma-{}", shared.engine_id))
             .spawn(move || driver::run(ep, &driver_shared))
             .map_err(|e| RdmaError::Config(format!("cannot start the driver thread: {e}")))?;
-        Ok(Self {
+        let node = Self {
             shared,
             thread: Mutex::new(Some(thread)),
-        })
+            watch: Mutex::new(None),
+        };
+        let watched = node.shared.clone();
+        let watch = std::thread::Builder::new()
+            .name(format!("rdma-watch-{}", node.shared.engine_id))
+            .spawn(move || super::stuck::watch(&watched))
+            .map_err(|e| RdmaError::Config(format!("cannot start the driver's watch: {e}")))?;
+        *lock(&node.watch) = Some(watch);
+        Ok(node)
     }
 
     /// This node's endpoint address: what a peer passes to [`RdmaNode::connect`].
@@ -156,7 +167,7 @@ impl RdmaNode {
         let (tx, rx) = mpsc::channel();
         let registered = mirror.clone().unwrap_or_else(|| memory.clone());
         self.shared.command(Command::Register(registered, tx));
-        let local = rx.recv().map_err(|_| RdmaError::Closed)??;
+        let local = self.driver_reply(&rx)??;
         match self.shared.station.register_kv_region(layout, memory) {
             Ok(handle) => {
                 if let Some(mirror) = mirror {
@@ -239,6 +250,9 @@ impl RdmaNode {
     /// Starts a transfer; see [`RdmaNode::wait`]. The peer must have been reached and must offer the
     /// destination region.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, RdmaError> {
+        if let Some(quiet) = self.shared.stuck() {
+            return Err(Shared::stuck_error(quiet));
+        }
         if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
             return Err(RdmaError::Unreachable(reason.clone()));
         }
@@ -356,12 +370,43 @@ impl RdmaNode {
         self.shared.station.engine().live_sessions()
     }
 
-    /// Stops the driver thread and closes the endpoint (waits for the thread). Idempotent.
+    /// The driver's answer on `rx`; [`RdmaError::Closed`] when it stopped, the stuck error when it is
+    /// stuck in a provider call (see [`super::RdmaConfig::stuck_after`]).
+    fn driver_reply<T>(&self, rx: &mpsc::Receiver<T>) -> Result<T, RdmaError> {
+        loop {
+            match rx.recv_timeout(super::stuck::TICK) {
+                Ok(answer) => return Ok(answer),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RdmaError::Closed),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(quiet) = self.shared.stuck() {
+                        return Err(Shared::stuck_error(quiet));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the driver thread and closes the endpoint (waits for the thread). Idempotent. A driver
+    /// stuck inside a provider call (see [`super::RdmaConfig::stuck_after`]) is not waited for: it is
+    /// left behind with the endpoint it owns, which stays open.
     pub fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(watch) = lock(&self.watch).take() {
+            watch.thread().unpark();
+            let _ = watch.join();
+        }
         let thread = lock(&self.thread).take();
         if let Some(t) = thread {
-            let _ = t.join();
+            while !t.is_finished() && self.shared.stuck().is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                self.shared.log(
+                    "shutdown: the driver is stuck inside a provider call; left behind".into(),
+                );
+            }
         }
         // Commands the driver never took are dropped: their callers see the node closed.
         lock(&self.shared.commands).clear();

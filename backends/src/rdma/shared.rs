@@ -112,6 +112,8 @@ pub(crate) struct Shared {
     pub(crate) sessions: Mutex<HashMap<SessionId, (RegionId, KvLayout)>>,
     pub(crate) counters: Counters,
     pub(crate) log: Mutex<VecDeque<String>>,
+    /// When the driver last started a step (see `stuck.rs`).
+    pub(crate) beat: super::stuck::Beat,
 }
 
 impl Shared {

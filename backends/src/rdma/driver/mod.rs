@@ -108,6 +108,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         last_ping_check: Instant::now(),
     };
     while !shared.stop.load(Ordering::Relaxed) {
+        shared.beat.beat();
         if let Err(e) = d.step() {
             shared.log(format!("driver: {e}"));
         }
@@ -185,7 +186,12 @@ impl Driver<'_> {
         for peer in self.reach.due_for_ping(&peers, now, timeout / 2) {
             if let Some(route) = self.route(peer) {
                 let ping = Message::Ping.encode(self.shared.engine_id);
-                self.ep.send(route.addr, &ping)?;
+                match self.ep.send(route.addr, &ping) {
+                    Err(RdmaError::Unreachable(why)) => self.peer_gone(peer, &why),
+                    other => {
+                        other?;
+                    }
+                }
             }
         }
         Ok(())
@@ -203,6 +209,15 @@ impl Driver<'_> {
             let ended = self.shared.station.engine().abort_peer(peer, &reason);
             self.shared.log(format!("{reason}: {ended} sessions ended"));
         }
+    }
+
+    /// A frame to `peer` was refused before the provider was called, its process having exited (see
+    /// `ffi/process.rs`): dropped, and counted as a failed write, so the peer is declared unreachable as
+    /// one whose writes fail.
+    fn peer_gone(&mut self, peer: PeerId, why: &str) {
+        self.reach.failed(peer, Instant::now(), why);
+        self.shared
+            .log(format!("peer {}: a frame dropped: {why}", peer.0));
     }
 
     fn window_full(&self) -> bool {
@@ -278,9 +293,17 @@ impl Driver<'_> {
                 if asks {
                     self.reach.asked(t.peer, Instant::now());
                 }
-                if !self.ep.send(route.addr, &bytes)? {
-                    self.stash = Some(t);
-                    return Ok(false);
+                match self.ep.send(route.addr, &bytes) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.stash = Some(t);
+                        return Ok(false);
+                    }
+                    Err(RdmaError::Unreachable(why)) => {
+                        self.peer_gone(t.peer, &why);
+                        return Ok(true);
+                    }
+                    Err(e) => return Err(e),
                 }
                 self.shared
                     .counters
@@ -361,13 +384,18 @@ impl Driver<'_> {
         if asks {
             self.reach.asked(t.peer, Instant::now());
         }
-        if !self
-            .ep
-            .send(route.addr, &msg.encode(self.shared.engine_id))?
-        {
-            t.header.crc = 0;
-            self.stash = Some(t);
-            return Ok(false);
+        match self.ep.send(route.addr, &msg.encode(self.shared.engine_id)) {
+            Ok(true) => {}
+            Ok(false) => {
+                t.header.crc = 0;
+                self.stash = Some(t);
+                return Ok(false);
+            }
+            Err(RdmaError::Unreachable(why)) => {
+                self.peer_gone(t.peer, &why);
+                return Ok(true);
+            }
+            Err(e) => return Err(e),
         }
         self.shared
             .counters

@@ -59,6 +59,7 @@ impl Endpoint {
                 self.send.slot_bytes
             )));
         }
+        self.check_alive(dest)?;
         let Some(slot) = self.free_send.pop() else {
             return Ok(false);
         };
@@ -112,6 +113,7 @@ impl Endpoint {
                 "write context {ctx:#x} is too large"
             )));
         }
+        self.check_alive(dest)?;
         let reg = self
             .regs
             .get_mut(&src)

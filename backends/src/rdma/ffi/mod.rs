@@ -38,6 +38,7 @@ mod sys {
 mod info;
 mod io;
 mod keeper;
+mod process;
 mod registration;
 mod slots;
 
@@ -127,6 +128,9 @@ pub(crate) struct Endpoint {
     scratch: Vec<sys::fi_cq_data_entry>,
     /// Set when the provider maps in-process peers' memory directly (see [`keeper`]).
     kept: Option<keeper::KeptId>,
+    /// The processes of peers inserted on a provider that maps their memory, by address handle (see
+    /// [`process`]).
+    processes: HashMap<u64, process::PeerProcess>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -194,6 +198,7 @@ impl Endpoint {
             recv_out: vec![false; recv_slots],
             scratch: Vec::with_capacity(64),
             kept: None,
+            processes: HashMap::new(),
         };
         if keeper::maps_peers_in_process(&ep.info.provider) {
             keeper::clear_stale_names();
@@ -281,7 +286,25 @@ impl Endpoint {
         // invalid address is refused by the provider with an error.
         let ret = unsafe { sys::te_av_insert(self.av, padded.as_ptr().cast(), &mut addr) };
         check("fi_av_insert", ret.into())?;
+        if keeper::maps_peers_in_process(&self.info.provider) {
+            match process::of_address(name) {
+                Some(p) => self.processes.insert(addr, p),
+                None => self.processes.remove(&addr),
+            };
+        }
         Ok(addr)
+    }
+
+    /// Refuses a call towards `dest` when its process is known to have exited: on `shm` such a call can
+    /// spin forever on a lock the dead process held (see [`process`]).
+    fn check_alive(&self, dest: u64) -> Result<(), RdmaError> {
+        match self.processes.get(&dest) {
+            Some(p) if !p.alive() => Err(RdmaError::Unreachable(format!(
+                "its process ({}) has exited",
+                p.pid()
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 

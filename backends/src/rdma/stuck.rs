@@ -1,0 +1,109 @@
+//! The watch over a node's driver. A driver that has not come back from one step for
+//! [`RdmaConfig::stuck_after`](super::RdmaConfig) is stuck inside a provider call: on libfabric 1.17's
+//! `shm`, a peer process killed while it held a spin lock in shared memory (its own region's, or this
+//! endpoint's while it sent here) leaves every later call that takes that lock spinning for good.
+//! `ffi/process.rs` keeps calls away from peers whose process is known to have exited, but not from one
+//! that dies during a call, and nothing can interrupt such a call. So the watch does what the driver no
+//! longer can: it ends every live session with recompute and a reason, the node refuses new sessions
+//! and registrations, and [`RdmaNode::shutdown`](super::RdmaNode::shutdown) leaves the driver behind (with
+//! the endpoint it owns) instead of waiting for it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use transfer_engine::PeerId;
+
+use super::RdmaError;
+use super::shared::{Shared, lock};
+
+/// How often the watch looks.
+pub(super) const TICK: Duration = Duration::from_millis(100);
+
+/// When the driver last started a step.
+#[derive(Debug)]
+pub(crate) struct Beat {
+    base: Instant,
+    /// Nanoseconds from `base`.
+    last: AtomicU64,
+}
+
+impl Default for Beat {
+    fn default() -> Self {
+        Self {
+            base: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Beat {
+    /// The driver starts a step.
+    pub(crate) fn beat(&self) {
+        let at = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last.store(at, Ordering::Relaxed);
+    }
+
+    /// How long since the driver last started a step.
+    pub(crate) fn quiet_for(&self) -> Duration {
+        self.base
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(self.last.load(Ordering::Relaxed)))
+    }
+}
+
+impl Shared {
+    /// How long the driver has been inside its current step, when that is [`super::RdmaConfig::stuck_after`]
+    /// or longer.
+    pub(crate) fn stuck(&self) -> Option<Duration> {
+        let quiet = self.beat.quiet_for();
+        (quiet >= self.cfg.stuck_after).then_some(quiet)
+    }
+
+    /// The error for calls that need a stuck driver.
+    pub(crate) fn stuck_error(quiet: Duration) -> RdmaError {
+        RdmaError::Unreachable(format!(
+            "the node's provider has not returned from a call for {:.1} s (a peer process that died \
+             inside a call on shared memory leaves it spinning); restart the node",
+            quiet.as_secs_f64()
+        ))
+    }
+}
+
+/// Runs the watch until the node stops (woken early by `unpark`).
+pub(super) fn watch(shared: &Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        std::thread::park_timeout(TICK);
+        if let Some(quiet) = shared.stuck() {
+            end_sessions(shared, quiet);
+        }
+    }
+}
+
+/// Ends the sessions of every peer this node has live sessions with, as unreachable.
+fn end_sessions(shared: &Shared, quiet: Duration) {
+    let peers: Vec<PeerId> = {
+        let routes = lock(&shared.routes);
+        let engine = shared.station.engine();
+        routes
+            .keys()
+            .filter(|p| engine.has_sessions_with(**p))
+            .copied()
+            .collect()
+    };
+    let now = Instant::now();
+    for peer in peers {
+        let reason = format!(
+            "peer {} unreachable: this node's provider has not returned from a call for {:.1} s",
+            peer.0,
+            quiet.as_secs_f64()
+        );
+        lock(&shared.unreachable).insert(peer, (reason.clone(), now));
+        let ended = {
+            let mut engine = shared.station.engine();
+            let ended = engine.abort_peer(peer, &reason);
+            shared.station.drain_events(&mut engine);
+            ended
+        };
+        shared.log(format!("{reason}: {ended} sessions ended"));
+    }
+}
