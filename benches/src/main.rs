@@ -25,6 +25,7 @@ mod replay;
 mod report;
 mod run;
 mod serve_process;
+mod shm;
 mod sim;
 mod stream;
 mod sweep;
@@ -78,6 +79,9 @@ enum Command {
     Pd(pd::PdArgs),
     /// GPU copies (feature `cuda`): host to GPU, GPU to host, GPU to GPU beside a plain cuMemcpy.
     Gpu(gpu::GpuArgs),
+    /// The receiving process of `run --backend shm` (started by it).
+    #[command(hide = true)]
+    ShmReceiver(shm::ReceiverArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -104,6 +108,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Load(args) => load::main(&args),
         Command::Pd(args) => pd::main(&args),
         Command::Gpu(args) => gpu::main(&args),
+        Command::ShmReceiver(args) => shm::receiver_main(&args),
     }
 }
 

@@ -38,6 +38,9 @@ pub(crate) enum Backend {
     /// Two libfabric nodes (feature `rdma`) on `--provider`; limits: the provider's own write loop, and
     /// memcpy (`shm`) or the plain socket copy (`tcp`).
     Rdma,
+    /// Same host, two processes (this one sends, a child receives): each unit copied once by
+    /// cross-memory attach; the limit is a memcpy of the same blocks here.
+    Shm,
 }
 
 impl Backend {
@@ -117,6 +120,13 @@ pub(crate) struct RunArgs {
     /// buffers (host buffers here), the path GPU regions take, instead of in place.
     #[arg(long)]
     staged: bool,
+    /// `--backend shm` only: no CRC-32C on either end (a torn read goes unnoticed).
+    #[arg(long)]
+    no_checksum: bool,
+    /// `--backend shm` only: the source in private memory, copied by cross-memory attach
+    /// (`process_vm_readv`), instead of in shared memory granted to the receiver (backend `shm-cma`).
+    #[arg(long)]
+    private: bool,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -138,6 +148,8 @@ impl RunArgs {
             domain: None,
             in_place: false,
             staged: false,
+            no_checksum: false,
+            private: false,
             json: false,
         }
     }
@@ -178,6 +190,15 @@ pub(crate) struct RunRow {
     /// RDMA only: how NICs reached host regions, `mirrored` (the default) or `in_place` (`--in-place`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) host_memory: Option<&'static str>,
+    /// shm only: whether units were checksummed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) checksum: Option<bool>,
+    /// shm only: median CPU seconds per GiB moved in the sending process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sender_cpu_s_per_gib: Option<f64>,
+    /// shm only: median CPU seconds per GiB moved in the receiving process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) receiver_cpu_s_per_gib: Option<f64>,
 }
 
 #[cfg(feature = "rdma")]
@@ -207,9 +228,52 @@ pub(crate) const RDMA_COLUMNS: [&str; 13] = [
     "recompute_blocks",
 ];
 
+/// Columns of the `run --backend shm` table.
+pub(crate) const SHM_COLUMNS: [&str; 12] = [
+    "backend",
+    "mode",
+    "block",
+    "bytes",
+    "checksum",
+    "gbps",
+    "limit_gbps",
+    "ratio",
+    "sender_cpu_s_per_gib",
+    "receiver_cpu_s_per_gib",
+    "p50_ms",
+    "recompute_blocks",
+];
+
+/// One shm row: transfers to a child process, beside a memcpy of the same blocks.
+fn shm_row(
+    layout: KvLayout,
+    mode: TransferMode,
+    iterations: usize,
+    checksum: bool,
+    private: bool,
+) -> anyhow::Result<RunRow> {
+    let run = crate::shm::run_shm(layout, mode, iterations, checksum, private)?;
+    let mut r = row(
+        if private { "shm-cma" } else { "shm" },
+        layout,
+        mode,
+        run.seconds,
+        run.limit_gbps,
+        run.retransmits,
+        run.recompute_blocks,
+    );
+    r.checksum = Some(checksum);
+    r.sender_cpu_s_per_gib = Some(run.cpu_s_per_gib.0);
+    r.receiver_cpu_s_per_gib = Some(run.cpu_s_per_gib.1);
+    Ok(r)
+}
+
 pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     if args.staged && args.backend != Backend::Tcp {
         bail!("--staged applies to --backend tcp only");
+    }
+    if (args.no_checksum || args.private) && args.backend != Backend::Shm {
+        bail!("--no-checksum and --private apply to --backend shm only");
     }
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let slice_bytes =
@@ -224,7 +288,7 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
     } else {
         args.layout.clone()
     };
-    if args.backend == Backend::Rdma && layouts != [LayoutArg::LayerMajor] {
+    if matches!(args.backend, Backend::Rdma | Backend::Shm) && layouts != [LayoutArg::LayerMajor] {
         bail!("--layout applies to --backend loopback and tcp only");
     }
     let rounds = args.rounds.max(1);
@@ -245,6 +309,13 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
                 let (src, dst) = placed.place(layout)?;
                 let mut row = match args.backend {
                     Backend::Rdma => measure_rdma(args, layout, mode)?,
+                    Backend::Shm => shm_row(
+                        layout,
+                        mode,
+                        args.iterations,
+                        !args.no_checksum,
+                        args.private,
+                    )?,
                     Backend::Tcp => tcp_row((src, dst), mode, args.iterations, args.staged)?,
                     Backend::Loopback => run_loopback((src, dst), mode, args.iterations)?,
                 };
@@ -256,10 +327,10 @@ pub(crate) fn main(args: &RunArgs) -> anyhow::Result<()> {
         rows.extend(median_rounds(runs));
     }
     progress.finish_and_clear();
-    let mut columns: Vec<&str> = if args.backend == Backend::Rdma {
-        RDMA_COLUMNS.to_vec()
-    } else {
-        RUN_COLUMNS.to_vec()
+    let mut columns: Vec<&str> = match args.backend {
+        Backend::Rdma => RDMA_COLUMNS.to_vec(),
+        Backend::Shm => SHM_COLUMNS.to_vec(),
+        _ => RUN_COLUMNS.to_vec(),
     };
     if layouts.len() > 1 {
         columns.push("vs_first_layout");
@@ -332,6 +403,7 @@ pub(crate) fn measure(
         Backend::Rdma => {
             bail!("RDMA runs need a provider: use `te-bench run --backend rdma --provider P`")
         }
+        Backend::Shm => shm_row(layout, mode, iterations, true, false),
         Backend::Loopback => run_loopback((layout, layout), mode, iterations),
         Backend::Tcp => tcp_row((layout, layout), mode, iterations, false),
     }
@@ -391,6 +463,9 @@ pub(crate) fn row(
         provider_limit_gbps: None,
         provider_ratio: None,
         host_memory: None,
+        checksum: None,
+        sender_cpu_s_per_gib: None,
+        receiver_cpu_s_per_gib: None,
     }
 }
 

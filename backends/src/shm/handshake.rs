@@ -137,6 +137,17 @@ pub(crate) fn dial(
         .map_err(|e| ShmError::Unreachable(format!("cannot connect to {}: {e}", path.display())))?;
     timeouts(&stream, Some(shared.cfg.connect_timeout))?;
     let creds = cma::peer_credentials(&stream)?;
+    // The listener's user is checked before this node says anything to it.
+    if !shared.cfg.allowed.allows(creds.uid) {
+        return Err(ShmError::Refused(format!(
+            "the node at {} runs as user {} (process {}), which is not allowed by this node's \
+             credential rule ({:?})",
+            path.display(),
+            creds.uid,
+            creds.pid,
+            shared.cfg.allowed
+        )));
+    }
     Envelope::Hello(shared.hello().encode()).write_to(&mut stream)?;
     let welcome = match Envelope::read_from(&mut stream) {
         Ok(Envelope::Welcome(body)) => Hello::decode(&body).map_err(ShmError::Refused)?,
@@ -160,7 +171,10 @@ pub(crate) fn dial(
         }
         Err(e) => return Err(e.into()),
     };
-    check_peer(shared, creds, &welcome).map_err(ShmError::Refused)?;
+    if let Err(why) = check_peer(shared, creds, &welcome) {
+        super::wire::refuse(&mut stream, &why);
+        return Err(ShmError::Refused(why));
+    }
     timeouts(&stream, None)?;
     Ok((stream, creds, welcome))
 }
@@ -171,7 +185,7 @@ fn answer(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), String> {
     timeouts(&stream, Some(shared.cfg.connect_timeout)).map_err(|e| e.to_string())?;
     let creds = cma::peer_credentials(&stream).map_err(|e| e.to_string())?;
     let refuse = |stream: &mut UnixStream, why: String| {
-        let _ = Envelope::Refuse(why.clone()).write_to(stream);
+        super::wire::refuse(stream, &why);
         why
     };
     if !shared.cfg.allowed.allows(creds.uid) {

@@ -2,8 +2,10 @@
 //! a reader thread that hands control frames to the engine and places data units by copying them out of
 //! the peer's memory.
 
-use std::io::{self, BufReader, BufWriter, Write};
+use std::collections::BTreeMap;
+use std::io::{self, BufWriter, Write};
 use std::ops::Range;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -15,13 +17,18 @@ use transfer_engine::wire::Header;
 use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::cma::{self, Credentials};
+use super::fdpass::{FdReader, send_with_fd};
 use super::handshake::{Hello, peer_of};
+use super::memfd::PeerMapping;
 use super::shared::Shared;
 use super::wire::Envelope;
 use crate::transport::Segment;
 
 /// Read buffer of a link: many data headers per `read`.
 const READ_BUFFER: usize = 64 << 10;
+/// Regions of shared memory one peer may grant this node (more are refused; their units are copied by
+/// cross-memory attach instead).
+const MAX_GRANTS: usize = 4096;
 
 /// A frame waiting for the writer.
 #[derive(Debug)]
@@ -30,6 +37,8 @@ pub(crate) enum Outbound {
     Control(Header, Vec<u8>),
     /// A data unit: its header and where its payload lies here.
     Data(Header, MemoryRegion, Range<usize>),
+    /// A grant of a region of this node's shared memory: its address, its length and its memfd.
+    Grant(u64, u64, Arc<OwnedFd>),
 }
 
 /// A live connection to one peer.
@@ -124,7 +133,13 @@ fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Recei
             };
             match frame {
                 Outbound::Control(h, payload) => {
-                    Envelope::Control(h, payload).write_to(&mut out)?
+                    Envelope::Control(h, payload).write_to(&mut out)?;
+                }
+                Outbound::Grant(address, len, fd) => {
+                    out.flush()?;
+                    let mut bytes = Vec::new();
+                    Envelope::Grant(address, len).write_to(&mut bytes)?;
+                    send_with_fd(out.get_ref(), &bytes, fd.as_raw_fd())?;
                 }
                 Outbound::Data(mut h, memory, range) => {
                     let address = (memory.address() + range.start) as u64;
@@ -158,6 +173,11 @@ fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Recei
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
         ) {
             format!("took no bytes for {:?}", s.cfg.stall_timeout)
+        } else if matches!(
+            e.kind(),
+            io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+        ) {
+            format!("closed its socket ({e})")
         } else {
             format!("could not be written to: {e}")
         };
@@ -174,12 +194,16 @@ struct Placed {
 
 /// Reads envelopes until the socket ends or the peer breaks the protocol; then the link is lost.
 fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
-    let mut input = BufReader::with_capacity(READ_BUFFER, stream);
+    let mut input = FdReader::new(stream, READ_BUFFER);
     let mut pending: Option<Placed> = None;
+    let mut grants = Grants::default();
     let why = loop {
         let envelope = match Envelope::read_from(&mut input) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break "closed its socket".into(),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => {
+                break format!("closed its socket ({e})");
+            }
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 break format!("sent a malformed message ({e})");
             }
@@ -196,7 +220,7 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                     .handle_frame(Instant::now(), link.peer, &h, &payload)
             }
             Envelope::Data(h, address) => {
-                let placed = place(&shared, link, h, address);
+                let placed = place(&shared, link, &grants, h, address);
                 match placed {
                     Ok(p) if !link.checksum => {
                         pending = None;
@@ -213,12 +237,18 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                 }
             }
             Envelope::Seal(h) if link.checksum => seal(&shared, link, pending.take(), h),
+            Envelope::Grant(address, len) => {
+                let Some(fd) = input.take_fd() else {
+                    break "sent a grant without its memory".into();
+                };
+                grants.add(address, len, &fd)
+            }
             other => break format!("sent {other:?} on a linked connection"),
         };
         if let Err(e) = result {
             shared.note(format!("refused a frame from engine {}: {e}", link.peer.0));
         }
-        if input.buffer().is_empty() {
+        if input.buffered() == 0 {
             shared.wake();
         }
     };
@@ -227,9 +257,44 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
     }
 }
 
+/// The regions of shared memory a peer granted, mapped here, by their address in the peer.
+#[derive(Debug, Default)]
+struct Grants(BTreeMap<u64, PeerMapping>);
+
+impl Grants {
+    /// Maps a granted region (replacing an earlier grant at the same address).
+    fn add(&mut self, address: u64, len: u64, fd: &OwnedFd) -> Result<(), Error> {
+        if self.0.len() >= MAX_GRANTS && !self.0.contains_key(&address) {
+            return Err(Error::InvalidRequest(format!(
+                "a grant beyond the {MAX_GRANTS} a peer may make"
+            )));
+        }
+        let len = usize::try_from(len)
+            .map_err(|_| Error::InvalidRequest("a grant longer than memory".into()))?;
+        let mapping = PeerMapping::map(fd, len)
+            .map_err(|e| Error::InvalidRequest(format!("a grant cannot be mapped: {e}")))?;
+        self.0.insert(address, mapping);
+        Ok(())
+    }
+
+    /// The mapping holding `len` bytes at `address` of the peer, and the offset of `address` in it.
+    fn find(&self, address: u64, len: usize) -> Option<(&PeerMapping, usize)> {
+        let (&start, mapping) = self.0.range(..=address).next_back()?;
+        let offset = usize::try_from(address - start).ok()?;
+        (offset.checked_add(len)? <= mapping.len()).then_some((mapping, offset))
+    }
+}
+
 /// Copies a data unit from the peer's memory at `address` to where the engine places it, under the
-/// destination's write locks, taking the CRC of each chunk while it is in cache.
-fn place(shared: &Shared, link: &Link, header: Header, address: u64) -> Result<Placed, Error> {
+/// destination's write locks, taking the CRC of each chunk while it is in cache: a plain copy out of the
+/// peer's granted shared memory where it lies there, by cross-memory attach otherwise.
+fn place(
+    shared: &Shared,
+    link: &Link,
+    grants: &Grants,
+    header: Header,
+    address: u64,
+) -> Result<Placed, Error> {
     let target = shared.station.engine().destination(link.peer, &header)?;
     let Some((memory, range)) = target else {
         return Ok(Placed { header, crc: None });
@@ -237,18 +302,26 @@ fn place(shared: &Shared, link: &Link, header: Header, address: u64) -> Result<P
     let mut view = memory.write(range)?;
     let chunk = shared.cfg.pull_chunk.max(4096);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    let mut at = address;
-    for piece in view.chunks_mut(chunk) {
-        cma::pull(link.creds.pid, at, piece).map_err(|e| {
-            Error::InvalidRequest(format!(
-                "the unit's bytes at {at:#x} in process {} cannot be copied: {e}",
-                link.creds.pid
-            ))
-        })?;
+    let mut each = |piece: &[u8]| {
         if link.checksum {
             digest.update(piece);
         }
-        at += piece.len() as u64;
+    };
+    if let Some((mapping, offset)) = grants.find(address, view.len()) {
+        mapping.copy_out(offset, &mut view, chunk, &mut each);
+    } else {
+        let mut at = address;
+        for piece in view.chunks_mut(chunk) {
+            cma::pull(link.creds.pid, at, piece).map_err(|e| {
+                Error::InvalidRequest(format!(
+                    "the unit's bytes at {at:#x} in process {} cannot be copied: {e}",
+                    link.creds.pid
+                ))
+            })?;
+            each(piece);
+            at += piece.len() as u64;
+        }
+        shared.counters.units_by_cma.fetch_add(1, Ordering::Relaxed);
     }
     shared.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
     shared

@@ -45,8 +45,12 @@
 mod as_transport;
 mod cma;
 mod driver;
+#[allow(unsafe_code)]
+mod fdpass;
 mod handshake;
 mod link;
+#[allow(unsafe_code)]
+mod memfd;
 mod node;
 mod shared;
 mod wire;

@@ -14,7 +14,8 @@ use transfer_engine::{
     TransferRequest,
 };
 
-use super::shared::Shared;
+use super::memfd::SharedMemory;
+use super::shared::{Pool, Shared};
 use super::{ShmConfig, ShmError, driver, handshake};
 use crate::board::{IncomingSession, Outcome, Received};
 use crate::lock::lock;
@@ -27,6 +28,8 @@ pub struct ShmStats {
     pub engine: transfer_engine::Counters,
     /// Data units copied in from peers.
     pub units_pulled: u64,
+    /// Of those, units copied by cross-memory attach (their source was not in granted shared memory).
+    pub units_by_cma: u64,
     /// Their bytes.
     pub bytes_pulled: u64,
     /// Frames written to peers.
@@ -107,6 +110,7 @@ impl ShmNode {
         ShmStats {
             engine: self.shared.station.engine().stats(),
             units_pulled: c.units_pulled.load(Ordering::Relaxed),
+            units_by_cma: c.units_by_cma.load(Ordering::Relaxed),
             bytes_pulled: c.bytes_pulled.load(Ordering::Relaxed),
             frames_sent: c.frames_sent.load(Ordering::Relaxed),
             frames_dropped: c.frames_dropped.load(Ordering::Relaxed),
@@ -136,6 +140,21 @@ impl ShmNode {
             )));
         }
         Ok(self.shared.station.register_kv_region(layout, memory)?)
+    }
+
+    /// `len` zeroed bytes of shared memory (a sealed memfd) for a region: every peer this node links to
+    /// is granted it, so the units sent from it cost the receiver one plain copy. Register it like any
+    /// memory ([`ShmNode::register_kv_region`]); memory from elsewhere is copied by cross-memory attach.
+    pub fn shared_memory(&self, len: usize) -> Result<MemoryRegion, ShmError> {
+        let memory = SharedMemory::create(len)?;
+        let pool = Pool {
+            address: transfer_engine::RawMemory::as_ptr(&memory) as u64,
+            len: len as u64,
+            fd: Arc::downgrade(memory.fd()),
+        };
+        let region = MemoryRegion::from_raw_memory(memory);
+        self.shared.add_pool(pool);
+        Ok(region)
     }
 
     /// Registers a KV region of `layout` over zeroed host memory.

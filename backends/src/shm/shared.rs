@@ -2,19 +2,35 @@
 //! by peer, the peers found gone, the published segments, counters and the log.
 
 use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, Weak, mpsc};
 
 use transfer_engine::PeerId;
 
 use super::ShmConfig;
 use super::cma::Credentials;
 use super::handshake::{Hello, peer_of};
-use super::link::Link;
+use super::link::{Link, Outbound};
 use crate::lock::lock;
 use crate::station::Station;
 use crate::transport::{PeerInfo, Segment};
+
+/// A region of shared memory this node allocated: its address, length and memfd (while it lives).
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pub(crate) address: u64,
+    pub(crate) len: u64,
+    pub(crate) fd: Weak<OwnedFd>,
+}
+
+impl Pool {
+    /// The grant of this pool, while its memory lives.
+    pub(crate) fn grant(&self) -> Option<Outbound> {
+        Some(Outbound::Grant(self.address, self.len, self.fd.upgrade()?))
+    }
+}
 
 /// Log lines kept (oldest dropped first).
 const KEEP_LOG: usize = 1024;
@@ -23,6 +39,7 @@ const KEEP_LOG: usize = 1024;
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) units_pulled: AtomicU64,
+    pub(crate) units_by_cma: AtomicU64,
     pub(crate) bytes_pulled: AtomicU64,
     pub(crate) frames_sent: AtomicU64,
     pub(crate) frames_dropped: AtomicU64,
@@ -41,6 +58,8 @@ pub(crate) struct Shared {
     /// Peers whose link was lost, and why: new sessions to them are refused until they are reached again.
     pub(crate) unreachable: Mutex<HashMap<PeerId, String>>,
     pub(crate) published: Mutex<Vec<Segment>>,
+    /// Shared memory this node allocated, granted to every peer it links to.
+    pub(crate) pools: Mutex<Vec<Pool>>,
     pub(crate) handshakes: AtomicUsize,
     pub(crate) next_link: AtomicU64,
     pub(crate) counters: Counters,
@@ -71,6 +90,7 @@ impl Shared {
             links: Mutex::default(),
             unreachable: Mutex::default(),
             published: Mutex::default(),
+            pools: Mutex::default(),
             handshakes: AtomicUsize::new(0),
             next_link: AtomicU64::new(1),
             counters: Counters::default(),
@@ -143,7 +163,7 @@ impl Shared {
             greet(&mut stream).err()
         };
         if let Some(why) = refusal {
-            let _ = super::wire::Envelope::Refuse(why.clone()).write_to(&mut stream);
+            super::wire::refuse(&mut stream, &why);
             return Err(why);
         }
         let id = self.next_link.fetch_add(1, Ordering::Relaxed);
@@ -151,12 +171,33 @@ impl Shared {
             .map_err(|e| format!("cannot start the link: {e}"))?;
         links.insert(peer, link.clone());
         drop(links);
+        self.grant_pools(&link);
         lock(&self.unreachable).remove(&peer);
         self.note(format!(
             "linked to engine {} (process {}, user {})",
             peer.0, creds.pid, creds.uid
         ));
         Ok(link)
+    }
+
+    /// Queues grants of every live pool on `link` (dropping the pools whose memory is gone).
+    fn grant_pools(&self, link: &Link) {
+        let mut pools = lock(&self.pools);
+        pools.retain(|p| p.fd.strong_count() > 0);
+        for grant in pools.iter().filter_map(Pool::grant) {
+            link.send(grant);
+        }
+    }
+
+    /// Records a pool and grants it to every linked peer.
+    pub(crate) fn add_pool(&self, pool: Pool) {
+        let grant = pool.grant();
+        lock(&self.pools).push(pool);
+        if let Some(Outbound::Grant(address, len, fd)) = grant {
+            for link in lock(&self.links).values() {
+                link.send(Outbound::Grant(address, len, fd.clone()));
+            }
+        }
     }
 
     /// Ends link `id` to `peer` (its socket closed, it broke the protocol, or it stalled): its sessions end

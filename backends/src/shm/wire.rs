@@ -16,6 +16,7 @@ const REFUSE: u8 = 3;
 const CONTROL: u8 = 4;
 const DATA: u8 = 5;
 const SEAL: u8 = 6;
+const GRANT: u8 = 7;
 
 /// One message on a connection.
 #[derive(Debug, PartialEq, Eq)]
@@ -32,6 +33,9 @@ pub(crate) enum Envelope {
     Data(Header, u64),
     /// The data unit's header sealed with the sender's CRC of its payload.
     Seal(Header),
+    /// The sender grants a region of its shared memory: its address there and its length. The memfd
+    /// travels with the message's first byte (`SCM_RIGHTS`).
+    Grant(u64, u64),
 }
 
 impl Envelope {
@@ -59,6 +63,12 @@ impl Envelope {
                 buf.extend_from_slice(&h.encode());
                 return finish(buf, out);
             }
+            Envelope::Grant(address, len) => {
+                buf.extend_from_slice(&[GRANT, 0, 0, 0, 0]);
+                buf.extend_from_slice(&address.to_le_bytes());
+                buf.extend_from_slice(&len.to_le_bytes());
+                return finish(buf, out);
+            }
         };
         buf.push(tag);
         buf.extend_from_slice(&[0; 4]);
@@ -77,9 +87,10 @@ impl Envelope {
             CONTROL => HEADER_LEN + MAX_CONTROL_PAYLOAD as usize,
             DATA => HEADER_LEN + 8,
             SEAL => HEADER_LEN,
+            GRANT => 16,
             t => return Err(bad(format!("unknown message tag {t}"))),
         };
-        if len > limit || (head[0] >= CONTROL && len < HEADER_LEN) {
+        if len > limit || ((CONTROL..=SEAL).contains(&head[0]) && len < HEADER_LEN) {
             return Err(bad(format!(
                 "a message of tag {} is {len} bytes long (limit {limit})",
                 head[0]
@@ -99,6 +110,14 @@ impl Envelope {
                 Envelope::Data(header()?, u64::from_le_bytes(a))
             }
             SEAL if len == HEADER_LEN => Envelope::Seal(header()?),
+            GRANT if len == 16 => {
+                let word = |i: usize| {
+                    let mut a = [0; 8];
+                    a.copy_from_slice(&body[i..i + 8]);
+                    u64::from_le_bytes(a)
+                };
+                Envelope::Grant(word(0), word(8))
+            }
             t => return Err(bad(format!("a message of tag {t} is {len} bytes long"))),
         })
     }
@@ -108,6 +127,23 @@ fn finish(mut buf: Vec<u8>, out: &mut impl Write) -> io::Result<()> {
     let len = u32::try_from(buf.len() - 5).map_err(|_| bad("message too long".into()))?;
     buf[1..5].copy_from_slice(&len.to_le_bytes());
     out.write_all(&buf)
+}
+
+/// Writes a refusal and its reason, then drains what the peer already sent (briefly, boundedly) before
+/// the caller closes: a socket closed with unread bytes is reset, and the reason would be lost.
+pub(crate) fn refuse(stream: &mut std::os::unix::net::UnixStream, why: &str) {
+    use std::time::Duration;
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    let _ = Envelope::Refuse(why.to_owned()).write_to(stream);
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        match stream.read(&mut sink) {
+            Ok(n) if n > 0 => {}
+            _ => break,
+        }
+    }
 }
 
 /// A malformed-message error.
@@ -133,6 +169,7 @@ mod tests {
             Envelope::Control(header(), vec![9; 100]),
             Envelope::Data(header(), 0xdead_beef),
             Envelope::Seal(header()),
+            Envelope::Grant(0x7000_0000, 1 << 30),
         ];
         let mut bytes = Vec::new();
         for e in &all {
@@ -151,6 +188,7 @@ mod tests {
             &[DATA, 4, 0, 0, 0, 1, 2, 3, 4],
             &[CONTROL, 0xff, 0xff, 0xff, 0x7f],
             &[HELLO, 0, 0, 2, 0],
+            &[GRANT, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         ] {
             let e = Envelope::read_from(&mut &garbage[..]).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{garbage:?}: {e}");
