@@ -2,7 +2,7 @@
 //! non-blocking calls, and the [`Board`] its events go to.
 
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use transfer_engine::{
     Engine, EngineConfig, Error, KvLayout, MemoryRegion, RegionHandle, SessionId, TransferRequest,
@@ -80,5 +80,31 @@ impl Station {
         while let Some(event) = engine.poll_event() {
             self.board.observe(&event);
         }
+    }
+}
+
+/// Longest nap of a driver thread with live sessions (a timer may be due sooner; a frame or a command
+/// wakes it at once).
+pub(crate) const BUSY_NAP: Duration = Duration::from_millis(1);
+/// Longest nap of an idle driver thread.
+pub(crate) const IDLE_NAP: Duration = Duration::from_millis(100);
+
+/// How long a driver thread may nap: until the engine's next timer, at most [`BUSY_NAP`] while sessions
+/// live, else [`IDLE_NAP`].
+pub(crate) fn nap(engine: &Engine, now: Instant) -> Duration {
+    let cap = if engine.live_sessions() > 0 {
+        BUSY_NAP
+    } else {
+        IDLE_NAP
+    };
+    engine
+        .poll_timeout()
+        .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
+}
+
+/// Fires the engine's timers when one is due.
+pub(crate) fn fire_timers(engine: &mut Engine, now: Instant) {
+    if engine.poll_timeout().is_some_and(|t| t <= now) {
+        engine.handle_timeout(now);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError
 use std::sync::{Arc, Mutex, PoisonError};
 
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use transfer_engine::wire::{HEADER_LEN, Header};
 use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
@@ -16,11 +16,8 @@ use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 use super::credit::Credit;
 use super::gpu::GpuPlacer;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
+use crate::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
 
-/// Longest nap of a thread with live sessions (a timer may be due sooner; a frame wakes it at once).
-const BUSY_NAP: Duration = Duration::from_millis(1);
-/// Longest nap of an idle thread (a submit or a consumed layer wakes it at once).
-const IDLE_NAP: Duration = Duration::from_millis(100);
 /// Frames the consumer handles before it answers and looks at its timers again.
 const CONSUMER_BATCH: usize = 64;
 /// Refusals kept per end.
@@ -64,24 +61,6 @@ impl RefusalLog {
 struct Outgoing {
     transmit: Transmit,
     memory: Option<MemoryRegion>,
-}
-
-/// How long to nap: until the next timer, at most [`BUSY_NAP`] while sessions live, else [`IDLE_NAP`].
-fn nap(engine: &Engine, now: Instant) -> Duration {
-    let cap = if engine.live_sessions() > 0 {
-        BUSY_NAP
-    } else {
-        IDLE_NAP
-    };
-    engine
-        .poll_timeout()
-        .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
-}
-
-fn fire_timers(engine: &mut Engine, now: Instant) {
-    if engine.poll_timeout().is_some_and(|t| t <= now) {
-        engine.handle_timeout(now);
-    }
 }
 
 pub(super) fn spawn_producer(

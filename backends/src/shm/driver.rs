@@ -4,31 +4,17 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use transfer_engine::{Body, Engine, Transmit};
 
 use super::link::Outbound;
 use super::shared::Shared;
 use crate::lock::lock;
+use crate::station::{fire_timers, nap};
 
-/// Longest nap with live sessions (a timer may be due sooner; a wake ends it at once).
-const BUSY_NAP: Duration = Duration::from_millis(1);
-/// Longest nap of an idle node.
-const IDLE_NAP: Duration = Duration::from_millis(100);
 /// Frames taken from the engine per round, so the lock is not held long.
 const ROUND_FRAMES: usize = 512;
-
-fn nap(engine: &Engine, now: Instant) -> Duration {
-    let cap = if engine.live_sessions() > 0 {
-        BUSY_NAP
-    } else {
-        IDLE_NAP
-    };
-    engine
-        .poll_timeout()
-        .map_or(cap, |t| t.saturating_duration_since(now).min(cap))
-}
 
 /// The frame for a transmit, with a handle on its payload's memory.
 fn outbound(engine: &Engine, t: Transmit) -> Option<Outbound> {
@@ -49,9 +35,7 @@ pub(crate) fn run(shared: &Arc<Shared>, wake: &Receiver<()>) {
         let now = Instant::now();
         let wait = {
             let mut engine = shared.station.engine();
-            if engine.poll_timeout().is_some_and(|t| t <= now) {
-                engine.handle_timeout(now);
-            }
+            fire_timers(&mut engine, now);
             while out.len() < ROUND_FRAMES {
                 let Some(t) = engine.poll_transmit(now) else {
                     break;
