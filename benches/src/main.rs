@@ -26,6 +26,7 @@ mod report;
 mod run;
 mod serve_process;
 mod shm;
+mod shm_net;
 mod sim;
 mod stream;
 mod sweep;
@@ -65,9 +66,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Serves KV transfers over TCP for `te-bench connect` clients in other processes.
+    /// Serves KV transfers (TCP, RDMA or shm) for `te-bench connect` clients in other processes.
     Serve(net::ServeArgs),
-    /// Transfers KV to a `te-bench serve` process over TCP and reports throughput like `run`.
+    /// Transfers KV to a `te-bench serve` process (TCP, RDMA or shm) and reports throughput like `run`.
     Connect(net::ConnectArgs),
     /// Many `te-bench connect` processes against one `te-bench serve --verify`: throughput and peak memory.
     Load(load::LoadArgs),
@@ -101,8 +102,10 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Overlap(args) => overlap::main(&args),
         Command::Bucket { json } => bucket::main(json),
         Command::Serve(args) if args.backend == net::NetBackend::Rdma => serve_rdma(&args),
+        Command::Serve(args) if args.backend == net::NetBackend::Shm => shm_net::serve(&args),
         Command::Serve(args) => net::serve_main(&args),
         Command::Connect(args) if args.backend == net::NetBackend::Rdma => connect_rdma(&args),
+        Command::Connect(args) if args.backend == net::NetBackend::Shm => shm_net::connect(&args),
         Command::Connect(args) => net::connect_main(&args),
         Command::PeerDeath(args) => death::main(&args),
         Command::Load(args) => load::main(&args),

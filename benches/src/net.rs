@@ -23,8 +23,9 @@ use crate::run::{ModeArg, RUN_COLUMNS, RunRow, layout_for, row};
 /// Arguments of `te-bench serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
-    /// Backend: tcp, or rdma (feature `rdma`; serves one region of --block-bytes x --total-bytes and
-    /// prints the endpoint address clients pass as --peer-address).
+    /// Backend: tcp; rdma (feature `rdma`; serves one region of --block-bytes x --total-bytes and
+    /// prints the endpoint address clients pass as --peer-address); or shm (same host; serves one such
+    /// region on --socket).
     #[arg(long, value_enum, default_value = "tcp")]
     pub(crate) backend: NetBackend,
     /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, or a full name.
@@ -33,10 +34,10 @@ pub(crate) struct ServeArgs {
     /// libfabric domain for --backend rdma (a NIC, or `lo`; the tcp provider defaults to `lo`).
     #[arg(long)]
     pub(crate) domain: Option<String>,
-    /// Bytes per KV block of the region served over RDMA, with a unit.
+    /// Bytes per KV block of the region served over RDMA or shm, with a unit.
     #[arg(long, value_parser = parse_size, default_value = "256KiB")]
     pub(crate) block_bytes: u64,
-    /// Bytes of the region served over RDMA, with a unit (rounded down to whole blocks).
+    /// Bytes of the region served over RDMA or shm, with a unit (rounded down to whole blocks).
     #[arg(long, value_parser = parse_size, default_value = "512MiB")]
     pub(crate) total_bytes: u64,
     /// Address to listen on, e.g. 127.0.0.1:7400 (a non-loopback address needs --secret).
@@ -57,6 +58,12 @@ pub(crate) struct ServeArgs {
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seconds: u64,
+    /// Unix socket of --backend shm (created mode 0600, a stale socket file replaced).
+    #[arg(long, default_value = "/tmp/te-bench-shm.sock")]
+    pub(crate) socket: std::path::PathBuf,
+    /// --backend shm: no CRC-32C (on only when both ends turn it off).
+    #[arg(long)]
+    pub(crate) no_checksum: bool,
     /// Check every finished session's region against the pattern its client fills (`te-bench connect`
     /// seeds it with its engine id) and print `verified` or `MISMATCH` for it.
     #[arg(long)]
@@ -66,7 +73,8 @@ pub(crate) struct ServeArgs {
 /// Arguments of `te-bench connect`.
 #[derive(Debug, Args)]
 pub(crate) struct ConnectArgs {
-    /// Backend: tcp, or rdma (feature `rdma`; the server's endpoint address goes in --peer-address).
+    /// Backend: tcp, rdma (feature `rdma`; the server's endpoint address goes in --peer-address), or
+    /// shm (same host; the server's socket goes in --socket).
     #[arg(long, value_enum, default_value = "tcp")]
     pub(crate) backend: NetBackend,
     /// Address of a `te-bench serve` over TCP, e.g. 127.0.0.1:7400.
@@ -111,6 +119,16 @@ pub(crate) struct ConnectArgs {
     /// Skip measuring the local limits (their ratio columns read 0); for many clients at once.
     #[arg(long)]
     pub(crate) no_limit: bool,
+    /// Unix socket of a `te-bench serve --backend shm`.
+    #[arg(long, default_value = "/tmp/te-bench-shm.sock")]
+    pub(crate) socket: std::path::PathBuf,
+    /// --backend shm: the source in private memory, copied by cross-memory attach (backend
+    /// `shm-cma`), instead of in shared memory granted to the server.
+    #[arg(long)]
+    pub(crate) private: bool,
+    /// --backend shm: no CRC-32C (on only when both ends turn it off).
+    #[arg(long)]
+    pub(crate) no_checksum: bool,
 }
 
 /// The backends `serve` and `connect` run over.
@@ -120,13 +138,15 @@ pub(crate) enum NetBackend {
     Tcp,
     /// libfabric nodes (feature `rdma`).
     Rdma,
+    /// Same-host nodes (a Unix socket; shared memory or cross-memory attach).
+    Shm,
 }
 
 /// Serves until killed (or `--seconds`): accepts clients, gives each the region it asks for, and prints a
 /// line per finished session.
 pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
-    if args.backend == NetBackend::Rdma {
-        bail!("serve over RDMA runs through `rdma_net::serve`");
+    if args.backend != NetBackend::Tcp {
+        bail!("serve over RDMA or shm runs through `rdma_net::serve` or `shm_net::serve`");
     }
     let cfg = TcpConfig {
         listen: Some(args.listen),
@@ -341,8 +361,8 @@ pub(crate) fn measure_modes(
 
 /// Pushes KV to a `te-bench serve` and prints throughput beside a local socket-copy limit.
 pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
-    if args.backend == NetBackend::Rdma {
-        bail!("connect over RDMA runs through `rdma_net::connect`");
+    if args.backend != NetBackend::Tcp {
+        bail!("connect over RDMA or shm runs through `rdma_net::connect` or `shm_net::connect`");
     }
     let peer = args
         .peer

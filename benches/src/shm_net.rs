@@ -1,0 +1,134 @@
+//! `te-bench serve --backend shm` and `te-bench connect --backend shm`: two processes on one host moving
+//! KV through the same-host backend, started by hand (`run --backend shm` starts its own receiver). The
+//! server listens on `--socket`, registers one region of the layout it is given and publishes it as
+//! `kv`; the client pushes its pattern there from shared memory (granted to the server, which copies each
+//! unit out of its mapping) or, with `--private`, from private memory (cross-memory attach).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use backends::shm::{ShmConfig, ShmNode};
+use backends::{IncomingSession, Received};
+use tokio::sync::broadcast;
+use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest};
+
+use crate::args::fmt_size;
+use crate::net::{ConnectArgs, ServeArgs, ServedNode, measure_modes, serve_events};
+use crate::run::{SHM_COLUMNS, layout_for};
+use crate::shm::cpu_seconds;
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?)
+}
+
+/// Serves one KV region on `--socket` until `--seconds` pass (or forever), printing a line per session.
+pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let cfg = ShmConfig {
+        checksum: !args.no_checksum,
+        ..ShmConfig::new(args.engine_id, Some(args.socket.clone()))
+    };
+    let node =
+        ShmNode::start(cfg).with_context(|| format!("listening on {}", args.socket.display()))?;
+    let layout = layout_for(args.block_bytes, args.total_bytes)?;
+    let region = node.kv_region(layout)?;
+    node.publish_segment("kv", region)?;
+    println!(
+        "te-bench serve: engine {} on shm, socket {}, serving {} of KV (blocks of {})",
+        args.engine_id,
+        args.socket.display(),
+        fmt_size(layout.total_bytes()),
+        fmt_size(layout.block_bytes),
+    );
+    let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
+    rt.block_on(serve_events(&node, args.verify, stop))
+}
+
+impl ServedNode for ShmNode {
+    fn subscribe(&self) -> broadcast::Receiver<Event> {
+        ShmNode::subscribe(self)
+    }
+    async fn accept(&self) -> Option<IncomingSession> {
+        ShmNode::accept(self).await.ok()
+    }
+    async fn received(&self, session: SessionId) -> Result<Received, String> {
+        self.wait_received(session).await.map_err(|e| e.to_string())
+    }
+    fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
+        Ok(ShmNode::memory(self, id)?)
+    }
+}
+
+/// Pushes KV to a `te-bench serve --backend shm` and prints the `run --backend shm` columns (the
+/// receiver's CPU time is the server's own, so that column is absent here).
+pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
+    let rt = runtime()?;
+    let cfg = ShmConfig {
+        checksum: !args.no_checksum,
+        ..ShmConfig::new(args.engine_id, None)
+    };
+    let node = ShmNode::start(cfg)?;
+    let layout = layout_for(args.block_bytes, args.total_bytes)?;
+    let mut kv = vec![0u8; crate::buffers::kv_len(layout)?];
+    // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
+    for (i, shard) in kv.chunks_mut(transfer_engine::SHARD_BYTES).enumerate() {
+        crate::tcp::pattern(
+            u64::from(args.engine_id),
+            i * transfer_engine::SHARD_BYTES,
+            shard,
+        );
+    }
+    let limit_gbps = if args.no_limit {
+        0.0
+    } else {
+        crate::buffers::placed_memcpy_limit(&kv, (layout, layout), args.iterations)
+    };
+    let memory = if args.private {
+        MemoryRegion::from_vec(kv)
+    } else {
+        let shared = node.shared_memory(kv.len())?;
+        shared.copy_from(0, &kv)?;
+        shared
+    };
+    let src = node.register_kv_region(layout, memory)?;
+    let info = rt
+        .block_on(node.connect(&args.socket))
+        .with_context(|| format!("connecting to {}", args.socket.display()))?;
+    let dst = *info
+        .segment("kv")
+        .context("the server offered no region: is it a `te-bench serve --backend shm`?")?;
+    if dst.layout != Some(layout) {
+        bail!(
+            "the server serves a region of layout {:?}, not {layout:?}: pass the server's --block-bytes \
+             and --total-bytes",
+            dst.layout
+        );
+    }
+    let gib = layout.kv_bytes() as f64 / f64::from(1u32 << 30);
+    let mut cpu_per_gib = Vec::new();
+    let mut rows = measure_modes(
+        args,
+        if args.private { "shm-cma" } else { "shm" },
+        layout,
+        limit_gbps,
+        |mode| {
+            let req = TransferRequest::whole(info.peer, &src, &dst)?.with_mode(mode);
+            let cpu = cpu_seconds();
+            let out = rt.block_on(node.transfer(req, Duration::from_secs(600)))?;
+            cpu_per_gib.push((cpu_seconds() - cpu) / gib);
+            Ok(out)
+        },
+        || node.stats().engine.retransmits,
+    )?;
+    // Each mode ran one warm-up and `--iterations` measured transfers, in order.
+    for (r, cpu) in rows
+        .iter_mut()
+        .zip(cpu_per_gib.chunks_mut(args.iterations + 1))
+    {
+        r.checksum = Some(!args.no_checksum);
+        r.sender_cpu_s_per_gib = Some(crate::report::quantile(&mut cpu[1..], 0.5));
+    }
+    crate::report::print_rows(&rows, args.json, &SHM_COLUMNS)
+}
