@@ -216,6 +216,23 @@ impl KvConnector {
         Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
     }
 
+    /// A connector over the same-host backend (a Unix socket; shared memory or cross-memory attach),
+    /// for a producer and consumers on one host, with the same control channel as [`KvConnector::tcp`].
+    /// A consumer's node must listen (`ShmConfig::socket_path`): the producer dials it and copies
+    /// nothing itself; the consumer's node copies each unit out of the producer's memory into its KV
+    /// caches.
+    #[cfg(target_os = "linux")]
+    pub fn shm(
+        cfg: ConnectorConfig,
+        shm: backends::shm::ShmConfig,
+        control_listen: Option<SocketAddr>,
+        producer: Option<SocketAddr>,
+    ) -> Result<KvConnector, ConnectorError> {
+        let rt = runtime()?;
+        let node = backends::shm::ShmNode::start(shm)?;
+        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
+    }
+
     /// A connector over a transport the caller started (any backend): producers serve lookups and loads
     /// on `control_listen`, consumers ask `producer`, as in [`KvConnector::tcp`]. The connector shuts the
     /// transport down when it is dropped.

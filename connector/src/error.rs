@@ -76,3 +76,10 @@ impl From<backends::rdma::RdmaError> for ConnectorError {
         ConnectorError::Transport(e.into())
     }
 }
+
+#[cfg(target_os = "linux")]
+impl From<backends::shm::ShmError> for ConnectorError {
+    fn from(e: backends::shm::ShmError) -> Self {
+        ConnectorError::Transport(e.into())
+    }
+}

@@ -1,4 +1,4 @@
-//! The connector's one code path over every transport: the same scenarios against loopback, TCP and RDMA
+//! The connector's one code path over every transport: the same scenarios against loopback, same-host shm, TCP and RDMA
 //! (libfabric's `tcp` and `shm` providers): a save loaded layer by layer into other blocks, a producer
 //! that dies mid-load (recompute, never wrong KV), and the blocking calls made from async code.
 
@@ -206,7 +206,26 @@ fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnecto
     Some((p, c))
 }
 
+/// Connectors over the same-host backend; the consumer listens on a socket of its own.
+fn shm() -> Option<(KvConnector, KvConnector)> {
+    use backends::shm::ShmConfig;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let socket =
+        std::env::temp_dir().join(format!("connector-shm-{}-{n}.sock", std::process::id()));
+    let p = KvConnector::shm(config(Role::Producer), ShmConfig::new(1, None), None, None).unwrap();
+    let c = KvConnector::shm(
+        config(Role::Consumer),
+        ShmConfig::new(2, Some(socket)),
+        None,
+        p.control_addr(),
+    )
+    .unwrap();
+    Some((p, c))
+}
+
 over!(loopback, loopback());
+over!(shm, shm());
 over!(tcp, tcp());
 #[cfg(feature = "rdma")]
 over!(rdma_tcp, rdma("tcp", Some("lo")));

@@ -72,6 +72,8 @@ class Node:
     def loopback_pair() -> Tuple["Node", "Node"]: ...
     @staticmethod
     def tcp(engine_id: int, listen: Optional[str] = "127.0.0.1:0") -> "Node": ...
+    @staticmethod
+    def shm(engine_id: int, socket: Optional[str] = None) -> "Node": ...
     @property
     def backend(self) -> str: ...
     @property
@@ -124,6 +126,14 @@ class Connector:
         settings: Dict[str, Any],
         engine_id: int,
         listen: Optional[str] = "127.0.0.1:0",
+        control_listen: Optional[str] = None,
+        producer: Optional[str] = None,
+    ) -> "Connector": ...
+    @staticmethod
+    def shm(
+        settings: Dict[str, Any],
+        engine_id: int,
+        socket: Optional[str] = None,
         control_listen: Optional[str] = None,
         producer: Optional[str] = None,
     ) -> "Connector": ...

@@ -36,8 +36,11 @@ first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this conve
   waits for it;
 - ``kv_bandwidth_gbps`` (``0``, no cap): the most a producer serves KV at, in Gbit/s (the engine's token
   bucket);
-- ``backend`` (``"tcp"``): how KV moves, ``"tcp"`` or ``"rdma"`` (libfabric; a build with feature
-  ``rdma``, see the README); the control channel is TCP either way;
+- ``backend`` (``"tcp"``): how KV moves, ``"tcp"``, ``"shm"`` (producer and consumer on one host, Linux:
+  the consumer's workers copy each block straight out of the producer's KV caches, once) or ``"rdma"``
+  (libfabric; a build with feature ``rdma``, see the README); the control channel is TCP either way;
+- ``shm_socket_dir`` (``""``: the system's temporary directory): where a consumer's workers make their
+  Unix sockets with ``backend: "shm"`` (mode 0600; only the same user's processes may connect);
 - ``rdma_provider`` (``"auto-local"``): libfabric's provider with ``backend: "rdma"``: ``"auto"``
   (``efa``, then ``verbs``, then ``tcp``), ``"auto-local"`` (``shm`` too, for peers on this host), or a
   name (``"verbs"``, ``"efa"``, ``"tcp"``, ``"shm"``);
@@ -52,14 +55,14 @@ cannot arrive intact, within ``load_timeout`` or at all, is reported by ``get_bl
 for vLLM to recompute (``kv_load_failure_policy="recompute"``), and a load given up on never writes
 another byte into vLLM's blocks. Workers report ``KvTransferStats`` (``get_kv_connector_stats``), which
 vLLM logs as "KV Transfer metrics": loads, bytes, recomputed and saved blocks, and the seconds its steps
-spent in the connector's calls. Not built yet: the same-host shared-memory backend, CUDA KV caches,
-tensor parallelism proven under vLLM.
+spent in the connector's calls. Not built yet: CUDA KV caches, tensor parallelism proven under vLLM.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -91,6 +94,7 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "backend": "tcp",
     "rdma_provider": "auto-local",
     "rdma_domain": "",
+    "shm_socket_dir": "",
 }
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
@@ -158,8 +162,8 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
     peers = opts["peers"]
     if not isinstance(peers, (list, tuple)) or not all(isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in peers):
         raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
-    if opts["backend"] not in ("tcp", "rdma"):
-        raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp' or 'rdma'")
+    if opts["backend"] not in ("tcp", "shm", "rdma"):
+        raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp', 'shm' or 'rdma'")
     for key, default in EXTRA_CONFIG.items():
         if key == "peers":
             continue
@@ -366,6 +370,12 @@ class KvTransferConnector(KVConnectorBase_V1):
         if self._opts["backend"] == "rdma":
             domain = self._opts["rdma_domain"] or None
             conn = Connector.rdma(settings, engine_id, self._opts["rdma_provider"], domain, control_listen=control)
+        elif self._opts["backend"] == "shm":
+            socket = None
+            if self._role != "producer":
+                folder = self._opts["shm_socket_dir"] or tempfile.gettempdir()
+                socket = os.path.join(folder, f"kv-transfer-{engine_id:08x}.sock")
+            conn = Connector.shm(settings, engine_id, socket=socket, control_listen=control)
         else:
             conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
         conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)

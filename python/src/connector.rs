@@ -234,6 +234,30 @@ impl PyConnector {
             .map_err(err)
     }
 
+    /// A connector over the same-host backend (Linux; producer and consumers on one host), with the same
+    /// control channel as [`PyConnector::tcp`]. A consumer's node listens on Unix socket `socket`
+    /// (required for a role that loads) and copies each unit straight out of the producer's memory.
+    #[staticmethod]
+    #[pyo3(signature = (settings, engine_id, socket = None, control_listen = None, producer = None))]
+    fn shm(
+        py: Python<'_>,
+        settings: &Bound<'_, PyDict>,
+        engine_id: u32,
+        socket: Option<std::path::PathBuf>,
+        control_listen: Option<String>,
+        producer: Option<String>,
+    ) -> PyResult<PyConnector> {
+        let cfg = config(settings)?;
+        let shm = backends::shm::ShmConfig::new(engine_id, socket);
+        let (control, producer) = (
+            addr("control_listen", control_listen)?,
+            addr("producer", producer)?,
+        );
+        py.detach(|| KvConnector::shm(cfg, shm, control, producer))
+            .map(PyConnector)
+            .map_err(err)
+    }
+
     /// A connector over RDMA (libfabric: `provider` `"auto"`, `"auto-local"` for peers on this host,
     /// `"tcp"`, `"shm"`, `"verbs"`, `"efa"`, on `domain` or the provider's first), with the same control
     /// channel as [`PyConnector::tcp`]. Needs a build with feature `rdma`; without it the error says how

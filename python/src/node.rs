@@ -144,7 +144,20 @@ impl PyNode {
         Ok(PyNode(Arc::new(node)))
     }
 
-    /// The backend's name: `loopback` or `tcp`.
+    /// A same-host node of engine `engine_id` (Linux), listening on Unix socket `socket` (a path; made
+    /// mode 0600, a stale socket file there replaced; `None`: it only dials). Peers on this host reach
+    /// it at `"shm:PATH"`; the receiving node copies each unit out of the sender's memory.
+    #[staticmethod]
+    #[pyo3(signature = (engine_id, socket = None))]
+    fn shm(py: Python<'_>, engine_id: u32, socket: Option<std::path::PathBuf>) -> PyResult<PyNode> {
+        let cfg = backends::shm::ShmConfig::new(engine_id, socket);
+        let node = py
+            .detach(|| backends::shm::ShmNode::start(cfg))
+            .map_err(err)?;
+        Ok(PyNode(Arc::new(node)))
+    }
+
+    /// The backend's name: `loopback`, `tcp`, `shm` or `rdma`.
     #[getter]
     fn backend(&self) -> &'static str {
         self.0.backend()

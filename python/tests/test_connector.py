@@ -72,6 +72,21 @@ def test_save_then_load_over_tcp_following_the_transfer_params():
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
 
 
+def test_save_then_load_over_shm_on_one_host(tmp_path):
+    producer = kt.Connector.shm(settings("producer"), 1)
+    consumer = kt.Connector.shm(settings("consumer"), 2, socket=str(tmp_path / "consumer.sock"))
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 239).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
+
+
+def test_a_consumer_over_shm_needs_a_socket():
+    with pytest.raises(kt.KvTransferError, match="address"):
+        kt.Connector.shm(settings("consumer"), 2)
+
+
 def test_bad_settings_name_the_key():
     with pytest.raises(ValueError, match='unknown connector setting "colour"'):
         kt.Connector.loopback_pair(settings("producer", colour=1), settings("consumer"))

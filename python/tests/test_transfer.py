@@ -24,12 +24,17 @@ def block(buf, layer, blk, lay=None):
     return b"".join(bytes(raw[o : o + n]) for o, n in lay.chunks(layer, blk))
 
 
-@pytest.fixture(params=["loopback", "tcp"])
-def pair(request):
+@pytest.fixture(params=["loopback", "tcp", "shm"])
+def pair(request, tmp_path):
     """(sender, receiver, receiver's address as the sender connects to it)."""
     if request.param == "loopback":
         a, b = kt.Node.loopback_pair()
         yield a, b, "loopback"
+    elif request.param == "shm":
+        b = kt.Node.shm(2, str(tmp_path / "receiver.sock"))
+        a = kt.Node.shm(1)
+        assert (b.backend, b.address) == ("shm", "shm:" + str(tmp_path / "receiver.sock"))
+        yield a, b, b.address
     else:
         b = kt.Node.tcp(2)
         a = kt.Node.tcp(1, listen=None)
