@@ -48,6 +48,8 @@ mod driver;
 #[allow(unsafe_code)]
 mod fdpass;
 mod handshake;
+#[cfg(test)]
+mod hostile_tests;
 mod link;
 #[allow(unsafe_code)]
 mod memfd;
@@ -90,11 +92,19 @@ impl CredentialRule {
 pub const SHM_WINDOW_BYTES: u64 = 16 << 20;
 
 /// Engine settings for a same-host node: loopback's timers (nothing is lost between two processes, a
-/// frame is late only when a thread was not scheduled) and a window of [`SHM_WINDOW_BYTES`].
+/// frame is late only when a thread was not scheduled), a window of [`SHM_WINDOW_BYTES`], and a fresh
+/// seed per process, as over TCP: session ids start at a random point drawn from it, so a restarted
+/// peer (same engine id) does not reuse the ids its earlier life used with the same node.
 #[must_use]
 pub fn shm_engine_config(engine_id: u32) -> EngineConfig {
+    let mut seed = [0u8; 8];
+    let rng_seed = match getrandom::fill(&mut seed) {
+        Ok(()) => u64::from_le_bytes(seed),
+        Err(_) => u64::from(engine_id) ^ u64::from(std::process::id()) << 32,
+    };
     EngineConfig {
         window_bytes: SHM_WINDOW_BYTES,
+        rng_seed,
         ..crate::loopback::loopback_engine_config(engine_id)
     }
 }
