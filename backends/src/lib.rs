@@ -87,3 +87,14 @@ pub mod transport;
 pub use board::{IncomingSession, Outcome, Received, WaitError};
 pub use gpu_support::{NO_GPU_SUPPORT, check_gpu};
 pub use transport::{Fault, PeerAddress, PeerInfo, Segment, Transport, TransportError};
+
+/// A fresh engine seed for this process (`fallback` where the system has no randomness): session ids start
+/// at a random point drawn from it, so a restarted peer (same engine id) does not reuse the ids its earlier
+/// life used with the same node.
+pub(crate) fn fresh_seed(fallback: u64) -> u64 {
+    let mut seed = [0u8; 8];
+    match getrandom::fill(&mut seed) {
+        Ok(()) => u64::from_le_bytes(seed),
+        Err(_) => fallback,
+    }
+}

@@ -52,6 +52,28 @@ pub(crate) fn cpu_seconds() -> f64 {
     })
 }
 
+/// A runtime for the shm nodes' async calls (their work runs on their own threads).
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?)
+}
+
+/// The sender's source holding `kv`: shared memory of `node` (granted to the receiver: one plain copy out
+/// of its mapping), or with `private` private memory (copied by cross-memory attach).
+pub(crate) fn source_memory(
+    node: &ShmNode,
+    kv: Vec<u8>,
+    private: bool,
+) -> anyhow::Result<MemoryRegion> {
+    if private {
+        return Ok(MemoryRegion::from_vec(kv));
+    }
+    let shared = node.shared_memory(kv.len())?;
+    shared.copy_from(0, &kv)?;
+    Ok(shared)
+}
+
 /// The receiver child; killed when dropped.
 struct Receiver {
     child: Child,
@@ -114,18 +136,8 @@ pub(crate) fn run_shm(
         ..ShmConfig::new(1, None)
     };
     let node = ShmNode::start(cfg)?;
-    // Shared memory (granted to the receiver: one plain copy), or private memory (cross-memory attach).
-    let memory = if private {
-        MemoryRegion::from_vec(kv)
-    } else {
-        let shared = node.shared_memory(kv.len())?;
-        shared.copy_from(0, &kv)?;
-        shared
-    };
-    let src = node.register_kv_region(layout, memory)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?;
+    let src = node.register_kv_region(layout, source_memory(&node, kv, private)?)?;
+    let rt = runtime()?;
     let peer = rt.block_on(node.connect(&socket))?;
     let dst = *peer.segment("kv").context("the receiver offers no kv")?;
     let gib = layout.kv_bytes() as f64 / f64::from(1u32 << 30);
@@ -187,9 +199,7 @@ pub(crate) fn receiver_main(args: &ReceiverArgs) -> anyhow::Result<()> {
     let dst = node.register_kv_region(layout, pool.clone())?;
     node.publish_segment("kv", dst)?;
     println!("LISTENING");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?;
+    let rt = runtime()?;
     let mut mark = cpu_seconds();
     loop {
         let incoming = rt.block_on(node.accept())?;

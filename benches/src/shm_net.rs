@@ -15,13 +15,7 @@ use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest}
 use crate::args::fmt_size;
 use crate::net::{ConnectArgs, ServeArgs, ServedNode, measure_modes, serve_events};
 use crate::run::{SHM_COLUMNS, layout_for};
-use crate::shm::cpu_seconds;
-
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?)
-}
+use crate::shm::{cpu_seconds, runtime, source_memory};
 
 /// Serves one KV region on `--socket` until `--seconds` pass (or forever), printing a line per session.
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
@@ -85,14 +79,7 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     } else {
         crate::buffers::placed_memcpy_limit(&kv, (layout, layout), args.iterations)
     };
-    let memory = if args.private {
-        MemoryRegion::from_vec(kv)
-    } else {
-        let shared = node.shared_memory(kv.len())?;
-        shared.copy_from(0, &kv)?;
-        shared
-    };
-    let src = node.register_kv_region(layout, memory)?;
+    let src = node.register_kv_region(layout, source_memory(&node, kv, args.private)?)?;
     let info = rt
         .block_on(node.connect(&args.socket))
         .with_context(|| format!("connecting to {}", args.socket.display()))?;

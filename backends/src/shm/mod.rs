@@ -97,14 +97,9 @@ pub const SHM_WINDOW_BYTES: u64 = 16 << 20;
 /// peer (same engine id) does not reuse the ids its earlier life used with the same node.
 #[must_use]
 pub fn shm_engine_config(engine_id: u32) -> EngineConfig {
-    let mut seed = [0u8; 8];
-    let rng_seed = match getrandom::fill(&mut seed) {
-        Ok(()) => u64::from_le_bytes(seed),
-        Err(_) => u64::from(engine_id) ^ u64::from(std::process::id()) << 32,
-    };
     EngineConfig {
         window_bytes: SHM_WINDOW_BYTES,
-        rng_seed,
+        rng_seed: crate::fresh_seed(u64::from(engine_id) ^ u64::from(std::process::id()) << 32),
         ..crate::loopback::loopback_engine_config(engine_id)
     }
 }

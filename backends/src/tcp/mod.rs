@@ -188,16 +188,9 @@ pub const TCP_COALESCE_BYTES: u32 = writer::FOLD_BYTES as u32;
 /// keeps.
 #[must_use]
 pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
-    // A fresh seed per process: session ids start at a random point drawn from it, so a restarted peer
-    // (same engine id) does not reuse the ids its earlier life used with the same server.
-    let mut seed = [0u8; 8];
-    let rng_seed = match getrandom::fill(&mut seed) {
-        Ok(()) => u64::from_le_bytes(seed),
-        Err(_) => u64::from(engine_id),
-    };
     EngineConfig {
         engine_id,
-        rng_seed,
+        rng_seed: crate::fresh_seed(u64::from(engine_id)),
         backoff: transfer_engine::Backoff {
             base: Duration::from_millis(100),
             max: Duration::from_secs(2),
