@@ -8,7 +8,10 @@
 #     beside a plain cuMemcpy of the same bytes from the same run, as JSON lines;
 #  4. sends 1 GiB over loopback TCP from GPU memory through the pinned stager, beside plain host memory;
 #  5. moves 1 GiB host to GPU, GPU to host and GPU to GPU through the transfer engine itself (sessions,
-#     checksums, acks) on the loopback backend and on TCP (GPU regions staged on both ends), beside cuMemcpy.
+#     checksums, acks) on the loopback backend and on TCP (GPU regions staged on both ends), beside cuMemcpy;
+#  6. moves 1 GiB GPU to GPU, GPU to host and host to GPU between two processes through the same-host
+#     backend's CUDA IPC path (one device copy per unit), checked by the receiving process, beside a plain
+#     cuMemcpy of the same route (on one GPU, what cuMemcpyPeer does).
 #
 # Usage:
 #   scripts/gpu-check.sh                 build here, then run (needs cargo and the crates, or a network)
@@ -60,7 +63,7 @@ else
 fi
 
 # Every step runs whatever the ones before did (a GPU session is short); each failure is listed at the end.
-# The time limits add up to 5 minutes; a healthy run takes well under one.
+# The time limits add up to 6 minutes; a healthy run takes well under one.
 failed=()
 # run NAME SECONDS BINARY ARGS...: BINARY with ARGS under a time limit; a failure is recorded, not fatal.
 run() {
@@ -84,6 +87,9 @@ run "socket staging" 30 "$dir/te-bench" gpu --tcp --bytes 1GiB --blocks 256KiB,4
 step "1 GiB through the transfer engine (loopback, then TCP staging on both ends) beside a plain cuMemcpy (JSON lines)"
 run "engine, loopback" 30 "$dir/te-bench" gpu --engine loopback --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
 run "engine, tcp" 30 "$dir/te-bench" gpu --engine tcp --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+
+step "1 GiB between two processes through CUDA IPC (shm backend) beside a plain cuMemcpy (JSON lines)"
+run "engine, shm (CUDA IPC)" 60 "$dir/te-bench" gpu --engine shm --bytes 1GiB --blocks 256KiB,4MiB,64MiB --repeats 3 --json
 
 if (( ${#failed[@]} )); then
   printf 'FAILED: %s\n' "${failed[@]}" >&2

@@ -9,8 +9,9 @@
 
 use backends::cuda::{
     BlockCopied, CallerDeviceMemory, CopyEngine, CudaError, DeviceMemory, Gpu, GpuMover,
-    PinnedHostMemory, Route, device_count, driver_present,
+    PinnedHostMemory, Route, device_count, driver_present, ipc_export,
 };
+use backends::shm::{ShmConfig, ShmNode};
 use backends::staging::Stager;
 use transfer_engine::policy::{BlockKey, Tier, TierMove};
 use transfer_engine::{MemoryKind, MemoryRegion, RawMemory};
@@ -69,6 +70,19 @@ fn without_a_driver_every_entry_point_says_so() {
     assert!(matches!(both_host, Err(CudaError::Invalid(_))));
     let uneven = mover.place(&host, 0..16, &gpu_region, 0..8);
     assert!(matches!(uneven, Err(CudaError::Invalid(_))));
+    // The same-host backend's CUDA IPC path: exporting, and registering GPU memory on an shm node.
+    let export = ipc_export(&gpu_region).unwrap_err();
+    assert!(matches!(export, CudaError::NoDriver), "{export:?}");
+    assert!(matches!(
+        ipc_export(&host),
+        Err(CudaError::WrongKind { .. })
+    ));
+    let node = ShmNode::start(ShmConfig::new(1, None)).unwrap();
+    let layout =
+        transfer_engine::KvLayout::new(1, 1, 16, 16, transfer_engine::Dtype::Bf16).unwrap();
+    let refused = node.register_kv_region(layout, gpu_region).unwrap_err();
+    assert!(refused.to_string().contains("no CUDA driver"), "{refused}");
+    node.shutdown();
 }
 
 /// A GPU region's stand-in for the no-driver test: its address is never used, since without a driver

@@ -83,6 +83,9 @@ enum Command {
     /// The receiving process of `run --backend shm` (started by it).
     #[command(hide = true)]
     ShmReceiver(shm::ReceiverArgs),
+    /// The receiving process of `gpu --engine shm` (started by it).
+    #[command(hide = true)]
+    GpuIpcReceiver(gpu::IpcReceiverArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -112,6 +115,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::Pd(args) => pd::main(&args),
         Command::Gpu(args) => gpu::main(&args),
         Command::ShmReceiver(args) => shm::receiver_main(&args),
+        Command::GpuIpcReceiver(args) => gpu::ipc_receiver_main(&args),
     }
 }
 

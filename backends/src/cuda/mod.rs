@@ -14,6 +14,8 @@
 //! - [`CopyEngine`]: host to device, device to host and device to device in blocks with `cuMemcpy*Async` on
 //!   its own stream, up to a window of blocks in flight, each block reported as it completes with the
 //!   CRC-32C of its host-side bytes (see [`BlockCopied`] for which moves are checksummed and how).
+//! - [`ipc_export`] and [`IpcMapping`]: CUDA IPC, a GPU allocation exported by one process and opened by
+//!   another on the same host, for the same-host backend's one-copy GPU path.
 //! - [`GpuMover`]: a pool of copy engines per GPU behind one `place` call, for the loopback backend's
 //!   placements and for tier moves (GPU to host, host to GPU) with a report per block moved.
 //! - `Stager::pinned` ([`crate::staging::Stager`] over [`PinnedSlot`]s): two pinned buffers; the device copy
@@ -33,8 +35,8 @@ mod stage;
 
 pub use copy::{BlockCopied, CopyEngine, CopyReport, Route};
 pub use ffi::{
-    CallerDeviceMemory, DeviceMemory, Gpu, PinnedHostMemory, PinnedSlot, device_count,
-    driver_present,
+    CallerDeviceMemory, DeviceMemory, Gpu, IPC_HANDLE_LEN, IpcExport, IpcMapping, PinnedHostMemory,
+    PinnedSlot, device_count, driver_present, export as ipc_export,
 };
 pub use mover::GpuMover;
 

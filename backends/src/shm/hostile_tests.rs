@@ -135,13 +135,17 @@ fn a_peer_that_floods_and_never_reads_is_dropped_while_an_honest_one_is_served()
     });
     honest_transfers(&path, &node);
     let (after, frames) = flooder.join().unwrap();
-    let line = wait_for(&node, "engine 66", Duration::from_secs(5));
+    // The reason is logged once, just after the socket closes; the flood's refusals are counted on a
+    // line each run of them (broken only by the honest peer's lines), not a line each.
+    let line = wait_for(&node, "took no bytes", Duration::from_secs(5));
     println!("flood of {frames} frames cut after {after:?}: {line}");
-    assert!(
-        node.log().iter().any(|l| l.contains("took no bytes")),
-        "{:#?}",
-        node.log()
-    );
+    assert!(line.contains("engine 66"), "{line}");
+    let refusals: Vec<_> = node
+        .log()
+        .into_iter()
+        .filter(|l| l.contains("malformed open payload"))
+        .collect();
+    assert!(refusals.len() < 64, "{refusals:#?}");
     let stats = node.stats();
     assert!(
         stats.peers_lost >= 1 && stats.frames_dropped > 0,
@@ -168,6 +172,12 @@ fn garbage_lies_and_impostors_are_refused_and_an_honest_peer_is_served() {
         "a seal without its data unit",
         Duration::from_secs(5),
     );
+    // A GPU grant of nothing: refused with the reason, the link kept (a real one is opened only when a
+    // unit of a live session lies in it).
+    Envelope::GpuGrant(0x7f00_0000_0000, 0, Box::new([9; 64]))
+        .write_to(&mut liar)
+        .unwrap();
+    wait_for(&node, "a GPU grant of 0 bytes", Duration::from_secs(5));
     // Garbage: the link is lost with the reason.
     liar.write_all(&[0x7F, 0, 0, 0, 0]).unwrap();
     let line = wait_for(&node, "malformed", Duration::from_secs(5));

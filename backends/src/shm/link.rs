@@ -18,10 +18,11 @@ use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::cma::{self, Credentials};
 use super::fdpass::{FdReader, send_with_fd};
+use super::gpu::GpuGrants;
 use super::handshake::{Hello, peer_of};
 use super::memfd::PeerMapping;
 use super::shared::Shared;
-use super::wire::Envelope;
+use super::wire::{Envelope, GPU_HANDLE_LEN};
 use crate::transport::Segment;
 
 /// Read buffer of a link: many data headers per `read`.
@@ -39,6 +40,8 @@ pub(crate) enum Outbound {
     Data(Header, MemoryRegion, Range<usize>),
     /// A grant of a region of this node's shared memory: its address, its length and its memfd.
     Grant(u64, u64, Arc<OwnedFd>),
+    /// A grant of a GPU allocation of this node: its device address, its length and its CUDA IPC handle.
+    GpuGrant(u64, u64, Box<[u8; GPU_HANDLE_LEN]>),
 }
 
 /// A live connection to one peer.
@@ -141,9 +144,19 @@ fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Recei
                     Envelope::Grant(address, len).write_to(&mut bytes)?;
                     send_with_fd(out.get_ref(), &bytes, fd.as_raw_fd())?;
                 }
+                Outbound::GpuGrant(address, len, handle) => {
+                    Envelope::GpuGrant(address, len, handle).write_to(&mut out)?;
+                }
                 Outbound::Data(mut h, memory, range) => {
                     let address = (memory.address() + range.start) as u64;
-                    if !link.checksum {
+                    if !memory.kind().is_host() {
+                        // GPU bytes are moved by the receiver's device copy and not checksummed.
+                        h.crc = 0;
+                        Envelope::Data(h, address).write_to(&mut out)?;
+                        if link.checksum {
+                            Envelope::Seal(h).write_to(&mut out)?;
+                        }
+                    } else if !link.checksum {
                         h.crc = 0;
                         Envelope::Data(h, address).write_to(&mut out)?;
                     } else {
@@ -220,7 +233,7 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                     .handle_frame(Instant::now(), link.peer, &h, &payload)
             }
             Envelope::Data(h, address) => {
-                let placed = place(&shared, link, &grants, h, address);
+                let placed = place(&shared, link, &mut grants, h, address);
                 match placed {
                     Ok(p) if !link.checksum => {
                         pending = None;
@@ -243,6 +256,7 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                 };
                 grants.add(address, len, &fd)
             }
+            Envelope::GpuGrant(address, len, handle) => grants.gpu.add(address, len, handle),
             other => break format!("sent {other:?} on a linked connection"),
         };
         if let Err(e) = result {
@@ -257,14 +271,18 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
     }
 }
 
-/// The regions of shared memory a peer granted, mapped here, by their address in the peer.
+/// What a peer granted: regions of its shared memory, mapped here, by their address in the peer, and
+/// its GPU allocations.
 #[derive(Debug, Default)]
-struct Grants(BTreeMap<u64, PeerMapping>);
+struct Grants {
+    shared: BTreeMap<u64, PeerMapping>,
+    gpu: GpuGrants,
+}
 
 impl Grants {
     /// Maps a granted region (replacing an earlier grant at the same address).
     fn add(&mut self, address: u64, len: u64, fd: &OwnedFd) -> Result<(), Error> {
-        if self.0.len() >= MAX_GRANTS && !self.0.contains_key(&address) {
+        if self.shared.len() >= MAX_GRANTS && !self.shared.contains_key(&address) {
             return Err(Error::InvalidRequest(format!(
                 "a grant beyond the {MAX_GRANTS} a peer may make"
             )));
@@ -273,13 +291,13 @@ impl Grants {
             .map_err(|_| Error::InvalidRequest("a grant longer than memory".into()))?;
         let mapping = PeerMapping::map(fd, len)
             .map_err(|e| Error::InvalidRequest(format!("a grant cannot be mapped: {e}")))?;
-        self.0.insert(address, mapping);
+        self.shared.insert(address, mapping);
         Ok(())
     }
 
     /// The mapping holding `len` bytes at `address` of the peer, and the offset of `address` in it.
     fn find(&self, address: u64, len: usize) -> Option<(&PeerMapping, usize)> {
-        let (&start, mapping) = self.0.range(..=address).next_back()?;
+        let (&start, mapping) = self.shared.range(..=address).next_back()?;
         let offset = usize::try_from(address - start).ok()?;
         (offset.checked_add(len)? <= mapping.len()).then_some((mapping, offset))
     }
@@ -287,11 +305,12 @@ impl Grants {
 
 /// Copies a data unit from the peer's memory at `address` to where the engine places it, under the
 /// destination's write locks, taking the CRC of each chunk while it is in cache: a plain copy out of the
-/// peer's granted shared memory where it lies there, by cross-memory attach otherwise.
+/// peer's granted shared memory where it lies there, by cross-memory attach otherwise. Units from or to
+/// GPU memory take the CUDA IPC path (see the `gpu` module).
 fn place(
     shared: &Shared,
     link: &Link,
-    grants: &Grants,
+    grants: &mut Grants,
     header: Header,
     address: u64,
 ) -> Result<Placed, Error> {
@@ -299,7 +318,36 @@ fn place(
     let Some((memory, range)) = target else {
         return Ok(Placed { header, crc: None });
     };
-    let mut view = memory.write(range)?;
+    let len = range.len();
+    let crc = if grants.gpu.holds(address, len) {
+        grants.gpu.copy_from_gpu(address, &memory, range)?;
+        0
+    } else if !memory.kind().is_host() {
+        upload(shared, link, grants, address, &memory, range)?
+    } else {
+        let mut view = memory.write(range)?;
+        pull_host(shared, link, grants, address, &mut view)?
+    };
+    shared.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .bytes_pulled
+        .fetch_add(len as u64, Ordering::Relaxed);
+    Ok(Placed {
+        header,
+        crc: Some(crc),
+    })
+}
+
+/// Fills `dst` from the peer's host memory at `address` (its granted shared memory, or by cross-memory
+/// attach) in chunks, each checksummed while in cache; the CRC-32C of the whole, or 0 without checksums.
+fn pull_host(
+    shared: &Shared,
+    link: &Link,
+    grants: &Grants,
+    address: u64,
+    dst: &mut [u8],
+) -> Result<u32, Error> {
     let chunk = shared.cfg.pull_chunk.max(4096);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     let mut each = |piece: &[u8]| {
@@ -307,11 +355,11 @@ fn place(
             digest.update(piece);
         }
     };
-    if let Some((mapping, offset)) = grants.find(address, view.len()) {
-        mapping.copy_out(offset, &mut view, chunk, &mut each);
+    if let Some((mapping, offset)) = grants.find(address, dst.len()) {
+        mapping.copy_out(offset, dst, chunk, &mut each);
     } else {
         let mut at = address;
-        for piece in view.chunks_mut(chunk) {
+        for piece in dst.chunks_mut(chunk) {
             cma::pull(link.creds.pid, at, piece).map_err(|e| {
                 Error::InvalidRequest(format!(
                     "the unit's bytes at {at:#x} in process {} cannot be copied: {e}",
@@ -323,20 +371,46 @@ fn place(
         }
         shared.counters.units_by_cma.fetch_add(1, Ordering::Relaxed);
     }
-    shared.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
-    shared
-        .counters
-        .bytes_pulled
-        .fetch_add(view.len() as u64, Ordering::Relaxed);
-    let crc = if link.checksum {
+    Ok(if link.checksum {
         digest.finalize() as u32
     } else {
         0
-    };
-    Ok(Placed {
-        header,
-        crc: Some(crc),
     })
+}
+
+/// Places a unit from the peer's host memory into a GPU region: pulled into a bounce buffer a chunk at
+/// a time (checksummed there) and uploaded. The CRC-32C of the whole, or 0 without checksums.
+fn upload(
+    shared: &Shared,
+    link: &Link,
+    grants: &mut Grants,
+    address: u64,
+    memory: &MemoryRegion,
+    range: Range<usize>,
+) -> Result<u32, Error> {
+    let chunk = shared.cfg.pull_chunk.max(4096);
+    let mut bounce = vec![0u8; chunk.min(range.len())];
+    let mut crc = 0u32;
+    let mut at = range.start;
+    while at < range.end {
+        let n = chunk.min(range.end - at);
+        let piece = &mut bounce[..n];
+        let piece_crc = pull_host(
+            shared,
+            link,
+            grants,
+            address + (at - range.start) as u64,
+            piece,
+        )?;
+        crc = if at == range.start {
+            piece_crc
+        } else {
+            transfer_engine::crc32c_combine(crc, piece_crc, n)
+        };
+        grants.gpu.upload(piece, memory, at..at + n)?;
+        at += n;
+    }
+    Ok(if link.checksum { crc } else { 0 })
 }
 
 /// Hands a placed unit to the engine once its seal matches the header it was placed by.

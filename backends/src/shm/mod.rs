@@ -40,13 +40,18 @@
 //! [`ShmConfig::max_peers`] connections and [`ShmConfig::max_handshakes`] handshakes in progress, each
 //! ended after [`ShmConfig::connect_timeout`]; the board's bounded retention.
 //!
-//! GPU memory is refused here (CUDA IPC is not built yet): register it with the TCP or RDMA backend.
+//! # GPU memory (feature `cuda`)
+//! GPU regions are shared through CUDA IPC: the allocation holding a registered GPU region is exported
+//! (`cuIpcGetMemHandle`) and its handle granted to every linked peer; a receiver opens it and moves each
+//! unit with one device copy (GPU to GPU, or GPU to host), and uploads units from host memory into its
+//! GPU regions. Device-sourced units are not checksummed. See the `gpu` module.
 
 mod as_transport;
 mod cma;
 mod driver;
 #[allow(unsafe_code)]
 mod fdpass;
+mod gpu;
 mod handshake;
 #[cfg(test)]
 mod hostile_tests;
@@ -185,4 +190,8 @@ pub enum ShmError {
     /// The node is shut down.
     #[error("the node is shut down")]
     Closed,
+    /// GPU memory could not be shared (no driver, or the driver refused an export).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }

@@ -125,21 +125,43 @@ impl ShmNode {
         self.shared.log()
     }
 
-    /// Registers the caller's host `memory` as a KV region of `layout`. GPU memory is refused: this
-    /// backend copies host memory only.
+    /// Registers the caller's `memory` as a KV region of `layout`. Host memory is copied by peers out of
+    /// shared memory or by cross-memory attach; GPU memory (feature `cuda`) is exported through CUDA IPC
+    /// and granted to every linked peer (the whole allocation holding it: see the `gpu` module).
     pub fn register_kv_region(
         &self,
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, ShmError> {
-        if !memory.kind().is_host() {
-            return Err(ShmError::Config(format!(
-                "the shm backend moves host memory only, not {:?} (CUDA IPC is not built): use the \
-                 TCP or RDMA backend for GPU memory",
-                memory.kind()
-            )));
+        if memory.kind().is_host() {
+            return Ok(self.shared.station.register_kv_region(layout, memory)?);
         }
-        Ok(self.shared.station.register_kv_region(layout, memory)?)
+        self.register_gpu_region(layout, memory)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn register_gpu_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, ShmError> {
+        let export = crate::cuda::ipc_export(&memory)?;
+        let handle = self.shared.station.register_kv_region(layout, memory)?;
+        self.shared
+            .add_gpu_region(handle.id, export.base, export.len, export.handle);
+        Ok(handle)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn register_gpu_region(
+        &self,
+        _layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, ShmError> {
+        Err(ShmError::Config(format!(
+            "{:?} needs CUDA IPC, and this build has no `cuda` feature",
+            memory.kind()
+        )))
     }
 
     /// `len` zeroed bytes of shared memory (a sealed memfd) for a region: every peer this node links to
@@ -173,6 +195,7 @@ impl ShmNode {
     pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, ShmError> {
         let memory = self.shared.station.engine().unregister_region(id)?;
         lock(&self.shared.published).retain(|s| s.handle.id != id);
+        self.shared.remove_gpu_region(id);
         Ok(memory)
     }
 

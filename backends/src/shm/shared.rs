@@ -32,6 +32,23 @@ impl Pool {
     }
 }
 
+/// A GPU allocation this node exported (CUDA IPC): granted to every peer it links to while a registered
+/// region lies in it.
+#[derive(Debug)]
+pub(crate) struct GpuPool {
+    pub(crate) address: u64,
+    pub(crate) len: u64,
+    pub(crate) handle: Box<[u8; super::wire::GPU_HANDLE_LEN]>,
+    /// The registered regions in it.
+    pub(crate) regions: Vec<transfer_engine::RegionId>,
+}
+
+impl GpuPool {
+    fn grant(&self) -> Outbound {
+        Outbound::GpuGrant(self.address, self.len, self.handle.clone())
+    }
+}
+
 /// Log lines kept (oldest dropped first).
 const KEEP_LOG: usize = 1024;
 
@@ -60,10 +77,13 @@ pub(crate) struct Shared {
     pub(crate) published: Mutex<Vec<Segment>>,
     /// Shared memory this node allocated, granted to every peer it links to.
     pub(crate) pools: Mutex<Vec<Pool>>,
+    /// GPU allocations this node exported, granted to every peer it links to.
+    pub(crate) gpu_pools: Mutex<Vec<GpuPool>>,
     pub(crate) handshakes: AtomicUsize,
     pub(crate) next_link: AtomicU64,
     pub(crate) counters: Counters,
-    log: Mutex<VecDeque<String>>,
+    /// Log lines, each with how many times it came in a row (a flood of one refusal is one line).
+    log: Mutex<VecDeque<(String, u64)>>,
     /// The probe word peers read back through cross-memory attach.
     probe: Box<u64>,
 }
@@ -91,6 +111,7 @@ impl Shared {
             unreachable: Mutex::default(),
             published: Mutex::default(),
             pools: Mutex::default(),
+            gpu_pools: Mutex::default(),
             handshakes: AtomicUsize::new(0),
             next_link: AtomicU64::new(1),
             counters: Counters::default(),
@@ -115,20 +136,34 @@ impl Shared {
         let _ = self.wake.try_send(());
     }
 
-    /// Records a log line (and counts it as a refusal when it is one).
+    /// Records a log line (and counts it as a refusal when it is one). A line equal to the one before
+    /// it is counted on that line instead, so a peer repeating one mistake cannot push the rest out.
     pub(crate) fn note(&self, line: String) {
         if line.starts_with("refused") {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
         }
         let mut log = lock(&self.log);
+        if let Some((last, times)) = log.back_mut()
+            && *last == line
+        {
+            *times += 1;
+            return;
+        }
         if log.len() >= KEEP_LOG {
             log.pop_front();
         }
-        log.push_back(line);
+        log.push_back((line, 1));
     }
 
+    /// The log, oldest first; a line that came several times in a row says how many.
     pub(crate) fn log(&self) -> Vec<String> {
-        lock(&self.log).iter().cloned().collect()
+        lock(&self.log)
+            .iter()
+            .map(|(line, times)| match times {
+                1 => line.clone(),
+                n => format!("{line} ({n} times)"),
+            })
+            .collect()
     }
 
     /// The live link to the peer listening at `path`, if any.
@@ -187,6 +222,47 @@ impl Shared {
         for grant in pools.iter().filter_map(Pool::grant) {
             link.send(grant);
         }
+        drop(pools);
+        for pool in lock(&self.gpu_pools).iter() {
+            link.send(pool.grant());
+        }
+    }
+
+    /// Records that registered region `id` lies in the exported GPU allocation `address..+len`, and
+    /// grants the allocation to every linked peer the first time.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn add_gpu_region(
+        &self,
+        id: transfer_engine::RegionId,
+        address: u64,
+        len: u64,
+        handle: [u8; super::wire::GPU_HANDLE_LEN],
+    ) {
+        let mut pools = lock(&self.gpu_pools);
+        if let Some(pool) = pools.iter_mut().find(|p| p.address == address) {
+            pool.regions.push(id);
+            return;
+        }
+        let pool = GpuPool {
+            address,
+            len,
+            handle: Box::new(handle),
+            regions: vec![id],
+        };
+        for link in lock(&self.links).values() {
+            link.send(pool.grant());
+        }
+        pools.push(pool);
+    }
+
+    /// Forgets region `id` in the GPU pools; an allocation with no registered region left is no longer
+    /// granted to new peers (peers that opened it keep their mapping until their link ends).
+    pub(crate) fn remove_gpu_region(&self, id: transfer_engine::RegionId) {
+        let mut pools = lock(&self.gpu_pools);
+        for pool in pools.iter_mut() {
+            pool.regions.retain(|r| *r != id);
+        }
+        pools.retain(|p| !p.regions.is_empty());
     }
 
     /// Records a pool and grants it to every linked peer.

@@ -17,6 +17,10 @@ const CONTROL: u8 = 4;
 const DATA: u8 = 5;
 const SEAL: u8 = 6;
 const GRANT: u8 = 7;
+const GPU_GRANT: u8 = 8;
+
+/// Bytes of a CUDA IPC memory handle (the driver's `CUipcMemHandle`).
+pub(crate) const GPU_HANDLE_LEN: usize = 64;
 
 /// One message on a connection.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,6 +40,9 @@ pub(crate) enum Envelope {
     /// The sender grants a region of its shared memory: its address there and its length. The memfd
     /// travels with the message's first byte (`SCM_RIGHTS`).
     Grant(u64, u64),
+    /// The sender grants a GPU allocation: its device address there, its length and its CUDA IPC
+    /// handle (opened by a receiver built with the `cuda` feature).
+    GpuGrant(u64, u64, Box<[u8; GPU_HANDLE_LEN]>),
 }
 
 impl Envelope {
@@ -69,6 +76,13 @@ impl Envelope {
                 buf.extend_from_slice(&len.to_le_bytes());
                 return finish(buf, out);
             }
+            Envelope::GpuGrant(address, len, handle) => {
+                buf.extend_from_slice(&[GPU_GRANT, 0, 0, 0, 0]);
+                buf.extend_from_slice(&address.to_le_bytes());
+                buf.extend_from_slice(&len.to_le_bytes());
+                buf.extend_from_slice(&handle[..]);
+                return finish(buf, out);
+            }
         };
         buf.push(tag);
         buf.extend_from_slice(&[0; 4]);
@@ -88,6 +102,7 @@ impl Envelope {
             DATA => HEADER_LEN + 8,
             SEAL => HEADER_LEN,
             GRANT => 16,
+            GPU_GRANT => 16 + GPU_HANDLE_LEN,
             t => return Err(bad(format!("unknown message tag {t}"))),
         };
         if len > limit || ((CONTROL..=SEAL).contains(&head[0]) && len < HEADER_LEN) {
@@ -99,6 +114,11 @@ impl Envelope {
         let mut body = vec![0; len];
         input.read_exact(&mut body)?;
         let header = || Header::decode(&body[..HEADER_LEN]).map_err(|e| bad(e.to_string()));
+        let word = |i: usize| {
+            let mut a = [0; 8];
+            a.copy_from_slice(&body[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
         Ok(match head[0] {
             HELLO => Envelope::Hello(body),
             WELCOME => Envelope::Welcome(body),
@@ -110,13 +130,11 @@ impl Envelope {
                 Envelope::Data(header()?, u64::from_le_bytes(a))
             }
             SEAL if len == HEADER_LEN => Envelope::Seal(header()?),
-            GRANT if len == 16 => {
-                let word = |i: usize| {
-                    let mut a = [0; 8];
-                    a.copy_from_slice(&body[i..i + 8]);
-                    u64::from_le_bytes(a)
-                };
-                Envelope::Grant(word(0), word(8))
+            GRANT if len == 16 => Envelope::Grant(word(0), word(8)),
+            GPU_GRANT if len == 16 + GPU_HANDLE_LEN => {
+                let mut handle = Box::new([0; GPU_HANDLE_LEN]);
+                handle.copy_from_slice(&body[16..]);
+                Envelope::GpuGrant(word(0), word(8), handle)
             }
             t => return Err(bad(format!("a message of tag {t} is {len} bytes long"))),
         })
@@ -170,6 +188,7 @@ mod tests {
             Envelope::Data(header(), 0xdead_beef),
             Envelope::Seal(header()),
             Envelope::Grant(0x7000_0000, 1 << 30),
+            Envelope::GpuGrant(0x7f00_0000_0000, 1 << 32, Box::new([5; GPU_HANDLE_LEN])),
         ];
         let mut bytes = Vec::new();
         for e in &all {
@@ -189,6 +208,9 @@ mod tests {
             &[CONTROL, 0xff, 0xff, 0xff, 0x7f],
             &[HELLO, 0, 0, 2, 0],
             &[GRANT, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &[
+                GPU_GRANT, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            ],
         ] {
             let e = Envelope::read_from(&mut &garbage[..]).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{garbage:?}: {e}");

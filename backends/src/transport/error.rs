@@ -207,6 +207,11 @@ impl From<crate::shm::ShmError> for TransportError {
             S::NoRoute(peer, why) => TransportError::NoRoute { peer, why },
             S::Timeout { what, waited } => TransportError::Timeout { what, waited },
             S::Closed => TransportError::Closed,
+            #[cfg(feature = "cuda")]
+            S::Cuda(e) => TransportError::Io {
+                backend: "shm",
+                message: e.to_string(),
+            },
         }
     }
 }

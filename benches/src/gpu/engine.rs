@@ -94,7 +94,7 @@ impl Ends {
                     d,
                 ))
             }
-            other => bail!("--engine takes loopback or tcp, not {other:?}"),
+            other => bail!("--engine takes loopback, tcp or shm, not {other:?}"),
         }
     }
 
@@ -126,7 +126,7 @@ impl Ends {
 /// Runs every route and block size on `args.engine`'s backend.
 pub(super) fn main(args: &GpuArgs, backend: &str) -> anyhow::Result<()> {
     if !matches!(backend, "loopback" | "tcp") {
-        bail!("--engine takes loopback or tcp, not {backend:?}");
+        bail!("--engine takes loopback, tcp or shm, not {backend:?}");
     }
     let gpu = Gpu::open(args.device)?;
     let len = usize::try_from(args.bytes)?;

@@ -2,12 +2,15 @@
 //! each block size, verifies every byte and every block's CRC-32C, and prints GB/s beside a plain
 //! `cuMemcpy` of the same bytes measured in the same run (feature `cuda`; needs a GPU and its driver).
 //! With `--tcp`: TCP sends staged through double buffers beside sends from plain host memory. With
-//! `--engine loopback|tcp`: the same routes through the transfer engine's sessions on that backend.
+//! `--engine loopback|tcp`: the same routes through the transfer engine's sessions on that backend; with
+//! `--engine shm`, between two processes through the same-host backend's CUDA IPC path.
 
 #[cfg(feature = "cuda")]
 mod copies;
 #[cfg(feature = "cuda")]
 mod engine;
+#[cfg(feature = "cuda")]
+mod ipc;
 mod staging;
 
 use clap::Args;
@@ -38,8 +41,9 @@ pub(crate) struct GpuArgs {
     /// instead of GPU copies; runs without a GPU (the pinned, GPU-sourced row needs one).
     #[arg(long)]
     tcp: bool,
-    /// Move the bytes through the transfer engine on this backend (`loopback` or `tcp`: GPU regions
-    /// registered on both ends, each block one exclusive unit) instead of the bare copy engine.
+    /// Move the bytes through the transfer engine on this backend (`loopback`, `tcp`, or `shm`: to a
+    /// child process through CUDA IPC; GPU regions registered on both ends, each block one exclusive
+    /// unit) instead of the bare copy engine.
     #[arg(long)]
     engine: Option<String>,
     /// Print one JSON object per line instead of a table.
@@ -64,6 +68,7 @@ pub(crate) fn main(args: &GpuArgs) -> anyhow::Result<()> {
 #[cfg(feature = "cuda")]
 fn copies_main(args: &GpuArgs) -> anyhow::Result<()> {
     match args.engine.as_deref() {
+        Some("shm") => ipc::main(args),
         Some(backend) => engine::main(args, backend),
         None => copies::main(args),
     }
@@ -72,6 +77,37 @@ fn copies_main(args: &GpuArgs) -> anyhow::Result<()> {
 #[cfg(not(feature = "cuda"))]
 fn copies_main(_: &GpuArgs) -> anyhow::Result<()> {
     anyhow::bail!("te-bench was built without GPU support: build it with `--features cuda`")
+}
+
+/// Arguments of the hidden `te-bench gpu-ipc-receiver` (started by `gpu --engine shm`).
+#[derive(Debug, Args)]
+pub(crate) struct IpcReceiverArgs {
+    /// Where to listen.
+    #[arg(long)]
+    pub(crate) socket: std::path::PathBuf,
+    /// Bytes of the destination.
+    #[arg(long)]
+    pub(crate) bytes: u64,
+    /// Block size (the layout is `run`'s for these bytes).
+    #[arg(long)]
+    pub(crate) block: u64,
+    /// GPU ordinal.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) device: u32,
+    /// The destination is GPU memory (else host memory).
+    #[arg(long)]
+    pub(crate) gpu: bool,
+}
+
+/// Runs `te-bench gpu-ipc-receiver`.
+pub(crate) fn ipc_receiver_main(args: &IpcReceiverArgs) -> anyhow::Result<()> {
+    #[cfg(feature = "cuda")]
+    return ipc::receiver_main(args);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = args;
+        anyhow::bail!("te-bench was built without GPU support: build it with `--features cuda`")
+    }
 }
 
 /// A deterministic pattern that differs in every 8-byte word.

@@ -3,11 +3,13 @@
 //! says why it is sound in a `// SAFETY:` comment; the modules outside `ffi` use only what it exports.
 
 mod device;
+mod ipc;
 mod memory;
 mod slot;
 mod stream;
 
 pub use device::{Gpu, device_count, driver_present};
+pub use ipc::{IPC_HANDLE_LEN, IpcExport, IpcMapping, export};
 pub use memory::{CallerDeviceMemory, DeviceMemory, PinnedHostMemory};
 pub use slot::PinnedSlot;
 pub(crate) use stream::{DeviceSpan, Pending, Stream};
