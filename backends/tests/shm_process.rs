@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use backends::shm::{CredentialRule, ShmConfig, ShmNode};
+use backends::shm::{CopyPath, CredentialRule, ShmConfig, ShmNode};
 use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferMode, TransferRequest};
 
 /// The longest either side waits for the other's next step: a hang fails with what it waited for.
@@ -60,7 +60,13 @@ fn child_role() {
         return;
     };
     let rt = runtime();
-    let node = ShmNode::start(ShmConfig::new(2, Some(path.into()))).unwrap();
+    // The mapping is kept for granted memory, so the count of units by cross-memory attach says which
+    // source the sender used.
+    let node = ShmNode::start(ShmConfig {
+        copy_path: CopyPath::Mapping,
+        ..ShmConfig::new(2, Some(path.into()))
+    })
+    .unwrap();
     let pool = MemoryRegion::zeroed(layout().total_bytes() as usize);
     let dst = node.register_kv_region(layout(), pool.clone()).unwrap();
     node.publish_segment("kv", dst).unwrap();

@@ -189,8 +189,11 @@ pub(crate) fn receiver_main(args: &ReceiverArgs) -> anyhow::Result<()> {
         16,
         transfer_engine::Dtype::Bf16,
     )?;
+    // Each row measures the path it names: granted shared memory by its mapping (`shm`), private memory
+    // by cross-memory attach (`shm-cma`); a serving node would measure and keep the faster.
     let cfg = ShmConfig {
         checksum: !args.no_checksum,
+        copy_path: backends::shm::CopyPath::Mapping,
         ..ShmConfig::new(2, Some(args.socket.clone()))
     };
     let node = ShmNode::start(cfg)?;

@@ -17,6 +17,7 @@ use transfer_engine::wire::Header;
 use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::cma::{self, Credentials};
+use super::copy_path::{self, CopyPath};
 use super::fdpass::{FdReader, send_with_fd};
 use super::gpu::GpuGrants;
 use super::handshake::{Hello, peer_of};
@@ -254,7 +255,9 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                 let Some(fd) = input.take_fd() else {
                     break "sent a grant without its memory".into();
                 };
-                grants.add(address, len, &fd)
+                grants.add(address, len, &fd).map(|()| {
+                    grants.choose_path(&shared, link, address);
+                })
             }
             Envelope::GpuGrant(address, len, handle) => grants.gpu.add(address, len, handle),
             other => break format!("sent {other:?} on a linked connection"),
@@ -277,6 +280,8 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
 struct Grants {
     shared: BTreeMap<u64, PeerMapping>,
     gpu: GpuGrants,
+    /// Whether units in granted shared memory are copied by cross-memory attach (`None` until decided).
+    by_cma: Option<bool>,
 }
 
 impl Grants {
@@ -293,6 +298,35 @@ impl Grants {
             .map_err(|e| Error::InvalidRequest(format!("a grant cannot be mapped: {e}")))?;
         self.shared.insert(address, mapping);
         Ok(())
+    }
+
+    /// Decides, on the peer's first grant (the one at `address`), how units in its shared memory are
+    /// copied: as configured, or by timing both paths on that grant (the result is logged).
+    fn choose_path(&mut self, shared: &Shared, link: &Link, address: u64) {
+        if self.by_cma.is_some() {
+            return;
+        }
+        let by_cma =
+            match shared.cfg.copy_path {
+                CopyPath::Mapping => false,
+                CopyPath::CrossMemoryAttach => true,
+                CopyPath::Measure => {
+                    let Some(mapping) = self.shared.get(&address) else {
+                        return;
+                    };
+                    let found = copy_path::measure(mapping, link.creds.pid, address);
+                    shared.note(format!(
+                    "copy path for engine {}: {} (shared mapping {:.2} GB/s, cross-memory attach \
+                     {:.2} GB/s, measured on its first grant)",
+                    link.peer.0,
+                    if found.cma { "cross-memory attach" } else { "shared mapping" },
+                    found.mapping_gbps,
+                    found.cma_gbps
+                ));
+                    found.cma
+                }
+            };
+        self.by_cma = Some(by_cma);
     }
 
     /// The mapping holding `len` bytes at `address` of the peer, and the offset of `address` in it.
@@ -355,7 +389,11 @@ fn pull_host(
             digest.update(piece);
         }
     };
-    if let Some((mapping, offset)) = grants.find(address, dst.len()) {
+    let mapped = match grants.by_cma {
+        Some(true) => None,
+        _ => grants.find(address, dst.len()),
+    };
+    if let Some((mapping, offset)) = mapped {
         mapping.copy_out(offset, dst, chunk, &mut each);
     } else {
         let mut at = address;

@@ -48,6 +48,7 @@
 
 mod as_transport;
 mod cma;
+mod copy_path;
 mod driver;
 #[allow(unsafe_code)]
 mod fdpass;
@@ -67,6 +68,7 @@ use std::time::Duration;
 
 use transfer_engine::{EngineConfig, PeerId};
 
+pub use copy_path::CopyPath;
 pub use node::{ShmNode, ShmStats};
 
 /// Which peers' processes may connect, by the user id the kernel reports for them.
@@ -123,6 +125,8 @@ pub struct ShmConfig {
     pub checksum: bool,
     /// Bytes the receiver copies per `process_vm_readv` call, each checksummed while in cache.
     pub pull_chunk: usize,
+    /// How units from a peer's granted shared memory are copied in (measured per peer by default).
+    pub copy_path: CopyPath,
     /// Frames queued to one peer before more are dropped (the engine resends what is not acknowledged).
     pub queue_frames: usize,
     /// Longest a handshake may take.
@@ -145,6 +149,7 @@ impl ShmConfig {
             allowed: CredentialRule::SameUser,
             checksum: true,
             pull_chunk: 256 << 10,
+            copy_path: CopyPath::Measure,
             queue_frames: 8192,
             connect_timeout: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(10),
