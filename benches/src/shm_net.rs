@@ -37,7 +37,22 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         fmt_size(layout.block_bytes),
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
-    rt.block_on(serve_events(&node, args.verify, stop))
+    let node = std::sync::Arc::new(node);
+    let watched = std::sync::Arc::downgrade(&node);
+    // The node's log as it grows: links made and lost, the copy path each peer got, refusals.
+    std::thread::spawn(move || {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(node) = watched.upgrade() {
+            let log = node.log();
+            for line in log.iter().filter(|l| !seen.contains(*l)) {
+                println!("te-bench serve: {line}");
+            }
+            seen = log.into_iter().collect(); // what the node still keeps: at most 1024 lines
+            drop(node);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    rt.block_on(serve_events(node.as_ref(), args.verify, stop))
 }
 
 impl ServedNode for ShmNode {
