@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!  0  magic   u16 = 0x4B56 (56 4B)    24  offset    u64  byte offset within the first block
-//!  2  version u8  = 1                 32  length    u32  payload bytes that follow
+//!  2  version u8  = 3                 32  length    u32  payload bytes that follow
 //!  3  kind    u8                      36  sequence  u32  unit index within the session
 //!  4  attempt u16 retransmit count    40  crc       u32  CRC-32C of the payload
 //!  6  reserved u16 = 0                44  hcrc      u32  CRC-32C of bytes 0..44
@@ -25,6 +25,8 @@ pub(crate) mod control;
 mod error;
 mod frame;
 mod header;
+#[cfg(test)]
+mod protocol_doc_tests;
 
 pub use error::WireError;
 pub use frame::{decode_frame, encode_frame};
