@@ -356,3 +356,61 @@ async fn a_peer_that_stops_reading_loses_its_lane_and_its_queue() {
     assert!(sender.stats().queued_bytes <= (16 << 20) + (1 << 20));
     silent.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_not_taken_over_by_a_new_connection_group_claiming_its_engine_id() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    // Engine 66 opens a session and sends its first slice, then its lane drops with the session live.
+    let (mut first, admitted) = handshake_as(addr, 66, [0; TOKEN_LEN], None).await;
+    let (region, _) = admitted.unwrap();
+    let (open, data) = attack_frames(region, 4096);
+    let session = Header::decode(&open).unwrap().session;
+    first.write_all(&open).await.unwrap();
+    let answer = read_frame(&mut first).await;
+    assert_eq!(answer.0.kind, FrameKind::OpenAck, "{answer:?}");
+    first.write_all(&data[0]).await.unwrap();
+    first.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.live_sessions(), 1);
+    drop(first);
+    // Another connection claims engine 66 with no token: without a secret it is admitted, as a new
+    // connection group, and the earlier group's session ends there and then.
+    let (mut second, admitted) = handshake_as(addr, 66, [0; TOKEN_LEN], None).await;
+    admitted.unwrap();
+    let line = server
+        .log()
+        .into_iter()
+        .find(|l| l.contains("new connection group"))
+        .unwrap_or_else(|| panic!("no takeover line in {:#?}", server.log()));
+    assert!(line.contains("ended 1 session"), "{line}");
+    assert_eq!(server.live_sessions(), 0);
+    // Its slices and its Close for that session are refused: nothing of them is acknowledged.
+    for frame in &data[1..] {
+        second.write_all(frame).await.unwrap();
+    }
+    let mut close = Header::new(FrameKind::Close, session);
+    close.crc = transfer_engine::crc32c(&[]);
+    second
+        .write_all(&transfer_engine::wire::encode_frame(&close, &[]))
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(1);
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        let mut h = [0u8; HEADER_LEN];
+        match timeout(left, second.read_exact(&mut h)).await {
+            Ok(Ok(_)) => {
+                let header = Header::decode(&h).unwrap();
+                assert!(
+                    header.kind != FrameKind::Ack || header.session != session,
+                    "the new group's slices were acknowledged: {header:?}"
+                );
+                let mut payload = vec![0u8; header.length as usize];
+                second.read_exact(&mut payload).await.unwrap();
+            }
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    assert_eq!(server.live_sessions(), 0);
+    good_transfer(&server, addr, 9).await;
+}

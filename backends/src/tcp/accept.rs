@@ -90,7 +90,7 @@ async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) 
                 tokio::time::timeout(limit, handshake::send(&mut stream, &welcome))
                     .await
                     .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
-                link.set_token(token);
+                join_group(&node, &link, token);
             }
             Err(reason) => {
                 let _ = handshake::send(&mut stream, &Message::Reject(reason.clone())).await;
@@ -139,6 +139,32 @@ fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_L
             getrandom::fill(&mut token).map_err(|e| format!("no randomness for a token: {e}"))?;
             Ok(token)
         }
+    }
+}
+
+/// Binds `link`'s peer to the connection group of `token`. When that is a new group (the peer's process
+/// restarted, or another process claims its engine id while its lanes are down), the sessions of the
+/// earlier group end here at once with recompute, and what was queued for it is dropped: sessions belong
+/// to the group that opened them, so no frame of the new group (Data, Ack, Nack, Close, Progress) reaches
+/// them: the engine refuses frames for a session it closed.
+pub(crate) fn join_group(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LEN]) {
+    let earlier = link.token();
+    link.set_token(token);
+    if earlier.is_none_or(|t| t == token) {
+        return;
+    }
+    let reason = format!(
+        "engine {} is a new connection group (a restarted process, or another claiming its engine id): \
+         the sessions of its earlier group end here",
+        link.peer.0
+    );
+    let mut engine = node.ctx.station.engine();
+    let ended = engine.abort_peer(link.peer, &reason);
+    node.ctx.station.drain_events(&mut engine);
+    drop(engine);
+    link.clear_queue(&node.ctx);
+    if ended > 0 {
+        node.ctx.log(format!("{reason}; ended {ended} session(s)"));
     }
 }
 

@@ -53,7 +53,7 @@ pub(crate) async fn dial(
     let peer = PeerId(u64::from(accepted.peer.engine_id));
     let link = node.link(peer);
     link.set_addr(addr);
-    link.set_token(accepted.token);
+    super::accept::join_group(node, &link, accepted.token);
     start(node, &link, stream, true);
     Ok(PeerInfo {
         peer,
