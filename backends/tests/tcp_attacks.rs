@@ -414,3 +414,56 @@ async fn a_session_is_not_taken_over_by_a_new_connection_group_claiming_its_engi
     assert_eq!(server.live_sessions(), 0);
     good_transfer(&server, addr, 9).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_control_frames_that_never_reads_delays_no_one_and_holds_bounded_memory() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    // The flooder opens a session into its served region, closes it, then repeats that Open and Close
+    // (a finished session: every Open is answered with a Reject, every Close with a CloseAck) as fast as
+    // it can, and never reads.
+    let (mut flood, admitted) = handshake_as(addr, 66, [0; TOKEN_LEN], None).await;
+    let (region, _) = admitted.unwrap();
+    let (open, _) = attack_frames(region, 4096);
+    let session = Header::decode(&open).unwrap().session;
+    let mut close = Header::new(FrameKind::Close, session);
+    close.crc = transfer_engine::crc32c(&[]);
+    let close = close.encode();
+    let mut burst = Vec::new();
+    for _ in 0..1024 {
+        burst.extend_from_slice(&open);
+        burst.extend_from_slice(&close);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooding = stop.clone();
+    let flooder = tokio::spawn(async move {
+        let started = Instant::now();
+        let mut frames = 0u64;
+        while !flooding.load(std::sync::atomic::Ordering::Relaxed) {
+            assert!(
+                started.elapsed() < LIMIT,
+                "the honest clients were not served within {LIMIT:?} of flooding"
+            );
+            if timeout(Duration::from_secs(1), flood.write_all(&burst))
+                .await
+                .is_ok_and(|w| w.is_ok())
+            {
+                frames += 2048;
+            }
+        }
+        frames
+    });
+    // Meanwhile three honest clients each complete byte-identical transfers, the flood still running.
+    for id in [9, 10, 11] {
+        good_transfer(&server, addr, id).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let frames = flooder.await.unwrap();
+    let stats = server.stats();
+    println!("{frames} flood frames written; {stats:?}");
+    // The flooder was held back by its lane's control budget, its unread answers were capped, and what
+    // is queued for it stays within the per-peer bound.
+    assert!(stats.control_frames_throttled > 0, "{stats:?}");
+    assert!(stats.engine.replies_dropped > 0, "{stats:?}");
+    assert!(stats.queued_bytes <= (1 << 20) + 64 * 1024, "{stats:?}");
+}

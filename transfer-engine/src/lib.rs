@@ -84,7 +84,7 @@ pub use bucket::{DEFAULT_CELL_BYTES, TokenBucket};
 pub use budget::RetransmitBudget;
 pub use checksum::{copy_and_crc32c, crc32c, crc32c_combine};
 pub use config::{EngineConfig, Placement};
-pub use engine::Engine;
+pub use engine::{Engine, MAX_REPLIES_PER_PEER};
 pub use error::Error;
 pub use event::{Event, Role};
 pub use layout::{

@@ -32,6 +32,10 @@ pub struct Counters {
     pub budget_exhausted: u64,
     /// Frames refused as malformed, unknown or not fitting their session.
     pub frames_refused: u64,
+    /// Answers to refused frames (a Reject for an open, a CloseAck for a closed session) not queued
+    /// because their peer already had [`crate::MAX_REPLIES_PER_PEER`] waiting: a peer that floods
+    /// refused frames and never reads cannot grow the engine's queue.
+    pub replies_dropped: u64,
 }
 
 impl AddAssign for Counters {
@@ -49,5 +53,6 @@ impl AddAssign for Counters {
         self.recompute_blocks += o.recompute_blocks;
         self.budget_exhausted += o.budget_exhausted;
         self.frames_refused += o.frames_refused;
+        self.replies_dropped += o.replies_dropped;
     }
 }

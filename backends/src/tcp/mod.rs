@@ -113,6 +113,11 @@ pub struct TcpConfig {
     /// Frame bytes queued for one peer beyond which control frames to it (acks, nacks, progress) are
     /// dropped: a peer that floods and does not read cannot fill the node's queue for everyone.
     pub peer_queue_bytes: u64,
+    /// Control frames (everything but Data) one lane's reader hands the engine per second, in bursts of
+    /// up to a tenth of that; beyond it the reader waits, so the lane's sender is held back by TCP and a
+    /// peer flooding control frames costs the engine a bounded share of its time, not everyone's
+    /// transfers. 0: unlimited. An honest lane sends far fewer (acknowledgements cover many slices).
+    pub control_frames_per_sec: u64,
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
     /// Most handshakes in progress at once; more connections wait for a turn (within the handshake time
@@ -152,6 +157,7 @@ impl Default for TcpConfig {
             serve_bytes: 0,
             stall_timeout: Duration::from_secs(10),
             peer_queue_bytes: 8 << 20,
+            control_frames_per_sec: 100_000,
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,

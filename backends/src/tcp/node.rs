@@ -44,6 +44,9 @@ pub struct NodeStats {
     pub queued_bytes: u64,
     /// Control frames dropped because their peer's queue was over its share (a peer not reading).
     pub control_frames_dropped: u64,
+    /// Times a lane's reader waited because its peer sent control frames beyond
+    /// `TcpConfig::control_frames_per_sec`.
+    pub control_frames_throttled: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
@@ -139,6 +142,7 @@ impl TcpNode {
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
             incoming_dropped: self.state.ctx.station.board.incoming_dropped(),
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
+            control_frames_throttled: c.control_frames_throttled.load(Ordering::Relaxed),
             queued_bytes: self.state.ctx.total_queued.load(Ordering::Relaxed),
             staged_bytes_sent: self.state.ctx.staged.sent.load(Ordering::Relaxed),
             staged_bytes_received: self.state.ctx.staged.received.load(Ordering::Relaxed),

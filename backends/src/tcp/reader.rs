@@ -77,6 +77,7 @@ async fn read_loop(
     let mut stagers = LaneStagers::new(&ctx.staged);
     // A staged frame whose device copy may still be in flight: handed on once it has completed.
     let mut unplaced: Option<Unplaced> = None;
+    let mut budget = control_budget(ctx.cfg.control_frames_per_sec);
     loop {
         if unplaced.is_some() && have < HEADER_LEN {
             // The lane may wait for bytes now: hand on the staged frame first.
@@ -104,6 +105,18 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
+        if header.kind != FrameKind::Data
+            && let Some(bucket) = budget.as_mut()
+        {
+            let now = Instant::now();
+            bucket.charge(now, 1);
+            if let Some(at) = bucket.ready_at(now) {
+                ctx.counters
+                    .control_frames_throttled
+                    .fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep_until(at.into()).await;
+            }
+        }
         // A resend of a unit held unplaced is placed only once that frame is handed on (and then
         // discarded, as a duplicate).
         if header.kind == FrameKind::Data
@@ -233,6 +246,15 @@ async fn read_loop(
             ctx.wake.notify_one();
         }
     }
+}
+
+/// The control-frame budget of a lane: `per_sec` frames a second, in bursts of a tenth of that (at
+/// least 64); `None` for unlimited.
+fn control_budget(per_sec: u64) -> Option<transfer_engine::TokenBucket> {
+    if per_sec == 0 {
+        return None;
+    }
+    transfer_engine::TokenBucket::new(per_sec, (per_sec / 10).max(64), 1).ok()
 }
 
 /// Hands the engine the staged frame received last, once its device copy has completed. Returns why the

@@ -261,7 +261,7 @@ impl Engine {
                     rx.on_close(&mut self.events);
                     self.rx_output.push_back(key);
                 } else if self.closed.contains(&key) {
-                    self.control_out.push_back(Transmit {
+                    self.queue_reply(Transmit {
                         peer: from,
                         header: Header::new(FrameKind::CloseAck, key.1.0),
                         body: Body::Empty,
@@ -283,13 +283,25 @@ impl Engine {
         let mut h = Header::new(FrameKind::Reject, session.0);
         h.length = reason.len() as u32;
         h.crc = crate::crc32c(&reason);
-        self.control_out.push_back(Transmit {
+        self.queue_reply(Transmit {
             peer: to,
             header: h,
             body: Body::Control(reason),
             lane: Lane::Shared,
             class: TrafficClass::Collective,
         });
+    }
+
+    /// Queues an answer to a refused frame, unless its peer already has
+    /// [`super::MAX_REPLIES_PER_PEER`] waiting (then it is dropped and counted).
+    fn queue_reply(&mut self, t: Transmit) {
+        let queued = self.replies_queued.entry(t.peer).or_insert(0);
+        if *queued >= super::MAX_REPLIES_PER_PEER {
+            self.replies_dropped += 1;
+            return;
+        }
+        *queued += 1;
+        self.control_out.push_back(t);
     }
 
     /// Checks an open request against our regions and creates the receiving end.

@@ -39,6 +39,11 @@ use crate::{
 /// How many finished sessions are remembered, so late frames for them are dropped quietly.
 const RECENTLY_CLOSED: usize = 4096;
 
+/// Answers to refused frames (Rejects, CloseAcks) the engine holds for one peer at most; more are
+/// dropped and counted (`Counters::replies_dropped`). The first answers already tell an honest sender
+/// what went wrong; a peer that floods refused frames without reading gets no more queued.
+pub const MAX_REPLIES_PER_PEER: usize = 64;
+
 /// A KV transfer engine: the sans-IO state machines of every session on one node.
 pub struct Engine {
     cfg: EngineConfig,
@@ -58,7 +63,11 @@ pub struct Engine {
     /// Who sends each receiving session, so a session is found by its id alone without a scan.
     incoming: HashMap<SessionId, PeerId>,
     rx_output: VecDeque<(PeerId, SessionId)>,
+    /// Answers to refused frames, at most [`MAX_REPLIES_PER_PEER`] per peer.
     control_out: VecDeque<Transmit>,
+    /// How many answers each peer has in `control_out`.
+    replies_queued: HashMap<PeerId, usize>,
+    replies_dropped: u64,
     closed: BTreeSet<(PeerId, SessionId)>,
     closed_order: VecDeque<(PeerId, SessionId)>,
     events: VecDeque<Event>,
@@ -110,6 +119,8 @@ impl Engine {
             incoming: HashMap::new(),
             rx_output: VecDeque::new(),
             control_out: VecDeque::new(),
+            replies_queued: HashMap::new(),
+            replies_dropped: 0,
             closed: BTreeSet::new(),
             closed_order: VecDeque::new(),
             events: VecDeque::new(),
@@ -136,6 +147,7 @@ impl Engine {
             total += r.stats;
         }
         total.frames_refused += self.refused;
+        total.replies_dropped += self.replies_dropped;
         total
     }
 

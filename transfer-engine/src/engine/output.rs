@@ -16,6 +16,12 @@ impl Engine {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
         if let Some(t) = self.control_out.pop_front() {
+            if let Some(queued) = self.replies_queued.get_mut(&t.peer) {
+                *queued -= 1;
+                if *queued == 0 {
+                    self.replies_queued.remove(&t.peer);
+                }
+            }
             return Some(t);
         }
         while let Some(key) = self.rx_output.pop_front() {
