@@ -1,6 +1,7 @@
-//! Strangers against a real server: a flood that never reads, an impostor of another client's engine id,
-//! too many lanes, a client writing into another's region, a half-sent header, a reflected dial-back, and
-//! garbage that must be answered with a reason. After each, a well-behaved client beside the attacker
+//! Strangers against a real server: floods that never read (corrupt slices, control frames), an impostor
+//! of another client's engine id and a session taken over by a new connection group, too many lanes (per
+//! peer, per address, node-wide), connections that send nothing, a client writing into another's region,
+//! a half-sent header, a reflected dial-back, and garbage that must be answered with a reason. After each, a well-behaved client beside the attacker
 //! still completes a byte-identical transfer, and the server's queue is back within bounds.
 
 use std::net::SocketAddr;
@@ -466,4 +467,83 @@ async fn a_flood_of_control_frames_that_never_reads_delays_no_one_and_holds_boun
     assert!(stats.control_frames_throttled > 0, "{stats:?}");
     assert!(stats.engine.replies_dropped > 0, "{stats:?}");
     assert!(stats.queued_bytes <= (1 << 20) + 64 * 1024, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        max_connections_per_address: 4,
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let mut held = Vec::new();
+    for id in 40..44 {
+        let (lane, admitted) = handshake_as(addr, id, [0; TOKEN_LEN], None).await;
+        admitted.unwrap();
+        held.push(lane);
+    }
+    // A fifth connection from the same address, whatever engine id it claims, is told why.
+    let (_, refused) = handshake_as(addr, 44, [0; TOKEN_LEN], None).await;
+    let why = refused.unwrap_err();
+    assert!(why.contains("already holds 4 connections"), "{why}");
+    // A lane that ends gives its address's slot back.
+    drop(held.pop());
+    let end = Instant::now() + LIMIT;
+    loop {
+        let (lane, admitted) = handshake_as(addr, 45, [0; TOKEN_LEN], None).await;
+        if admitted.is_ok() {
+            held.push(lane);
+            break;
+        }
+        assert!(Instant::now() < end, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(held);
+    // The node-wide lane limit is answered with its reason too.
+    let small = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        max_lanes: 2,
+        ..TcpConfig::with_engine_id(3)
+    })
+    .await
+    .unwrap();
+    let small_addr = small.local_addr().unwrap();
+    let (_a, first) = handshake_as(small_addr, 50, [0; TOKEN_LEN], None).await;
+    let (_b, second) = handshake_as(small_addr, 51, [0; TOKEN_LEN], None).await;
+    first.unwrap();
+    second.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, third) = handshake_as(small_addr, 52, [0; TOKEN_LEN], None).await;
+    let why = third.unwrap_err();
+    assert!(why.contains("lanes, its most"), "{why}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_send_nothing_hold_no_handshake_turn() {
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        handshake_timeout: Duration::from_secs(4),
+        max_connections_per_address: 512,
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    // 100 connections that never send a byte: more than the node's 64 handshake turns.
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        silent.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A real client is served while they are held; before, each held a turn until its handshake timed
+    // out, and a client arriving after them waited for that.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = Hello::new(60, Namespace::default()).unwrap();
+    hello.want = Some(layout());
+    let accepted = handshake::dial(&mut s, &hello, None, None, Duration::from_secs(2)).await;
+    assert!(accepted.is_ok(), "{accepted:?}: {:#?}", server.log());
+    drop(silent);
 }

@@ -37,24 +37,23 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
                     let c = &node.ctx.counters;
                     let lanes = c.lanes_opened.load(Ordering::Relaxed)
                         .saturating_sub(c.lanes_closed.load(Ordering::Relaxed));
-                    if lanes >= node.ctx.cfg.max_lanes as u64 {
-                        c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
-                        node.ctx.log(format!(
-                            "refused connection from {from}: this node already has {lanes} lanes, its most"
-                        ));
-                        continue;
-                    }
+                    let admitted = if lanes >= node.ctx.cfg.max_lanes as u64 {
+                        Err(format!("this node already has {lanes} lanes, its most"))
+                    } else {
+                        node.admission
+                            .admit(from.ip(), node.ctx.cfg.max_connections_per_address)
+                    };
+                    let slot = match admitted {
+                        Ok(slot) => slot,
+                        Err(reason) => {
+                            c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
+                            node.ctx.log(format!("refused connection from {from}: {reason}"));
+                            tokio::spawn(super::admission::refuse(stream, reason));
+                            continue;
+                        }
+                    };
                     let (node, turns) = (node.clone(), turns.clone());
-                    tokio::spawn(async move {
-                        // Waiting for a turn counts against the handshake's own time limit.
-                        let limit = node.ctx.cfg.handshake_timeout;
-                        let Ok(Ok(_turn)) = tokio::time::timeout(limit, turns.acquire_owned()).await
-                        else {
-                            node.ctx.log(format!("refused connection from {from}: too many handshakes"));
-                            return;
-                        };
-                        inbound(node, stream, from).await;
-                    });
+                    tokio::spawn(handshake_turn(node, turns, stream, from, slot));
                 }
                 Err(e) => {
                     node.ctx.log(format!("accept failed: {e}"));
@@ -66,7 +65,42 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     }
 }
 
-async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) {
+/// Waits for a connection's first bytes, then for a handshake turn (both within the handshake's time
+/// limit; a connection that sends nothing holds no turn), then runs its handshake. A connection that
+/// gets neither is refused with the reason.
+async fn handshake_turn(
+    node: Arc<NodeState>,
+    turns: Arc<Semaphore>,
+    stream: TcpStream,
+    from: SocketAddr,
+    slot: super::admission::ConnectionSlot,
+) {
+    let limit = node.ctx.cfg.handshake_timeout;
+    let started = tokio::time::Instant::now();
+    // (`peek` waits for a byte without taking it; `readable` can report a fresh socket ready.)
+    let reason = if matches!(
+        tokio::time::timeout(limit, stream.peek(&mut [0u8; 1])).await,
+        Ok(Ok(1..))
+    ) {
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, turns.acquire_owned()).await {
+            Ok(Ok(_turn)) => return inbound(node, stream, from, slot).await,
+            _ => format!("too many handshakes in progress here: none had a turn within {limit:?}"),
+        }
+    } else {
+        format!("no handshake within {limit:?}")
+    };
+    node.ctx
+        .log(format!("refused connection from {from}: {reason}"));
+    super::admission::refuse(stream, reason).await;
+}
+
+async fn inbound(
+    node: Arc<NodeState>,
+    mut stream: TcpStream,
+    from: SocketAddr,
+    slot: super::admission::ConnectionSlot,
+) {
     // A socket the kernel will not configure still serves, with the kernel's settings.
     if let Err(e) = socket::configure(&stream, from.ip(), &node.ctx.cfg) {
         node.ctx.log(format!(
@@ -105,7 +139,7 @@ async fn inbound(node: Arc<NodeState>, mut stream: TcpStream, from: SocketAddr) 
             if let Some(addr) = dial_back(&node, &peer, from) {
                 link.set_addr(addr);
             }
-            lane::start(&node, &link, stream, false);
+            lane::start(&node, &link, stream, false, Some(slot));
         }
         Err(e) => {
             node.ctx

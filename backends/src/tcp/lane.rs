@@ -54,7 +54,7 @@ pub(crate) async fn dial(
     let link = node.link(peer);
     link.set_addr(addr);
     super::accept::join_group(node, &link, accepted.token);
-    start(node, &link, stream, true);
+    start(node, &link, stream, true, None);
     Ok(PeerInfo {
         peer,
         segments: accepted.segments,
@@ -77,6 +77,7 @@ pub(crate) fn start(
     link: &Arc<PeerLink>,
     stream: TcpStream,
     outbound: bool,
+    slot: Option<super::admission::ConnectionSlot>,
 ) {
     let id = node.ctx.next_lane.fetch_add(1, Ordering::Relaxed);
     let state = Arc::new(LaneState {
@@ -111,6 +112,7 @@ pub(crate) fn start(
         LaneHandle {
             state,
             tasks: vec![r.abort_handle(), w.abort_handle()],
+            _slot: slot,
         },
     );
     drop(lanes);

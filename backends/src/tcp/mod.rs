@@ -42,6 +42,7 @@
 //!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
 
 mod accept;
+mod admission;
 mod as_transport;
 mod blocking;
 mod context;
@@ -121,8 +122,12 @@ pub struct TcpConfig {
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
     /// Most handshakes in progress at once; more connections wait for a turn (within the handshake time
-    /// limit).
+    /// limit). A connection takes a turn only once its first bytes arrived, so connections that send
+    /// nothing hold none.
     pub max_handshakes: usize,
+    /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
+    /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.
+    pub max_connections_per_address: usize,
     /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
     /// address its connection came from).
     pub dial_back: bool,
@@ -161,6 +166,7 @@ impl Default for TcpConfig {
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,
+            max_connections_per_address: 128,
             socket_buffers: SocketBuffers::default(),
             stage_bytes: 4 << 20,
             stage_host_memory: false,

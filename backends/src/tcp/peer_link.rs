@@ -52,6 +52,8 @@ pub(crate) struct Reach {
 pub(crate) struct LaneHandle {
     pub(crate) state: Arc<LaneState>,
     pub(crate) tasks: Vec<AbortHandle>,
+    /// An inbound lane's hold on its address's connections, released with the lane.
+    pub(crate) _slot: Option<super::admission::ConnectionSlot>,
 }
 
 impl PeerLink {

@@ -26,6 +26,8 @@ pub(crate) struct NodeState {
     /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
     pub(crate) served: Mutex<Vec<(PeerId, Segment)>>,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// Inbound connections held per address.
+    pub(crate) admission: Arc<super::admission::Admission>,
 }
 
 impl NodeState {
@@ -37,6 +39,7 @@ impl NodeState {
             segments: Mutex::new(Vec::new()),
             served: Mutex::new(Vec::new()),
             shutdown: watch::Sender::new(false),
+            admission: Arc::default(),
         }
     }
 
