@@ -23,7 +23,13 @@
 //! - Strangers: a peer's lanes are bound to the connection group of its first handshake by a
 //!   token; served regions belong to the peer that asked; dial-back goes only to the address a connection
 //!   came from; a peer that stalls mid-frame or stops reading loses its lane after
-//!   [`TcpConfig::stall_timeout`].
+//!   [`TcpConfig::stall_timeout`]; a new connection group claiming an engine id ends the earlier group's
+//!   sessions (recompute), so none of its frames reach them; one IP address holds at most
+//!   [`TcpConfig::max_connections_per_address`] connections, and a handshake turn is taken only once a
+//!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`.
+//! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
+//!   frames a second (then stops reading, so TCP holds the sender back), and the engine queues at most
+//!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
 //!
 //! # Memory a node can be made to hold
 //! Whatever peers send, a node's memory stays within:
@@ -38,6 +44,7 @@
 //! - per peer at most `EngineConfig::max_incoming_per_peer` receiving sessions, each holding state in
 //!   proportion to its plan (a few bytes per slice; a plan covers at most its region once, since
 //!   destination blocks are distinct);
+//! - per peer at most [`transfer_engine::MAX_REPLIES_PER_PEER`] queued answers to refused frames;
 //! - the board's bounded retention (65,536 events behind a subscriber, 4,096 finished sessions per role,
 //!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
 
