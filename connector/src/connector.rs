@@ -4,9 +4,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use backends::Transport;
 use backends::loopback::{CONSUMER, LoopbackPair};
-use backends::tcp::{TcpConfig, TcpNode};
 use policy::Namespace;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle};
 
@@ -101,7 +99,7 @@ impl std::fmt::Debug for KvConnector {
     }
 }
 
-fn runtime() -> Result<Arc<OwnRuntime>, ConnectorError> {
+pub(crate) fn runtime() -> Result<Arc<OwnRuntime>, ConnectorError> {
     Ok(Arc::new(OwnRuntime::new()?))
 }
 
@@ -115,7 +113,7 @@ impl KvConnector {
         self.rt.block_on(f)
     }
 
-    fn assemble(
+    pub(crate) fn assemble(
         cfg: ConnectorConfig,
         rt: Arc<OwnRuntime>,
         transport: DataPlane,
@@ -174,105 +172,6 @@ impl KvConnector {
             kv_handle: Mutex::new(None),
             rank_controls: Mutex::default(),
         })
-    }
-
-    /// A connector over TCP. A producer (or `both`) serves lookups and loads on `control_listen`; a
-    /// consumer (or `both`) asks the producer whose control address is `producer`. `tcp` sets up the
-    /// transfer engine's node (its listen address, lanes, shaping, secret); a consumer's node must listen.
-    pub fn tcp(
-        cfg: ConnectorConfig,
-        mut tcp: TcpConfig,
-        control_listen: Option<SocketAddr>,
-        producer: Option<SocketAddr>,
-    ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
-        // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
-        // handshake checks the model and block size only.
-        tcp.namespace = Namespace {
-            weight_version: 0,
-            ..cfg.namespace.clone()
-        };
-        let node = rt.block_on(TcpNode::start(tcp))?;
-        if cfg.role.loads() && node.local_addr().is_none() {
-            return Err(ConnectorError::Config(
-                "a consumer's TCP node must listen (set TcpConfig::listen): producers connect to it".into(),
-            ));
-        }
-        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
-    }
-
-    /// A connector over RDMA (libfabric: verbs, efa, or here its tcp and shm providers), with the same
-    /// control channel as [`KvConnector::tcp`]: the consumer names its endpoint in each load, and the
-    /// producer reaches it and writes into the KV caches it published.
-    #[cfg(feature = "rdma")]
-    pub fn rdma(
-        cfg: ConnectorConfig,
-        rdma: backends::rdma::RdmaConfig,
-        control_listen: Option<SocketAddr>,
-        producer: Option<SocketAddr>,
-    ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
-        let node = backends::rdma::RdmaNode::start(rdma)?;
-        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
-    }
-
-    /// A connector over the same-host backend (a Unix socket; shared memory or cross-memory attach),
-    /// for a producer and consumers on one host, with the same control channel as [`KvConnector::tcp`].
-    /// A consumer's node must listen (`ShmConfig::socket_path`): the producer dials it and copies
-    /// nothing itself; the consumer's node copies each unit out of the producer's memory into its KV
-    /// caches.
-    #[cfg(target_os = "linux")]
-    pub fn shm(
-        cfg: ConnectorConfig,
-        shm: backends::shm::ShmConfig,
-        control_listen: Option<SocketAddr>,
-        producer: Option<SocketAddr>,
-    ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
-        let node = backends::shm::ShmNode::start(shm)?;
-        Self::remote(cfg, rt, Arc::new(node), control_listen, producer)
-    }
-
-    /// A connector over a transport the caller started (any backend): producers serve lookups and loads
-    /// on `control_listen`, consumers ask `producer`, as in [`KvConnector::tcp`]. The connector shuts the
-    /// transport down when it is dropped.
-    pub fn over(
-        cfg: ConnectorConfig,
-        transport: Arc<dyn Transport>,
-        control_listen: Option<SocketAddr>,
-        producer: Option<SocketAddr>,
-    ) -> Result<KvConnector, ConnectorError> {
-        Self::remote(cfg, runtime()?, transport, control_listen, producer)
-    }
-
-    /// The one path of every connector whose producer and consumer talk over a control channel.
-    fn remote(
-        cfg: ConnectorConfig,
-        rt: Arc<OwnRuntime>,
-        transport: Arc<dyn Transport>,
-        control_listen: Option<SocketAddr>,
-        producer: Option<SocketAddr>,
-    ) -> Result<KvConnector, ConnectorError> {
-        if cfg.role.loads() && transport.address().is_none() {
-            return Err(ConnectorError::Config(format!(
-                "a consumer's {} node needs an address producers can reach",
-                transport.backend()
-            )));
-        }
-        let source = match (cfg.role.loads(), producer) {
-            (false, _) => Source::None,
-            // Without a default producer, only requests whose transfer parameters name one load
-            // (and a `both` connector's own tier store).
-            (true, default) => Source::Remote(Remotes::new(default, cfg.load_timeout)),
-        };
-        let mut c = Self::assemble(cfg, rt, DataPlane::new(transport), source)?;
-        if let Some(core) = c.producer.clone() {
-            let addr = control_listen.unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0)));
-            let listener = c.rt.block_on(tokio::net::TcpListener::bind(addr))?;
-            c.control_addr = Some(listener.local_addr()?);
-            c.rt.spawn(control::serve(core, listener));
-        }
-        Ok(c)
     }
 
     /// The scheduler half alone, for a serving engine whose scheduler runs in a process of its own
@@ -468,9 +367,9 @@ impl KvConnector {
             )));
         }
         if self.cfg.role.loads() {
-            let handle = self.transport.register(layout, memory.clone())?;
-            self.transport.publish(control::KV_SEGMENT, handle)?;
-            *lock(&self.kv_handle) = Some(handle);
+            let region = self.transport.register(layout, memory.clone())?;
+            self.transport.publish(control::KV_SEGMENT, region)?;
+            *lock(&self.kv_handle) = Some(region.main);
         }
         lock(&self.worker).kv = Some((memory, layout));
         Ok(())

@@ -5,9 +5,13 @@
 //! consumer                                        producer
 //!   {"op":"lookup","ns":..,"keys":[hex..],"tp":{"rank":0,"size":1,"mla":false}}     ->
 //!                                              <-  {"reply":"found","blocks":n}
-//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r,"tp":{..}} ->
-//!                                              <-  {"reply":"started","session":s,"served":n}
+//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r,"tp":{..},
+//!    "same_host":{"host":h,"addr":"shm:/path"}}                                ->
+//!                                              <-  {"reply":"started","session":s,"served":n,"via":"same_host"}
 //! ```
+//! `same_host` (optional) is the consumer's same-host endpoint: a producer whose own same-host transport
+//! runs on host `h` sends over it, and over the main transport otherwise (or when it cannot reach that
+//! address); `via` says which carries the session (`main` when absent).
 //! `tp` is the consumer's tensor-parallel rank and whether its KV is MLA: a producer rank answers only
 //! the consumer rank of its own number in an instance of its own size (any rank, for MLA on both sides),
 //! and refuses others with an error naming both ([`crate::tp`]).
@@ -27,6 +31,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use transfer_engine::{PeerId, RegionHandle, SessionId, TrafficClass};
 
+use crate::data_plane::{PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::keys::{BlockHash, ScopedKey};
 use crate::producer::{ProducerCore, Started};
@@ -55,15 +60,52 @@ pub(crate) enum Request {
         class: u8,
         request: u64,
         tp: RankKv,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        same_host: Option<SameHostEndpoint>,
     },
 }
+
+/// A consumer's same-host endpoint, named in its loads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SameHostEndpoint {
+    /// The host its same-host transport runs on ([`crate::this_host`]).
+    pub(crate) host: String,
+    /// The same-host transport's address.
+    pub(crate) addr: String,
+}
+
+/// Where a consumer's node receives loads: its main transport's address, and its same-host endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Endpoints {
+    pub(crate) main: PeerAddress,
+    pub(crate) same_host: Option<SameHostEndpoint>,
+}
+
+/// A consumer as a producer sends to it: over which transport, to which peer, into which region.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Destination {
+    pub(crate) via: Via,
+    pub(crate) peer: PeerId,
+    pub(crate) region: RegionHandle,
+}
+
+type Peers = tokio::sync::Mutex<HashMap<(Via, String), Destination>>;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub(crate) enum Reply {
-    Found { blocks: usize },
-    Started { session: Option<u64>, served: usize },
-    Error { message: String },
+    Found {
+        blocks: usize,
+    },
+    Started {
+        session: Option<u64>,
+        served: usize,
+        #[serde(default)]
+        via: Via,
+    },
+    Error {
+        message: String,
+    },
 }
 
 pub(crate) fn hex_keys(keys: &[ScopedKey]) -> Vec<String> {
@@ -102,18 +144,14 @@ fn class_from(code: u8) -> TrafficClass {
 
 /// Serves control connections for `core` on `listener` until the runtime stops.
 pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
-    let peers: Arc<tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>> = Arc::default();
+    let peers: Arc<Peers> = Arc::default();
     while let Ok((stream, _)) = listener.accept().await {
         let _ = stream.set_nodelay(true);
         tokio::spawn(connection(core.clone(), peers.clone(), stream));
     }
 }
 
-async fn connection(
-    core: Arc<ProducerCore>,
-    peers: Arc<tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>>,
-    stream: TcpStream,
-) {
+async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStream) {
     let (read, mut write) = stream.into_split();
     let mut read = BufReader::new(read);
     let mut line = Vec::new();
@@ -142,11 +180,7 @@ async fn connection(
     }
 }
 
-async fn answer(
-    core: &Arc<ProducerCore>,
-    peers: &tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>,
-    req: Request,
-) -> Reply {
+async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply {
     let (Request::Lookup { tp, .. } | Request::Load { tp, .. }) = &req;
     if let Err(message) = check_pairing(core.rank, *tp) {
         return Reply::Error { message };
@@ -165,33 +199,36 @@ async fn answer(
             blocks,
             class,
             request,
+            same_host,
             ..
         } => {
             let keys = match parse_keys(ns, &keys) {
                 Ok(k) => k,
                 Err(message) => return Reply::Error { message },
             };
-            let dst = match route(core, peers, &engine_addr, false).await {
+            let class = class_from(class);
+            let mut dst = match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
                 Ok(d) => d,
                 Err(message) => return Reply::Error { message },
             };
-            let mut started = core.load(&keys, dst.0, &dst.1, &blocks, class_from(class), request);
+            let mut started = core.load(&keys, dst, &blocks, class, request);
             if let Err(ConnectorError::Transport(
                 TransportError::Unreachable(_) | TransportError::NoRoute { .. },
             )) = started
             {
                 // The consumer was found unreachable, or its node forgot this one: reach it afresh
                 // (which asks it to answer again) and try once more.
-                let dst = match route(core, peers, &engine_addr, true).await {
+                dst = match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
                     Ok(d) => d,
                     Err(message) => return Reply::Error { message },
                 };
-                started = core.load(&keys, dst.0, &dst.1, &blocks, class_from(class), request);
+                started = core.load(&keys, dst, &blocks, class, request);
             }
             match started {
                 Ok(Started { session, served }) => Reply::Started {
-                    session: session.map(|s| s.0),
+                    session: session.map(|s| s.id.0),
                     served,
+                    via: dst.via,
                 },
                 Err(e) => Reply::Error {
                     message: e.to_string(),
@@ -201,39 +238,66 @@ async fn answer(
     }
 }
 
-/// The consumer at `engine_addr` as this producer addresses it: remembered from an earlier load, or
-/// (when not remembered, or `fresh`) reached now.
+/// The transport a load goes over: the same-host one when the consumer names this producer's host and
+/// can be reached there, the main one otherwise.
+async fn choose(
+    core: &ProducerCore,
+    peers: &Peers,
+    engine_addr: &str,
+    same_host: Option<&SameHostEndpoint>,
+    fresh: bool,
+) -> Result<Destination, String> {
+    if let Some(end) = same_host
+        && core.transport.shares_host(&end.host)
+    {
+        match route(core, peers, Via::SameHost, &end.addr, fresh).await {
+            Ok(d) => return Ok(d),
+            // Same host by name, yet not reachable there (another container, say): the main transport.
+            Err(_) => core.metrics.same_host_fallback(),
+        }
+    }
+    route(core, peers, Via::Main, engine_addr, fresh).await
+}
+
+/// The consumer at `addr` on transport `via`, as this producer addresses it: remembered from an earlier
+/// load, or (when not remembered, or `fresh`) reached now.
 async fn route(
     core: &ProducerCore,
-    peers: &tokio::sync::Mutex<HashMap<String, (PeerId, RegionHandle)>>,
-    engine_addr: &str,
+    peers: &Peers,
+    via: Via,
+    addr: &str,
     fresh: bool,
-) -> Result<(PeerId, RegionHandle), String> {
+) -> Result<Destination, String> {
+    let key = (via, addr.to_owned());
     let mut peers = peers.lock().await;
-    if !fresh && let Some(d) = peers.get(engine_addr) {
+    if !fresh && let Some(d) = peers.get(&key) {
         return Ok(*d);
     }
-    peers.remove(engine_addr);
-    let d = reach(core, engine_addr).await?;
+    peers.remove(&key);
+    let d = reach(core, via, addr).await?;
     if peers.len() >= MAX_CONSUMERS {
         peers.clear(); // bounded: forgotten consumers are reached again
     }
-    peers.insert(engine_addr.to_owned(), d);
+    peers.insert(key, d);
     Ok(d)
 }
 
-/// Connects the producer's node to a consumer's and finds its KV pool.
-async fn reach(core: &ProducerCore, addr: &str) -> Result<(PeerId, RegionHandle), String> {
-    let addr: PeerAddress = addr.parse().map_err(|e: BadAddress| e.to_string())?;
+/// Connects the producer's node to a consumer's over `via` and finds its KV pool.
+async fn reach(core: &ProducerCore, via: Via, addr: &str) -> Result<Destination, String> {
+    let parsed: PeerAddress = addr.parse().map_err(|e: BadAddress| e.to_string())?;
     let info = core
         .transport
-        .connect(&addr)
+        .connect(via, &parsed)
         .await
         .map_err(|e| e.to_string())?;
-    let dst = *info
+    let region = *info
         .segment(KV_SEGMENT)
         .ok_or("the consumer offers no KV pool (register_kv_caches first)")?;
-    Ok((info.peer, dst))
+    Ok(Destination {
+        via,
+        peer: info.peer,
+        region,
+    })
 }
 
 /// A consumer's connection to one producer's control server.
@@ -336,12 +400,12 @@ impl ControlClient {
     pub(crate) async fn load(
         &self,
         keys: &[ScopedKey],
-        engine_addr: &PeerAddress,
+        to: Endpoints,
         blocks: &[u32],
         class: TrafficClass,
         request: u64,
         tp: RankKv,
-    ) -> Result<(Option<SessionId>, usize), ConnectorError> {
+    ) -> Result<(Option<PlaneSession>, usize), ConnectorError> {
         let Some(first) = keys.first() else {
             return Ok((None, 0));
         };
@@ -349,17 +413,26 @@ impl ControlClient {
             .call(&Request::Load {
                 ns: first.ns.0,
                 keys: hex_keys(keys),
-                engine_addr: engine_addr.to_string(),
+                engine_addr: to.main.to_string(),
                 blocks: blocks.to_vec(),
                 class: class_code(class),
                 request,
                 tp,
+                same_host: to.same_host,
             })
             .await?
         {
-            Reply::Started { session, served } => {
-                Ok((session.map(SessionId), served.min(keys.len())))
-            }
+            Reply::Started {
+                session,
+                served,
+                via,
+            } => Ok((
+                session.map(|s| PlaneSession {
+                    via,
+                    id: SessionId(s),
+                }),
+                served.min(keys.len()),
+            )),
             other => Err(self.err(format!("unexpected reply {other:?}"))),
         }
     }

@@ -91,6 +91,7 @@ pub mod discovery;
 pub mod error;
 pub mod keys;
 pub mod metrics;
+mod open;
 mod producer;
 mod request;
 mod runtime;
@@ -102,6 +103,7 @@ mod worker;
 
 pub use config::{ConnectorConfig, Role, namespace};
 pub use connector::KvConnector;
+pub use data_plane::{SameHostTransport, this_host};
 pub use error::ConnectorError;
 pub use keys::{
     BlockHash, ExtraKeyLayout, Lora, MmItem, RequestExtras, ScopedKey, VllmHasher, root_hash,

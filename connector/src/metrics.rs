@@ -18,6 +18,8 @@
 //! | `kv_stale_lookups_total` | counter | lookups for a namespace other than the current one |
 //! | `kv_streamed_loads_total` | counter | loads served while some of their layers were still being saved |
 //! | `kv_abandoned_blocks_total` | counter | blocks whose save ended before their last layer (never served) |
+//! | `kv_same_host_loads_total` | counter | loads a producer served over its same-host transport |
+//! | `kv_same_host_fallbacks_total` | counter | loads whose consumer named this host but was not reachable there (main transport instead) |
 //! | `kv_transfer_latency_seconds` | histogram | a load, from start to its last layer |
 //! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store |
 //! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity |
@@ -56,6 +58,8 @@ pub struct Metrics {
     stale_lookups: AtomicU64,
     streamed_loads: AtomicU64,
     abandoned_blocks: AtomicU64,
+    same_host_loads: AtomicU64,
+    same_host_fallbacks: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_us: AtomicU64,
@@ -94,6 +98,11 @@ pub struct MetricsSnapshot {
     pub abandoned_blocks: u64,
     /// Blocks resident in the store.
     pub tier_blocks: u64,
+    /// Loads this producer served over its same-host transport.
+    pub same_host_loads: u64,
+    /// Loads whose consumer named this host but could not be reached there (served over the main
+    /// transport instead).
+    pub same_host_fallbacks: u64,
 }
 
 impl MetricsSnapshot {
@@ -152,6 +161,14 @@ impl Metrics {
         self.streamed_loads.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn same_host_load(&self) {
+        self.same_host_loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn same_host_fallback(&self) {
+        self.same_host_fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn abandoned(&self, blocks: usize) {
         self.abandoned_blocks
             .fetch_add(blocks as u64, Ordering::Relaxed);
@@ -193,6 +210,8 @@ impl Metrics {
             streamed_loads: self.streamed_loads.load(Ordering::Relaxed),
             abandoned_blocks: self.abandoned_blocks.load(Ordering::Relaxed),
             tier_blocks: self.tier_blocks.load(Ordering::Relaxed),
+            same_host_loads: self.same_host_loads.load(Ordering::Relaxed),
+            same_host_fallbacks: self.same_host_fallbacks.load(Ordering::Relaxed),
         }
     }
 
@@ -290,6 +309,18 @@ impl Metrics {
             "Blocks whose save ended before their last layer; never served.",
             &one(snap.abandoned_blocks.to_string()),
         );
+        metric(
+            "kv_same_host_loads_total",
+            "counter",
+            "Loads served over the same-host transport (shared memory) rather than the main one.",
+            &one(snap.same_host_loads.to_string()),
+        );
+        metric(
+            "kv_same_host_fallbacks_total",
+            "counter",
+            "Loads whose consumer named this host but was not reachable there; served over the main transport.",
+            &one(snap.same_host_fallbacks.to_string()),
+        );
         let mut hist: Vec<(String, String)> = LATENCY_BUCKETS
             .iter()
             .zip(&self.latency_buckets)
@@ -340,6 +371,7 @@ mod tests {
         m.bytes(Direction::In, TrafficClass::UrgentKv, 100);
         m.latency(Duration::from_millis(3));
         m.recompute(2);
+        m.same_host_load();
         let text = m.prometheus();
         for name in [
             "kv_cache_hit_rate 0.75",
@@ -351,6 +383,8 @@ mod tests {
             "kv_transfer_latency_seconds_bucket{le=\"0.005\"} 1",
             "kv_transfer_latency_seconds_count 1",
             "kv_tier_blocks{tier=\"host\"} 0",
+            "kv_same_host_loads_total 1",
+            "kv_same_host_fallbacks_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

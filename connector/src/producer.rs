@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use policy::NamespaceId;
-use transfer_engine::{PeerId, RegionHandle, SessionId, TrafficClass, TransferRequest};
+use transfer_engine::{TrafficClass, TransferRequest};
 
-use crate::data_plane::DataPlane;
+use crate::control::Destination;
+use crate::data_plane::{DataPlane, PlaneRegion, PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 use crate::metrics::{Direction, Metrics};
@@ -27,7 +28,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Started {
     /// The sending session (`None` when no block could be served).
-    pub(crate) session: Option<SessionId>,
+    pub(crate) session: Option<PlaneSession>,
     /// Leading blocks served; the rest must be recomputed.
     pub(crate) served: usize,
 }
@@ -35,7 +36,7 @@ pub(crate) struct Started {
 /// A sending session carrying blocks that were still being saved when it started.
 #[derive(Debug)]
 pub(crate) struct Stream {
-    session: SessionId,
+    session: PlaneSession,
     keys: Vec<ScopedKey>,
     /// The slots the session reads, paired with `keys`.
     slots: Vec<u32>,
@@ -47,7 +48,8 @@ pub(crate) struct Stream {
 #[derive(Debug)]
 pub(crate) struct ProducerCore {
     pub(crate) store: Mutex<TierStore>,
-    pub(crate) store_handle: RegionHandle,
+    /// The store's memory as each transport of the data plane addresses it.
+    pub(crate) store_handle: PlaneRegion,
     pub(crate) transport: DataPlane,
     pub(crate) namespace: Mutex<NamespaceId>,
     pub(crate) metrics: Arc<Metrics>,
@@ -117,13 +119,11 @@ impl ProducerCore {
     }
 
     /// Starts sending the leading blocks of `keys` stored whole or being saved into `dst_blocks` of `dst`
-    /// on `peer` (layers still to be saved go out as they are saved); the slots stay pinned until the
-    /// session ends.
+    /// (layers still to be saved go out as they are saved); the slots stay pinned until the session ends.
     pub(crate) fn load(
         self: &Arc<Self>,
         keys: &[ScopedKey],
-        peer: PeerId,
-        dst: &RegionHandle,
+        dst: Destination,
         dst_blocks: &[u32],
         class: TrafficClass,
         request: u64,
@@ -160,29 +160,31 @@ impl ProducerCore {
                 served: 0,
             });
         };
-        let req = TransferRequest::blocks(
-            peer,
-            &self.store_handle,
-            slots.clone(),
-            dst,
-            dst_blocks[..served].to_vec(),
-            0..layers,
-        )
-        .map(|r| {
-            let r = r
-                .with_prefetch_depth(self.prefetch_depth)
-                .with_class(class)
-                .with_deadline(self.timeout);
-            if saved < layers {
-                r.with_layers_written(saved)
-            } else {
-                r
-            }
-        });
-        let session = match req
-            .map_err(ConnectorError::from)
-            .and_then(|r| self.transport.submit(r))
-        {
+        let req = self
+            .store_handle
+            .on(dst.via)
+            .and_then(|src| {
+                Ok(TransferRequest::blocks(
+                    dst.peer,
+                    src,
+                    slots.clone(),
+                    &dst.region,
+                    dst_blocks[..served].to_vec(),
+                    0..layers,
+                )?)
+            })
+            .map(|r| {
+                let r = r
+                    .with_prefetch_depth(self.prefetch_depth)
+                    .with_class(class)
+                    .with_deadline(self.timeout);
+                if saved < layers {
+                    r.with_layers_written(saved)
+                } else {
+                    r
+                }
+            });
+        let session = match req.and_then(|r| self.transport.submit(dst.via, r)) {
             Ok(s) => s,
             Err(e) => {
                 store.unpin(&slots);
@@ -198,10 +200,13 @@ impl ProducerCore {
             });
             self.metrics.streamed_load();
         }
+        if dst.via == Via::SameHost {
+            self.metrics.same_host_load();
+        }
         drop(store);
         let bytes = served as u64
             * u64::from(layers)
-            * self.store_handle.layout.map_or(0, |l| l.block_bytes);
+            * self.store_handle.layout().map_or(0, |l| l.block_bytes);
         let core = self.clone();
         self.runtime.spawn(async move {
             let out = core
@@ -210,7 +215,7 @@ impl ProducerCore {
                 .await;
             if let Ok(out) = &out {
                 let lost = out.recompute.len() as u64
-                    * core.store_handle.layout.map_or(0, |l| l.block_bytes);
+                    * core.store_handle.layout().map_or(0, |l| l.block_bytes);
                 core.metrics
                     .bytes(Direction::Out, class, bytes.saturating_sub(lost));
             }

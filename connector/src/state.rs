@@ -4,8 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use transfer_engine::{KvLayout, MemoryRegion, SessionId};
+use transfer_engine::{KvLayout, MemoryRegion};
 
+use crate::data_plane::PlaneSession;
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 use crate::request::{ConnectorMetadata, KvTransferParams};
@@ -48,7 +49,7 @@ pub(crate) struct SchedulerState {
 #[derive(Debug)]
 pub(crate) struct ActiveLoad {
     pub(crate) request: String,
-    pub(crate) session: SessionId,
+    pub(crate) session: PlaneSession,
     pub(crate) blocks: Vec<u32>,
     pub(crate) started: Instant,
 }

@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use transfer_engine::SessionId;
-
 use crate::connector::{KvConnector, Source};
-use crate::data_plane::LayerWait;
+use crate::control::Destination;
+use crate::data_plane::{LayerWait, PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::metrics::Direction;
 use crate::producer::lock;
@@ -70,21 +69,27 @@ impl KvConnector {
             }
             let result = match &self.source {
                 Source::None => Ok((None, 0)),
-                Source::Local(core, peer) => core
-                    .load(&keys, *peer, &handle, &blocks, self.cfg.class, number)
-                    .map(|s| (s.session, s.served)),
+                Source::Local(core, peer) => {
+                    let dst = Destination {
+                        via: Via::Main,
+                        peer: *peer,
+                        region: handle,
+                    };
+                    core.load(&keys, dst, &blocks, self.cfg.class, number)
+                        .map(|s| (s.session, s.served))
+                }
                 Source::Remote(remotes) => {
                     let at = producer.as_ref().map(|p| p.control_for(self.cfg.tp));
                     let client = remotes.client(at).ok_or(ConnectorError::Config(
                         "no producer to load from: configure one or pass transfer_params".into(),
                     ));
-                    let addr = self.transport.address().ok_or(ConnectorError::Config(
+                    let to = self.transport.endpoints().ok_or(ConnectorError::Config(
                         "the consumer's node has no address producers can reach".into(),
                     ));
-                    match (client, addr) {
-                        (Ok(client), Ok(addr)) => self.block_on(client.load(
+                    match (client, to) {
+                        (Ok(client), Ok(to)) => self.block_on(client.load(
                             &keys,
-                            &addr,
+                            to,
                             &blocks,
                             self.cfg.class,
                             number,
@@ -166,7 +171,7 @@ impl KvConnector {
             // Asynchronous loads are waited for by `get_finished`, never inside the forward pass.
             return Ok(());
         }
-        let sessions: Vec<(SessionId, Vec<u32>)> = lock(&self.worker)
+        let sessions: Vec<(PlaneSession, Vec<u32>)> = lock(&self.worker)
             .loads
             .iter()
             .map(|l| (l.session, l.blocks.clone()))
@@ -313,7 +318,7 @@ impl KvConnector {
 
     /// Ends the asynchronous loads that are over (see [`KvConnector::get_finished`]).
     fn poll_loads(&self) {
-        let sessions: Vec<(SessionId, Instant)> = lock(&self.worker)
+        let sessions: Vec<(PlaneSession, Instant)> = lock(&self.worker)
             .loads
             .iter()
             .map(|l| (l.session, l.started))

@@ -1,4 +1,5 @@
-//! The connector's one code path over every transport: the same scenarios against loopback, same-host shm, TCP and RDMA
+//! The connector's one code path over every transport: the same scenarios against loopback, same-host shm, TCP,
+//! TCP with shm beside it, and RDMA
 //! (libfabric's `tcp` and `shm` providers): a save loaded layer by layer into other blocks, a producer
 //! that dies mid-load (recompute, never wrong KV), and the blocking calls made from async code.
 
@@ -224,8 +225,16 @@ fn shm() -> Option<(KvConnector, KvConnector)> {
     Some((p, c))
 }
 
+/// Connectors over TCP with the same-host backend beside it (both on this host, so KV goes over shm).
+#[cfg(target_os = "linux")]
+fn tcp_with_shm() -> Option<(KvConnector, KvConnector)> {
+    Some(common::tcp_with_shm_pair(config))
+}
+
 over!(loopback, loopback());
 over!(shm, shm());
+#[cfg(target_os = "linux")]
+over!(tcp_with_shm, tcp_with_shm());
 over!(tcp, tcp());
 #[cfg(feature = "rdma")]
 over!(rdma_tcp, rdma("tcp", Some("lo")));

@@ -130,6 +130,15 @@ class Connector:
         producer: Optional[str] = None,
     ) -> "Connector": ...
     @staticmethod
+    def tcp_with_shm(
+        settings: Dict[str, Any],
+        engine_id: int,
+        listen: Optional[str] = "127.0.0.1:0",
+        socket: Optional[str] = None,
+        control_listen: Optional[str] = None,
+        producer: Optional[str] = None,
+    ) -> "Connector": ...
+    @staticmethod
     def shm(
         settings: Dict[str, Any],
         engine_id: int,

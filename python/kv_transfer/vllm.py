@@ -39,8 +39,13 @@ first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this conve
 - ``backend`` (``"tcp"``): how KV moves, ``"tcp"``, ``"shm"`` (producer and consumer on one host, Linux:
   the consumer's workers copy each block straight out of the producer's KV caches, once) or ``"rdma"``
   (libfabric; a build with feature ``rdma``, see the README); the control channel is TCP either way;
+- ``shm_same_host`` (``false``): with ``backend: "tcp"``, the same-host backend beside TCP: a producer
+  whose consumer runs on its host (same kernel boot and host name) copies through shared memory, other
+  consumers get TCP, and one that cannot be reached over shm (another container, say) falls back to TCP;
+  ``same_host_loads`` in the stats counts the loads served over shm;
 - ``shm_socket_dir`` (``""``: the system's temporary directory): where a consumer's workers make their
-  Unix sockets with ``backend: "shm"`` (mode 0600; only the same user's processes may connect);
+  Unix sockets with ``backend: "shm"`` or ``shm_same_host`` (mode 0600; only the same user's processes
+  may connect);
 - ``rdma_provider`` (``"auto-local"``): libfabric's provider with ``backend: "rdma"``: ``"auto"``
   (``efa``, then ``verbs``, then ``tcp``), ``"auto-local"`` (``shm`` too, for peers on this host), or a
   name (``"verbs"``, ``"efa"``, ``"tcp"``, ``"shm"``);
@@ -95,6 +100,7 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "rdma_provider": "auto-local",
     "rdma_domain": "",
     "shm_socket_dir": "",
+    "shm_same_host": False,
 }
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
@@ -112,6 +118,7 @@ _STAT_COUNTERS = (
     "saved_blocks",
     "save_dropped_blocks",
     "retransmits",
+    "same_host_loads",
 )
 
 
@@ -164,6 +171,10 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
     if opts["backend"] not in ("tcp", "shm", "rdma"):
         raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp', 'shm' or 'rdma'")
+    if opts["shm_same_host"] is True and opts["backend"] != "tcp":
+        raise ValueError(
+            f"kv_connector_extra_config['shm_same_host'] goes with backend 'tcp' (shm beside it), not {opts['backend']!r}"
+        )
     for key, default in EXTRA_CONFIG.items():
         if key == "peers":
             continue
@@ -371,16 +382,22 @@ class KvTransferConnector(KVConnectorBase_V1):
             domain = self._opts["rdma_domain"] or None
             conn = Connector.rdma(settings, engine_id, self._opts["rdma_provider"], domain, control_listen=control)
         elif self._opts["backend"] == "shm":
-            socket = None
-            if self._role != "producer":
-                folder = self._opts["shm_socket_dir"] or tempfile.gettempdir()
-                socket = os.path.join(folder, f"kv-transfer-{engine_id:08x}.sock")
-            conn = Connector.shm(settings, engine_id, socket=socket, control_listen=control)
+            conn = Connector.shm(settings, engine_id, socket=self._shm_socket(engine_id), control_listen=control)
+        elif self._opts["shm_same_host"]:
+            socket = self._shm_socket(engine_id)
+            conn = Connector.tcp_with_shm(settings, engine_id, listen=listen, socket=socket, control_listen=control)
         else:
             conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
         conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)
         self._layers, self._index = names, {n: i for i, n in enumerate(names)}
         self._worker = conn
+
+    def _shm_socket(self, engine_id: int) -> Optional[str]:
+        """The Unix socket a worker that loads listens on for same-host producers (none for a producer)."""
+        if self._role == "producer":
+            return None
+        folder = self._opts["shm_socket_dir"] or tempfile.gettempdir()
+        return os.path.join(folder, f"kv-transfer-{engine_id:08x}.sock")
 
     def _tp_rank(self) -> int:
         if self._tp_size == 1:

@@ -234,6 +234,36 @@ impl PyConnector {
             .map_err(err)
     }
 
+    /// A connector over TCP for remote peers with the same-host backend beside it (Linux) for peers on
+    /// this host: a producer copies through shared memory to a consumer that names its host and listens on
+    /// Unix socket `socket`, and falls back to TCP when it cannot reach it there. `listen`,
+    /// `control_listen` and `producer` are as in [`PyConnector::tcp`]; the KV bandwidth cap applies to TCP.
+    #[staticmethod]
+    #[pyo3(signature = (settings, engine_id, listen = Some("127.0.0.1:0".to_owned()), socket = None, control_listen = None, producer = None))]
+    fn tcp_with_shm(
+        py: Python<'_>,
+        settings: &Bound<'_, PyDict>,
+        engine_id: u32,
+        listen: Option<String>,
+        socket: Option<std::path::PathBuf>,
+        control_listen: Option<String>,
+        producer: Option<String>,
+    ) -> PyResult<PyConnector> {
+        let cfg = config(settings)?;
+        let tcp = TcpConfig {
+            listen: addr("listen", listen)?,
+            ..TcpConfig::with_engine_id(engine_id)
+        };
+        let shm = backends::shm::ShmConfig::new(engine_id, socket);
+        let (control, producer) = (
+            addr("control_listen", control_listen)?,
+            addr("producer", producer)?,
+        );
+        py.detach(|| KvConnector::tcp_with_shm(cfg, tcp, shm, control, producer))
+            .map(PyConnector)
+            .map_err(err)
+    }
+
     /// A connector over the same-host backend (Linux; producer and consumers on one host), with the same
     /// control channel as [`PyConnector::tcp`]. A consumer's node listens on Unix socket `socket`
     /// (required for a role that loads) and copies each unit straight out of the producer's memory.
@@ -465,6 +495,8 @@ impl PyConnector {
             ("local_tier_bytes", s.local_tier_bytes),
             ("save_dropped_blocks", s.save_dropped),
             ("abandoned_blocks", s.abandoned_blocks),
+            ("same_host_loads", s.same_host_loads),
+            ("same_host_fallbacks", s.same_host_fallbacks),
         ])
     }
 }

@@ -82,6 +82,17 @@ def test_save_then_load_over_shm_on_one_host(tmp_path):
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
 
 
+def test_tcp_with_shm_serves_a_consumer_on_this_host_over_shared_memory(tmp_path):
+    producer = kt.Connector.tcp_with_shm(settings("producer"), 1, listen=None)
+    consumer = kt.Connector.tcp_with_shm(settings("consumer"), 2, socket=str(tmp_path / "consumer.sock"))
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
+    assert (producer.metrics()["same_host_loads"], producer.metrics()["same_host_fallbacks"]) == (1, 0)
+
+
 def test_a_consumer_over_shm_needs_a_socket():
     with pytest.raises(kt.KvTransferError, match="address"):
         kt.Connector.shm(settings("consumer"), 2)

@@ -108,11 +108,12 @@ def loaded(before, after):
     return after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
 
 
-# Over TCP, the same-host backend, and RDMA on libfabric's shm and tcp providers (the control channel is TCP
-# either way).
+# Over TCP, the same-host backend, TCP with the same-host backend beside it, and RDMA on libfabric's shm and
+# tcp providers (the control channel is TCP either way).
 BACKENDS = {
     "tcp": {},
     "shm": {"backend": "shm"},
+    "tcp+shm": {"shm_same_host": True},
     "rdma-shm": {"backend": "rdma", "rdma_provider": "shm", "rdma_domain": ""},
     "rdma-tcp": {"backend": "rdma", "rdma_provider": "tcp", "rdma_domain": "lo"},
 }

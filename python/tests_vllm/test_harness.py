@@ -135,4 +135,7 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
         _options({"store_blocks": "many"})
     with pytest.raises(ValueError, match="async_loads"):
         _options({"async_loads": "yes"})
+    with pytest.raises(ValueError, match="shm_same_host.*'rdma'"):
+        _options({"shm_same_host": True, "backend": "rdma"})
+    assert _options({"shm_same_host": True})["shm_same_host"] is True
     assert _options({})["kv_ip"] == "127.0.0.1"

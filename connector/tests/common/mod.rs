@@ -183,3 +183,47 @@ pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector
     .unwrap();
     (producer, consumer)
 }
+
+/// A Unix socket path no other test uses.
+#[cfg(target_os = "linux")]
+pub(crate) fn fresh_socket(tag: &str) -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("connector-{tag}-{}-{n}.sock", std::process::id()))
+}
+
+/// A producer over TCP with the same-host backend beside it (engine 1, dialing only), configured by
+/// `config`.
+#[cfg(target_os = "linux")]
+pub(crate) fn tcp_with_shm_producer(config: impl Fn(Role) -> ConnectorConfig) -> KvConnector {
+    KvConnector::tcp_with_shm(
+        config(Role::Producer),
+        TcpConfig {
+            listen: None,
+            ..TcpConfig::with_engine_id(1)
+        },
+        backends::shm::ShmConfig::new(1, None),
+        None,
+        None,
+    )
+    .unwrap()
+}
+
+/// A producer and a consumer over TCP with the same-host backend beside it ([`KvConnector::tcp_with_shm`]),
+/// on this host; the consumer's shm node listens and it knows the producer's control address.
+#[cfg(target_os = "linux")]
+pub(crate) fn tcp_with_shm_pair(
+    config: impl Fn(Role) -> ConnectorConfig,
+) -> (KvConnector, KvConnector) {
+    use backends::shm::ShmConfig;
+    let producer = tcp_with_shm_producer(&config);
+    let consumer = KvConnector::tcp_with_shm(
+        config(Role::Consumer),
+        TcpConfig::with_engine_id(2),
+        ShmConfig::new(2, Some(fresh_socket("mixed"))),
+        None,
+        producer.control_addr(),
+    )
+    .unwrap();
+    (producer, consumer)
+}
