@@ -522,6 +522,52 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        max_connections_per_address: 1,
+        max_pending_refusals: 2,
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (_held, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
+    admitted.unwrap();
+    // Ten more connections from the address, sending nothing: each refused; two are told why (a
+    // refusal waits 200 ms for what the dialer sends first), the rest closed at once.
+    let mut flood = Vec::new();
+    for _ in 0..10 {
+        flood.push(TcpStream::connect(addr).await.unwrap());
+    }
+    let mut answered = 0;
+    for mut s in flood {
+        let mut buf = Vec::new();
+        let read = timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+        assert!(read.is_ok(), "a refused connection was never closed");
+        if !buf.is_empty() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 2, "{:#?}", server.log());
+    let stats = server.stats();
+    assert_eq!(
+        (stats.handshakes_refused, stats.refusals_unanswered),
+        (10, 8)
+    );
+    // Once those refusals are done (each drains its connection briefly), the next is answered again.
+    let end = Instant::now() + LIMIT;
+    loop {
+        let (_, refused) = handshake_as(addr, 41, [0; TOKEN_LEN], None).await;
+        if refused.unwrap_err().contains("already holds 1 connections") {
+            break;
+        }
+        assert!(Instant::now() < end, "refusals were never answered again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_send_nothing_hold_no_handshake_turn() {
     let server = TcpNode::start(TcpConfig {
         serve_bytes: 64 << 20,

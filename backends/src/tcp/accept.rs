@@ -30,6 +30,7 @@ use super::state::NodeState;
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
     let turns = Arc::new(Semaphore::new(node.ctx.cfg.max_handshakes.max(1)));
+    let refusals = Arc::new(Semaphore::new(node.ctx.cfg.max_pending_refusals));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -48,7 +49,19 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
                         Err(reason) => {
                             c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
                             node.ctx.log(format!("refused connection from {from}: {reason}"));
-                            tokio::spawn(super::admission::refuse(stream, reason));
+                            match refusals.clone().try_acquire_owned() {
+                                Ok(permit) => {
+                                    tokio::spawn(async move {
+                                        super::admission::refuse(stream, reason).await;
+                                        drop(permit);
+                                    });
+                                }
+                                // As many refusals as the node answers at once: closed unanswered.
+                                Err(_) => {
+                                    c.refusals_unanswered.fetch_add(1, Ordering::Relaxed);
+                                    drop(stream);
+                                }
+                            }
                             continue;
                         }
                     };

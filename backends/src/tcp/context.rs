@@ -20,6 +20,7 @@ pub(crate) struct LaneCounters {
     pub(crate) lanes_opened: AtomicU64,
     pub(crate) lanes_closed: AtomicU64,
     pub(crate) handshakes_refused: AtomicU64,
+    pub(crate) refusals_unanswered: AtomicU64,
     pub(crate) bad_frames: AtomicU64,
     pub(crate) unroutable: AtomicU64,
     pub(crate) control_dropped: AtomicU64,

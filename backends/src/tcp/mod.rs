@@ -26,7 +26,8 @@
 //!   [`TcpConfig::stall_timeout`]; a new connection group claiming an engine id ends the earlier group's
 //!   sessions (recompute), so none of its frames reach them; one IP address holds at most
 //!   [`TcpConfig::max_connections_per_address`] connections, and a handshake turn is taken only once a
-//!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`.
+//!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`, at most
+//!   [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is closed without one).
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
 //!   frames a second (then stops reading, so TCP holds the sender back), and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
@@ -135,6 +136,11 @@ pub struct TcpConfig {
     /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
     /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.
     pub max_connections_per_address: usize,
+    /// Most refused connections being told why at once (each is answered with a Reject within about a
+    /// second); beyond it a refused connection is closed at once without a reason, and counted in
+    /// `NodeStats::refusals_unanswered`. Keeps a connect flood from holding a task and a socket per
+    /// refusal.
+    pub max_pending_refusals: usize,
     /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
     /// address its connection came from).
     pub dial_back: bool,
@@ -174,6 +180,7 @@ impl Default for TcpConfig {
             max_lanes: 256,
             max_handshakes: 64,
             max_connections_per_address: 128,
+            max_pending_refusals: 64,
             socket_buffers: SocketBuffers::default(),
             stage_bytes: 4 << 20,
             stage_host_memory: false,

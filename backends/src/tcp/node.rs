@@ -36,6 +36,9 @@ pub struct NodeStats {
     pub lanes_closed: u64,
     /// Connections refused in the handshake.
     pub handshakes_refused: u64,
+    /// Refused connections closed without a Reject, because `TcpConfig::max_pending_refusals` were being
+    /// answered already (a connect flood).
+    pub refusals_unanswered: u64,
     /// Lanes closed because their peer sent a frame that failed to decode or addressed memory it may not.
     pub lanes_closed_for_bad_frames: u64,
     /// Frames dropped because no lane to their peer existed or could be dialed.
@@ -138,6 +141,7 @@ impl TcpNode {
             lanes_opened: c.lanes_opened.load(Ordering::Relaxed),
             lanes_closed: c.lanes_closed.load(Ordering::Relaxed),
             handshakes_refused: c.handshakes_refused.load(Ordering::Relaxed),
+            refusals_unanswered: c.refusals_unanswered.load(Ordering::Relaxed),
             lanes_closed_for_bad_frames: c.bad_frames.load(Ordering::Relaxed),
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
             incoming_dropped: self.state.ctx.station.board.incoming_dropped(),
