@@ -437,3 +437,59 @@ impl ControlClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every JSON example in `docs/CONTROL.md` is a request or reply this code reads, and writes back the
+    /// same.
+    #[test]
+    fn the_documents_examples_are_what_the_code_reads_and_writes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONTROL.md");
+        let doc = std::fs::read_to_string(path).expect("docs/CONTROL.md");
+        let (mut requests, mut replies, mut inside) = (0, 0, false);
+        for line in doc.lines() {
+            match line.trim() {
+                "```json" => inside = true,
+                "```" => inside = false,
+                example if inside => {
+                    let written: serde_json::Value = serde_json::from_str(example).unwrap();
+                    let again = if let Ok(r) = serde_json::from_str::<Request>(example) {
+                        requests += 1;
+                        serde_json::to_value(r).unwrap()
+                    } else {
+                        let r: Reply = serde_json::from_str(example).unwrap_or_else(|e| {
+                            panic!("{example}: neither request nor reply: {e}")
+                        });
+                        replies += 1;
+                        serde_json::to_value(r).unwrap()
+                    };
+                    assert_eq!(again, written, "{example}");
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            (requests, replies),
+            (3, 3),
+            "the examples were not all found"
+        );
+    }
+
+    #[test]
+    fn a_reply_without_via_is_main_and_a_load_without_same_host_has_none() {
+        let r: Reply =
+            serde_json::from_str(r#"{"reply":"started","session":1,"served":2}"#).unwrap();
+        assert!(matches!(r, Reply::Started { via: Via::Main, .. }));
+        let load = r#"{"op":"load","ns":1,"keys":[],"engine_addr":"a","blocks":[],"class":2,"request":0,"tp":{"rank":0,"size":1,"mla":false}}"#;
+        let r: Request = serde_json::from_str(load).unwrap();
+        assert!(matches!(
+            r,
+            Request::Load {
+                same_host: None,
+                ..
+            }
+        ));
+    }
+}
