@@ -568,6 +568,40 @@ async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_is_live() {
+    let idle = Duration::from_millis(300);
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        inbound_idle_timeout: Some(idle),
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    let (mut silent, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
+    admitted.unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 64];
+    let read = timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "a silent lane was not closed: {read:?}"
+    );
+    assert!(started.elapsed() >= idle, "closed before it idled");
+    // A session that waits longer than that for its producer's next layer keeps its lane.
+    let (client, src, dst, peer) = good_client(addr, 41).await;
+    let req = TransferRequest::whole(peer, &src, &dst).unwrap();
+    let session = client.submit(req.with_layers_written(0)).unwrap();
+    tokio::time::sleep(idle * 4).await;
+    let closed_before = server.stats().lanes_closed;
+    client.layers_written(session, layout().layers).unwrap();
+    let out = client.wait(session, LIMIT).await.unwrap();
+    assert!(out.recompute.is_empty(), "{out:?}");
+    assert_eq!(client.stats().lanes_closed, 0, "{:#?}", server.log());
+    assert_eq!(server.stats().lanes_closed, closed_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_send_nothing_hold_no_handshake_turn() {
     let server = TcpNode::start(TcpConfig {
         serve_bytes: 64 << 20,

@@ -24,7 +24,8 @@
 //!   token; served regions belong to the peer that asked; dial-back goes only to the address a connection
 //!   came from; a peer that stalls mid-frame or stops reading loses its lane after
 //!   [`TcpConfig::stall_timeout`]; a new connection group claiming an engine id ends the earlier group's
-//!   sessions (recompute), so none of its frames reach them; one IP address holds at most
+//!   sessions (recompute), so none of its frames reach them; a lane a peer dialed and then left silent,
+//!   with no session live, is closed after [`TcpConfig::inbound_idle_timeout`]; one IP address holds at most
 //!   [`TcpConfig::max_connections_per_address`] connections, and a handshake turn is taken only once a
 //!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`, at most
 //!   [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is closed without one).
@@ -99,8 +100,12 @@ pub struct TcpConfig {
     pub allow_unauthenticated_remote: bool,
     /// Most lanes (connections) to one peer.
     pub max_lanes_per_peer: usize,
-    /// An outbound lane idle this long is closed.
+    /// A lane this node dialed, with nothing to write and nothing received for this long, is closed.
     pub idle_timeout: Duration,
+    /// A lane a peer dialed, with nothing to write, nothing received for this long and no session with
+    /// that peer, is closed (`None`: never), so a peer that connects and then says nothing does not hold
+    /// a lane forever. Longer than `idle_timeout` by default: an honest dialer closes its idle lanes first.
+    pub inbound_idle_timeout: Option<Duration>,
     /// First redial delay after a failed dial; doubles each failure up to `redial_max`.
     pub redial_base: Duration,
     /// Largest redial delay.
@@ -166,6 +171,7 @@ impl Default for TcpConfig {
             allow_unauthenticated_remote: false,
             max_lanes_per_peer: 2,
             idle_timeout: Duration::from_secs(30),
+            inbound_idle_timeout: Some(Duration::from_secs(120)),
             redial_base: Duration::from_millis(10),
             redial_max: Duration::from_secs(2),
             unreachable_after: Duration::from_secs(1),

@@ -75,12 +75,17 @@ async fn write_loop(
         batch.clear();
         link.take_batch(ctx, &mut batch);
         if batch.is_empty() {
-            let idle = ctx.cfg.idle_timeout;
+            let idle = if lane.outbound {
+                Some(ctx.cfg.idle_timeout)
+            } else {
+                ctx.cfg.inbound_idle_timeout
+            };
+            let check = idle.unwrap_or(ctx.cfg.idle_timeout);
             // A lane holding staging buffers wakes early to let them go.
             let wait = if stagers.is_empty() {
-                idle
+                check
             } else {
-                RELEASE_IDLE_STAGERS.min(idle)
+                RELEASE_IDLE_STAGERS.min(check)
             };
             tokio::select! {
                 () = link.ready.notified() => {}
@@ -88,7 +93,7 @@ async fn write_loop(
                 () = tokio::time::sleep(wait) => {
                     if !stagers.is_empty() {
                         stagers.release();
-                    } else if lane.outbound && lock(&lane.last_rx).elapsed() >= idle {
+                    } else if idle_past(ctx, link, lane, idle) {
                         return CloseReason::Idle;
                     }
                 }
@@ -100,6 +105,16 @@ async fn write_loop(
         }
         ctx.wake.notify_one();
     }
+}
+
+/// Whether a lane with nothing to write has also received nothing for `idle` (`None`: it never idles
+/// out); a lane a peer dialed idles out only while no session with that peer is live.
+fn idle_past(ctx: &Context, link: &PeerLink, lane: &LaneState, idle: Option<Duration>) -> bool {
+    let Some(idle) = idle else {
+        return false;
+    };
+    let quiet = lock(&lane.last_rx).elapsed();
+    quiet >= idle && (lane.outbound || !ctx.station.engine().has_sessions_with(link.peer))
 }
 
 /// One piece of a vectored write, by index into the batch and the writer's scratch (no borrows, so the
