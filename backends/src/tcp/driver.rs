@@ -79,8 +79,9 @@ fn step(node: &NodeState) -> Option<Instant> {
     next
 }
 
-/// Dials more lanes where they are needed: a first lane to any peer with queued frames or live
-/// sessions, more (up to the pool's bound) while more than a batch waits; ends the sessions of peers
+/// Dials more lanes where they are needed: a first lane to a peer with live sessions (frames queued for
+/// a peer without any are dropped instead), more (up to the pool's bound) while more than a batch waits,
+/// within each peer's dial rate; ends the sessions of peers
 /// found unreachable (see [`super::reach`]).
 fn ensure_lanes(node: &Arc<NodeState>) {
     let links = node.all_links();
@@ -89,10 +90,21 @@ fn ensure_lanes(node: &Arc<NodeState>) {
         let redial = reach::judge(node, &link, now) == reach::Verdict::Redial;
         let queued = link.queued_bytes.load(Ordering::Relaxed);
         let lanes = link.lane_count();
-        let want = (lanes == 0 && (queued > 0 || redial))
-            || (queued > node.ctx.cfg.batch_bytes as u64
+        if lanes == 0 && !redial && queued > 0 {
+            // No lane and no session needs one: what is queued (answers to a peer that left, such as
+            // Rejects and CloseAcks) is not worth a dial. Its engine resends what mattered.
+            let dropped = link.clear_queue(&node.ctx) as u64;
+            node.ctx
+                .counters
+                .unroutable
+                .fetch_add(dropped, Ordering::Relaxed);
+            continue;
+        }
+        let want = (lanes == 0 && redial)
+            || (lanes > 0
+                && queued > node.ctx.cfg.batch_bytes as u64
                 && lanes < node.ctx.cfg.max_lanes_per_peer);
-        if want && let Some(addr) = link.dial_due(now) {
+        if want && let Some(addr) = link.dial_due(now, &node.ctx) {
             tokio::spawn(lane::redial(node.clone(), link, addr));
         }
     }

@@ -108,6 +108,11 @@ pub struct TcpConfig {
     pub inbound_idle_timeout: Option<Duration>,
     /// First redial delay after a failed dial; doubles each failure up to `redial_max`.
     pub redial_base: Duration,
+    /// Most dials to one peer (successful or not) within `dial_window`; beyond, the next waits, so a peer
+    /// whose lanes die right after each dial cannot make this node dial it in a loop.
+    pub max_dials_per_window: usize,
+    /// The window of `max_dials_per_window`.
+    pub dial_window: Duration,
     /// Largest redial delay.
     pub redial_max: Duration,
     /// How long a peer with live sessions may have no lane, with redialing refused (or impossible), before
@@ -174,6 +179,8 @@ impl Default for TcpConfig {
             inbound_idle_timeout: Some(Duration::from_secs(120)),
             redial_base: Duration::from_millis(10),
             redial_max: Duration::from_secs(2),
+            max_dials_per_window: 8,
+            dial_window: Duration::from_secs(10),
             unreachable_after: Duration::from_secs(1),
             handshake_timeout: Duration::from_secs(5),
             batch_bytes: 4 << 20,

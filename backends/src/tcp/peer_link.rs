@@ -38,6 +38,8 @@ struct DialState {
     failures: u32,
     next_at: Instant,
     last_error: Option<String>,
+    /// When the dials of the last `TcpConfig::dial_window` started (at most `max_dials_per_window`).
+    recent: VecDeque<Instant>,
 }
 
 /// Whether a peer can be reached, as the driver judges it from its lanes and dials.
@@ -70,6 +72,7 @@ impl PeerLink {
                 failures: 0,
                 next_at: Instant::now(),
                 last_error: None,
+                recent: VecDeque::new(),
             }),
             reach: Mutex::new(Reach::default()),
             token: Mutex::new(None),
@@ -97,14 +100,15 @@ impl PeerLink {
         (d.failures, d.last_error.clone())
     }
 
-    /// Drops every queued frame (the peer is gone; the engine has given their sessions up).
-    pub(crate) fn clear_queue(&self, ctx: &Context) {
-        let dropped: u64 = lock(&self.queue)
-            .drain(..)
-            .map(|t| t.wire_len() as u64)
-            .sum();
+    /// Drops every queued frame (the peer is gone, or no session needs it); returns how many.
+    pub(crate) fn clear_queue(&self, ctx: &Context) -> usize {
+        let mut queue = lock(&self.queue);
+        let frames = queue.len();
+        let dropped: u64 = queue.drain(..).map(|t| t.wire_len() as u64).sum();
+        drop(queue);
         self.queued_bytes.fetch_sub(dropped, Ordering::Relaxed);
         ctx.total_queued.fetch_sub(dropped, Ordering::Relaxed);
+        frames
     }
 
     pub(crate) fn set_addr(&self, addr: SocketAddr) {
@@ -126,13 +130,28 @@ impl PeerLink {
         lock(&self.queue).push_back(t);
     }
 
-    /// The address to dial now, if a dial is due (not already dialing, backoff elapsed); marks dialing.
-    pub(crate) fn dial_due(&self, now: Instant) -> Option<SocketAddr> {
+    /// The address to dial now, if a dial is due (not already dialing, backoff elapsed, fewer than
+    /// `max_dials_per_window` dials in the last `dial_window`, successful or not); marks dialing.
+    pub(crate) fn dial_due(&self, now: Instant, ctx: &Context) -> Option<SocketAddr> {
         let addr = (*lock(&self.addr))?;
         let mut d = lock(&self.dial);
         if d.dialing || now < d.next_at {
             return None;
         }
+        let window = ctx.cfg.dial_window;
+        while d
+            .recent
+            .front()
+            .is_some_and(|&t| now.duration_since(t) >= window)
+        {
+            d.recent.pop_front();
+        }
+        if d.recent.len() >= ctx.cfg.max_dials_per_window.max(1) {
+            // A peer whose lanes keep dying right after each dial (or that makes them die) waits.
+            d.next_at = d.recent[0] + window;
+            return None;
+        }
+        d.recent.push_back(now);
         d.dialing = true;
         Some(addr)
     }
@@ -217,5 +236,34 @@ impl PeerLink {
             self.clear_queue(ctx);
         }
         ctx.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::TcpConfig;
+    use super::*;
+
+    #[test]
+    fn dials_to_a_peer_are_limited_per_window_even_when_each_succeeds() {
+        let ctx = Context::new(TcpConfig {
+            max_dials_per_window: 3,
+            dial_window: Duration::from_secs(10),
+            ..TcpConfig::default()
+        });
+        let link = PeerLink::new(PeerId(7));
+        link.set_addr("127.0.0.1:9".parse().unwrap());
+        let t0 = Instant::now();
+        for i in 0..3 {
+            let now = t0 + Duration::from_millis(i);
+            assert!(link.dial_due(now, &ctx).is_some(), "dial {i}");
+            link.dial_done(Ok(()), &ctx);
+        }
+        // Three successful dials in the window: the fourth waits for the first to leave it.
+        assert_eq!(link.dial_due(t0 + Duration::from_secs(1), &ctx), None);
+        assert_eq!(link.dial_due(t0 + Duration::from_millis(9_999), &ctx), None);
+        assert!(link.dial_due(t0 + Duration::from_secs(10), &ctx).is_some());
     }
 }
