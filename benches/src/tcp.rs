@@ -139,3 +139,35 @@ pub(crate) fn holds_pattern(memory: &MemoryRegion, seed: u64) -> anyhow::Result<
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::pattern;
+
+    /// docs/PROTOCOL.md §15 gives the first bytes of seed 7's pattern; they are what clients fill.
+    #[test]
+    fn the_documented_pattern_is_the_one_clients_fill() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md"))
+                .expect("docs/PROTOCOL.md");
+        let section = &doc[doc.find("## 15. Testing a peer").expect("§15")..];
+        let quoted = |after: &str| -> Vec<u8> {
+            let at = section.find(after).expect(after) + after.len();
+            let rest = &section[at..];
+            let start = rest.find('`').unwrap() + 1;
+            let end = start + rest[start..].find('`').unwrap();
+            rest[start..end]
+                .split_whitespace()
+                .map(|h| u8::from_str_radix(h, 16).unwrap())
+                .collect()
+        };
+        let first = quoted("the piece at offset 0 begins");
+        let second = quoted("the piece at offset 1048576 begins");
+        let mut got = vec![0u8; first.len()];
+        pattern(7, 0, &mut got);
+        assert_eq!(got, first);
+        let mut got = vec![0u8; second.len()];
+        pattern(7, 1 << 20, &mut got);
+        assert_eq!(got, second);
+    }
+}
