@@ -207,10 +207,11 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
                 Err(message) => return Reply::Error { message },
             };
             let class = class_from(class);
-            let mut dst = match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
-                Ok(d) => d,
-                Err(message) => return Reply::Error { message },
-            };
+            let (mut dst, mut fell_back) =
+                match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
+                    Ok(d) => d,
+                    Err(message) => return Reply::Error { message },
+                };
             let mut started = core.load(&keys, dst, &blocks, class, request);
             if let Err(ConnectorError::Transport(
                 TransportError::Unreachable(_) | TransportError::NoRoute { .. },
@@ -218,11 +219,16 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
             {
                 // The consumer was found unreachable, or its node forgot this one: reach it afresh
                 // (which asks it to answer again) and try once more.
-                dst = match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
-                    Ok(d) => d,
-                    Err(message) => return Reply::Error { message },
-                };
+                (dst, fell_back) =
+                    match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
+                        Ok(d) => d,
+                        Err(message) => return Reply::Error { message },
+                    };
                 started = core.load(&keys, dst, &blocks, class, request);
+            }
+            if fell_back {
+                // Once per load, however many times the same-host transport was tried for it.
+                core.metrics.same_host_fallback();
             }
             match started {
                 Ok(Started { session, served }) => Reply::Started {
@@ -239,24 +245,29 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
 }
 
 /// The transport a load goes over: the same-host one when the consumer names this producer's host and
-/// can be reached there, the main one otherwise.
+/// can be reached there, the main one otherwise; `true` beside it when the same-host one was tried and
+/// could not be used (a fallback, which the caller counts).
 async fn choose(
     core: &ProducerCore,
     peers: &Peers,
     engine_addr: &str,
     same_host: Option<&SameHostEndpoint>,
     fresh: bool,
-) -> Result<Destination, String> {
+) -> Result<(Destination, bool), String> {
+    let mut fell_back = false;
     if let Some(end) = same_host
         && core.transport.shares_host(&end.host)
     {
         match route(core, peers, Via::SameHost, &end.addr, fresh).await {
-            Ok(d) => return Ok(d),
+            Ok(d) => return Ok((d, false)),
             // Same host by name, yet not reachable there (another container, say): the main transport.
-            Err(_) => core.metrics.same_host_fallback(),
+            Err(_) => fell_back = true,
         }
     }
-    route(core, peers, Via::Main, engine_addr, fresh).await
+    Ok((
+        route(core, peers, Via::Main, engine_addr, fresh).await?,
+        fell_back,
+    ))
 }
 
 /// The consumer at `addr` on transport `via`, as this producer addresses it: remembered from an earlier

@@ -81,15 +81,8 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
         let node = backends::rdma::RdmaNode::start(rdma)?;
-        Self::remote(
-            cfg,
-            rt,
-            DataPlane::new(Arc::new(node)),
-            control_listen,
-            producer,
-        )
+        Self::over(cfg, Arc::new(node), control_listen, producer)
     }
 
     /// A connector over the same-host backend (a Unix socket; shared memory or cross-memory attach),
@@ -104,15 +97,8 @@ impl KvConnector {
         control_listen: Option<SocketAddr>,
         producer: Option<SocketAddr>,
     ) -> Result<KvConnector, ConnectorError> {
-        let rt = runtime()?;
         let node = backends::shm::ShmNode::start(shm)?;
-        Self::remote(
-            cfg,
-            rt,
-            DataPlane::new(Arc::new(node)),
-            control_listen,
-            producer,
-        )
+        Self::over(cfg, Arc::new(node), control_listen, producer)
     }
 
     /// A connector over a transport the caller started (any backend): producers serve lookups and loads

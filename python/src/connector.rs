@@ -149,6 +149,24 @@ fn addr(what: &str, a: Option<String>) -> PyResult<Option<std::net::SocketAddr>>
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))
 }
 
+/// The control addresses every remote connector takes: where a producer serves, whom a consumer asks.
+type ControlAddrs = (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>);
+
+fn control_addrs(control_listen: Option<String>, producer: Option<String>) -> PyResult<ControlAddrs> {
+    Ok((
+        addr("control_listen", control_listen)?,
+        addr("producer", producer)?,
+    ))
+}
+
+/// The TCP node of engine `engine_id` listening on `listen`, as `Connector.tcp*` set it up.
+fn tcp_config(engine_id: u32, listen: Option<String>) -> PyResult<TcpConfig> {
+    Ok(TcpConfig {
+        listen: addr("listen", listen)?,
+        ..TcpConfig::with_engine_id(engine_id)
+    })
+}
+
 /// The scheduler's plan for one step (vLLM's `KVConnectorMetadata`), handed to each worker's
 /// `bind_connector_metadata`.
 #[pyclass(name = "ConnectorMetadata", module = "kv_transfer", frozen)]
@@ -221,14 +239,8 @@ impl PyConnector {
         producer: Option<String>,
     ) -> PyResult<PyConnector> {
         let cfg = config(settings)?;
-        let tcp = TcpConfig {
-            listen: addr("listen", listen)?,
-            ..TcpConfig::with_engine_id(engine_id)
-        };
-        let (control, producer) = (
-            addr("control_listen", control_listen)?,
-            addr("producer", producer)?,
-        );
+        let tcp = tcp_config(engine_id, listen)?;
+        let (control, producer) = control_addrs(control_listen, producer)?;
         py.detach(|| KvConnector::tcp(cfg, tcp, control, producer))
             .map(PyConnector)
             .map_err(err)
@@ -250,15 +262,9 @@ impl PyConnector {
         producer: Option<String>,
     ) -> PyResult<PyConnector> {
         let cfg = config(settings)?;
-        let tcp = TcpConfig {
-            listen: addr("listen", listen)?,
-            ..TcpConfig::with_engine_id(engine_id)
-        };
+        let tcp = tcp_config(engine_id, listen)?;
         let shm = backends::shm::ShmConfig::new(engine_id, socket);
-        let (control, producer) = (
-            addr("control_listen", control_listen)?,
-            addr("producer", producer)?,
-        );
+        let (control, producer) = control_addrs(control_listen, producer)?;
         py.detach(|| KvConnector::tcp_with_shm(cfg, tcp, shm, control, producer))
             .map(PyConnector)
             .map_err(err)
@@ -279,10 +285,7 @@ impl PyConnector {
     ) -> PyResult<PyConnector> {
         let cfg = config(settings)?;
         let shm = backends::shm::ShmConfig::new(engine_id, socket);
-        let (control, producer) = (
-            addr("control_listen", control_listen)?,
-            addr("producer", producer)?,
-        );
+        let (control, producer) = control_addrs(control_listen, producer)?;
         py.detach(|| KvConnector::shm(cfg, shm, control, producer))
             .map(PyConnector)
             .map_err(err)
@@ -304,10 +307,7 @@ impl PyConnector {
         producer: Option<String>,
     ) -> PyResult<PyConnector> {
         let cfg = config(settings)?;
-        let (control, producer) = (
-            addr("control_listen", control_listen)?,
-            addr("producer", producer)?,
-        );
+        let (control, producer) = control_addrs(control_listen, producer)?;
         rdma_connector(py, cfg, engine_id, provider, domain, control, producer)
     }
 
