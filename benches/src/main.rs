@@ -8,6 +8,7 @@ mod bucket;
 mod buffers;
 mod contention;
 mod death;
+mod disk;
 mod gpu;
 #[cfg(feature = "rdma")]
 mod in_place;
@@ -78,6 +79,8 @@ enum Command {
     Sweep(sweep::SweepArgs),
     /// Prefill and decode in two processes over TCP through the KV connector: TTFT against recompute.
     Pd(pd::PdArgs),
+    /// The disk tier: write and read GB/s beside a plain sequential write and read; `--crash-test`.
+    Disk(disk::DiskArgs),
     /// GPU copies (feature `cuda`): host to GPU, GPU to host, GPU to GPU beside a plain cuMemcpy.
     Gpu(gpu::GpuArgs),
     /// The receiving process of `run --backend shm` (started by it).
@@ -113,6 +116,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
         Command::PeerDeath(args) => death::main(&args),
         Command::Load(args) => load::main(&args),
         Command::Pd(args) => pd::main(&args),
+        Command::Disk(args) => disk::main(&args),
         Command::Gpu(args) => gpu::main(&args),
         Command::ShmReceiver(args) => shm::receiver_main(&args),
         Command::GpuIpcReceiver(args) => gpu::ipc_receiver_main(&args),

@@ -59,6 +59,9 @@ pub enum ConnectorError {
         /// The layer.
         layer: u32,
     },
+    /// The disk tier failed (a full disk, an I/O error, a configuration it cannot use).
+    #[error(transparent)]
+    Disk(#[from] crate::disk::DiskError),
     /// A socket or runtime operation failed.
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

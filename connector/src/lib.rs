@@ -88,6 +88,7 @@ pub mod control;
 pub mod copier;
 mod data_plane;
 pub mod discovery;
+pub mod disk;
 pub mod error;
 pub mod keys;
 pub mod metrics;
