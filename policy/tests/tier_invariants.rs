@@ -85,10 +85,12 @@ proptest! {
     fn capacities_chains_and_moves_stay_consistent(
         gpu in 0..6usize, host in 0..6usize, remote in 0..6usize,
         continuation in any::<bool>(),
+        demote_min_sharers in 1..4u32,
         ops in proptest::collection::vec(op(), 1..120),
     ) {
         let caps = TierCapacities { gpu, host, remote };
-        let cfg = if continuation { TierConfig::continuation(caps) } else { TierConfig::new(caps) };
+        let mut cfg = if continuation { TierConfig::continuation(caps) } else { TierConfig::new(caps) };
+        cfg.demote_min_sharers = demote_min_sharers;
         let mut m = TierManager::new(cfg).unwrap();
         let mut shadow = Shadow {
             tiers: BTreeMap::new(),

@@ -43,6 +43,11 @@ pub struct TierConfig {
     pub adaptive_segments: bool,
     /// Victim order of the nearest (GPU) tier; the farther tiers always use heat.
     pub nearest: NearestOrder,
+    /// Admission to the tiers below host memory: a host victim moves down only if at least this many
+    /// requests used it (one: every victim; two: Dynamo's rule for its disk tier, blocks seen twice),
+    /// or if a child of it lives below (dropping it would orphan the child); otherwise it is dropped.
+    /// Victims of the nearest tier always move down.
+    pub demote_min_sharers: u32,
 }
 
 /// How the tier manager picks the nearest tier's victims.
@@ -67,6 +72,7 @@ impl TierConfig {
             ghost_factor: 8.0,
             adaptive_segments: true,
             nearest: NearestOrder::Heat,
+            demote_min_sharers: 1,
         }
     }
 

@@ -41,6 +41,7 @@ use crate::heat::{Heat, HeatClock};
 use crate::namespace::NamespaceId;
 
 mod config;
+mod farther;
 mod near;
 mod segments;
 
@@ -320,7 +321,9 @@ impl TierManager {
                 if t == 0 {
                     self.near_forget(victim);
                 }
-                let to = (t + 1..TIERS.len()).find(|&n| self.cfg.capacities.get(n) > 0);
+                let to = (t + 1..TIERS.len())
+                    .find(|&n| self.cfg.capacities.get(n) > 0)
+                    .filter(|&n| t == 0 || self.admits(victim, n));
                 moves.push(TierMove {
                     key: victim,
                     from: tier,

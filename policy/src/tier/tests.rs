@@ -384,3 +384,93 @@ mod continuation_order {
         assert_eq!(m.metadata().nearest.unwrap().blocks, 0);
     }
 }
+
+#[test]
+fn host_victims_used_by_one_request_are_dropped_when_admission_wants_two() {
+    let mut cfg = TierConfig::new(TierCapacities {
+        gpu: 0,
+        host: 2,
+        remote: 64,
+    });
+    cfg.demote_min_sharers = 2;
+    let mut m = TierManager::new(cfg).unwrap();
+    let ns = NamespaceId::DEFAULT;
+    let (mut demoted, mut dropped) = (0, 0);
+    for k in 0..40u64 {
+        m.insert(ns, BlockKey(k), None, 2 * k, T0);
+        if k % 3 == 0 {
+            m.access(BlockKey(k), 2 * k + 1, T0); // a second request
+        }
+        let sharers: HashMap<BlockKey, u32> = m
+            .blocks
+            .iter()
+            .map(|(key, b)| (*key, b.heat.sharers()))
+            .collect();
+        let moves = m.insert(ns, BlockKey(1000 + k), None, 10_000 + k, T0);
+        for mv in moves.iter().filter(|mv| mv.from == Tier::Host) {
+            let uses = sharers.get(&mv.key).copied().unwrap_or(1);
+            assert_eq!(mv.to.is_some(), uses >= 2, "{mv:?} used by {uses}");
+            if mv.to.is_some() {
+                demoted += 1;
+            } else {
+                dropped += 1;
+            }
+        }
+    }
+    assert!(
+        demoted > 0 && dropped > 0,
+        "{demoted} demoted, {dropped} dropped"
+    );
+}
+
+#[test]
+fn a_victim_whose_child_lives_below_is_admitted_whatever_its_uses() {
+    let mut cfg = TierConfig::new(TierCapacities {
+        gpu: 0,
+        host: 4,
+        remote: 4,
+    });
+    cfg.demote_min_sharers = u32::MAX;
+    let mut m = TierManager::new(cfg).unwrap();
+    let ns = NamespaceId::DEFAULT;
+    m.insert_at(Tier::Remote, ns, BlockKey(5), None, 0, T0);
+    m.insert_at(Tier::Remote, ns, BlockKey(6), Some(BlockKey(5)), 0, T0);
+    m.insert(ns, BlockKey(7), None, 1, T0);
+    // A use of the root brings it up; its child stays below.
+    m.access(BlockKey(5), 1, T0);
+    assert_eq!(m.tier_of(BlockKey(5)), Some(Tier::Host));
+    assert_eq!(m.tier_of(BlockKey(6)), Some(Tier::Remote));
+    assert!(
+        m.admits(BlockKey(5), 2),
+        "dropping it would orphan its child"
+    );
+    assert!(!m.admits(BlockKey(7), 2));
+}
+
+#[test]
+fn blocks_placed_below_stay_there_and_a_removed_block_takes_its_chain() {
+    let mut m = manager(0, 2, 8);
+    let ns = NamespaceId::DEFAULT;
+    for k in 1..=4 {
+        let parent = (k > 1).then(|| BlockKey(k - 1));
+        assert!(
+            m.insert_at(Tier::Remote, ns, BlockKey(k), parent, 0, T0)
+                .is_empty()
+        );
+    }
+    assert_eq!((m.len(Tier::Host), m.len(Tier::Remote)), (0, 4));
+    assert_eq!(m.parent_of(BlockKey(3)), Some(BlockKey(2)));
+    // Already resident: left alone.
+    assert!(
+        m.insert_at(Tier::Remote, ns, BlockKey(2), None, 0, T0)
+            .is_empty()
+    );
+    let gone: Vec<BlockKey> = m.remove(BlockKey(2)).iter().map(|mv| mv.key).collect();
+    assert_eq!(
+        gone,
+        vec![BlockKey(4), BlockKey(3), BlockKey(2)],
+        "children first"
+    );
+    assert_eq!(m.len(Tier::Remote), 1);
+    assert!(m.remove(BlockKey(99)).is_empty());
+}
