@@ -1,5 +1,6 @@
 //! Roles and configuration.
 
+use crate::disk::DiskConfig;
 use std::time::Duration;
 
 use policy::Namespace;
@@ -87,6 +88,13 @@ pub struct ConnectorConfig {
     /// Time a load may take before its missing blocks are handed back for recompute (and a control
     /// call to a producer before it fails).
     pub load_timeout: Duration,
+    /// A disk tier below the store's host memory (producers; `None`: host memory only). Host victims the
+    /// tier manager admits ([`ConnectorConfig::disk_min_sharers`]) are written there, lookups and loads
+    /// cover it, and a restarted producer serves what it recovered. One directory per worker.
+    pub disk: Option<DiskConfig>,
+    /// Requests that must have used a host victim for it to be demoted to disk rather than dropped
+    /// (see [`policy::TierConfig::demote_min_sharers`]).
+    pub disk_min_sharers: u32,
 }
 
 impl ConnectorConfig {
@@ -109,6 +117,8 @@ impl ConnectorConfig {
             class: TrafficClass::UrgentKv,
             shaping: None,
             load_timeout: Duration::from_secs(10),
+            disk: None,
+            disk_min_sharers: 1,
         }
     }
 
@@ -122,6 +132,11 @@ impl ConnectorConfig {
         if self.role.saves() && self.store_blocks == 0 {
             return Err(ConnectorError::Config(
                 "a producer needs store_blocks > 0 (the host-memory tier it saves into)".into(),
+            ));
+        }
+        if self.disk.is_some() && !self.role.saves() {
+            return Err(ConnectorError::Config(
+                "a disk tier belongs to a producer's store (this role saves nothing)".into(),
             ));
         }
         self.tp.validate()?;

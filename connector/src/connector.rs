@@ -1,5 +1,6 @@
 //! The connector object: its role, namespace, transport, local tier store and the two halves' state.
 
+use crate::disk::{BlockFormat, DiskTier};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -128,8 +129,12 @@ impl KvConnector {
             let layout: KvLayout = cfg.kv_layout(cfg.store_blocks)?;
             let bytes = usize::try_from(layout.total_bytes())
                 .map_err(|_| ConnectorError::Config("the store does not fit in memory".into()))?;
-            let store =
+            let mut store =
                 TierStore::with_memory(layout, MemoryRegion::zeroed(bytes), cfg.store_segments)?;
+            if let Some(disk) = &cfg.disk {
+                let tier = DiskTier::open(disk.clone(), BlockFormat::of(&layout))?;
+                store = store.with_disk(tier, cfg.disk_min_sharers)?;
+            }
             let store_handle = transport.register(layout, store.memory().clone())?;
             metrics.tier_capacity.store(
                 u64::from(cfg.store_blocks),
@@ -294,6 +299,14 @@ impl KvConnector {
             let s = lock(&core.store);
             (s.used(), s.peak_used())
         })
+    }
+
+    /// What the local tier store's disk tier did (`None` without a store or a disk tier).
+    #[must_use]
+    pub fn disk_stats(&self) -> Option<crate::store::DiskTierStats> {
+        self.producer
+            .as_ref()
+            .and_then(|core| lock(&core.store).disk_stats())
     }
 
     /// Bytes of one block across all layers.

@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use policy::{NamespaceId, TierCapacities, TierConfig, TierManager};
-use transfer_engine::policy::{BlockKey, Tier};
+use transfer_engine::policy::{BlockKey, Tier, TierPolicy};
 use transfer_engine::{BlockId, KvLayout, MemoryRegion};
 
 use crate::copier::BlockCopier;
+use crate::disk::DiskTier;
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 
@@ -70,6 +71,9 @@ pub struct TierStore {
     tiers: TierManager,
     peak_used: usize,
     copier: BlockCopier,
+    /// The tier below host memory, if any ([`TierStore::with_disk`]).
+    disk: Option<DiskTier>,
+    disk_stats: DiskTierStats,
 }
 
 impl TierStore {
@@ -119,6 +123,8 @@ impl TierStore {
             tiers,
             peak_used: 0,
             copier: BlockCopier::default(),
+            disk: None,
+            disk_stats: DiskTierStats::default(),
         })
     }
 
@@ -163,12 +169,13 @@ impl TierStore {
         self.tiers.len(Tier::Host)
     }
 
-    /// Whether `key` is stored whole.
+    /// Whether `key` is stored whole, in host memory or on disk.
     #[must_use]
     pub fn contains(&self, key: &ScopedKey) -> bool {
-        self.index
-            .get(key)
-            .is_some_and(|e| e.layers == self.layout.layers)
+        match self.index.get(key) {
+            Some(e) => e.layers == self.layout.layers,
+            None => self.disk_holds(key),
+        }
     }
 
     /// How many leading keys are stored whole: the walk stops at the first missing or partial block.
@@ -181,7 +188,7 @@ impl TierStore {
     #[must_use]
     pub fn lookup_streaming(&self, keys: &[ScopedKey]) -> usize {
         keys.iter()
-            .take_while(|k| self.index.contains_key(k))
+            .take_while(|k| self.index.contains_key(k) || self.disk_holds(k))
             .count()
     }
 
@@ -220,18 +227,6 @@ impl TierStore {
             self.release(key);
         }
         partial.len()
-    }
-
-    fn apply_evictions(&mut self, moves: Vec<transfer_engine::policy::TierMove>) {
-        for mv in moves {
-            if mv.to.is_some() {
-                continue;
-            }
-            let Some(key) = self.by_tier.remove(&mv.key) else {
-                continue;
-            };
-            self.release(&key);
-        }
     }
 
     /// Takes `key` out of the index; its slot is free at once, or when its last load ends.
@@ -286,6 +281,11 @@ impl TierStore {
             }
             let entry = self.index.get(key).copied();
             let entry = match entry {
+                None if self.disk_holds(key) => {
+                    report.already_stored += 1; // on disk
+                    parent = Some(*key);
+                    continue;
+                }
                 Some(e) if e.layers == self.layout.layers => {
                     report.already_stored += 1;
                     parent = Some(*key);
@@ -343,11 +343,18 @@ impl TierStore {
             .tiers
             .insert(key.ns, tier_key, parent.map(|p| p.tier_key()), request, now);
         self.by_tier.insert(tier_key, key);
-        self.apply_evictions(moves);
+        self.apply_moves(moves);
         if !self.by_tier.contains_key(&tier_key) {
             return None; // the manager evicted the newcomer itself
         }
-        let slot = self.free.pop()?;
+        // Placed below host memory at once (a chain longer than the store), or no slot is free (evicted
+        // blocks still being read hold them): its bytes have nowhere to go yet, so it is not stored.
+        let on_host = matches!(self.tiers.tier_of(tier_key), Some(Tier::Host | Tier::Gpu));
+        let Some(slot) = self.free.pop().filter(|_| on_host) else {
+            let forget = self.tiers.remove(tier_key);
+            self.apply_moves(forget);
+            return None;
+        };
         let e = Entry {
             slot,
             layers: 0,
@@ -377,13 +384,14 @@ impl TierStore {
         let n = keys.len();
         let mut slots = Vec::with_capacity(n);
         for key in keys {
+            // The moves first: a block on disk is read back into a host slot by them.
             let moves = self.tiers.access(key.tier_key(), request, now);
+            self.apply_moves(moves);
             let Some(e) = self.index.get_mut(key) else {
                 break;
             };
             e.pins += 1;
             slots.push(e.slot);
-            self.apply_evictions(moves);
         }
         slots
     }
@@ -411,16 +419,28 @@ impl TierStore {
     pub fn drop_namespace(&mut self, ns: NamespaceId) -> usize {
         let moves = self.tiers.drop_namespace(ns);
         let n = moves.len();
-        self.apply_evictions(moves);
+        self.apply_moves(moves);
         // Partial blocks the manager may not list are dropped too.
         let stale: Vec<ScopedKey> = self.index.keys().filter(|k| k.ns == ns).copied().collect();
         for key in stale {
             self.by_tier.remove(&key.tier_key());
             self.release(&key);
         }
+        if let Some(d) = &self.disk
+            && d.drop_namespace(ns).is_err()
+        {
+            // Its blocks are gone from the index; a reopened disk could bring them back (of weights no
+            // longer served, so no lookup finds them).
+            self.disk_stats.manifest_errors += 1;
+        }
         n
     }
 }
 
+mod disk;
+#[cfg(test)]
+mod disk_tests;
 #[cfg(test)]
 mod tests;
+
+pub use disk::DiskTierStats;

@@ -52,7 +52,14 @@ first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this conve
 - ``rdma_domain`` (``""``: the provider's first): the device or interface (``"mlx5_0"``, ``"lo"``);
 - ``peers`` (``[]``): control addresses (``"host:port"``, a ``kv_producer`` or ``kv_both`` instance's
   ``kv_ip:kv_port``) a consumer or ``kv_both`` instance asks for the longest stored prefix of each prompt
-  whose request names no producer: cross-instance prefix reuse.
+  whose request names no producer: cross-instance prefix reuse;
+- ``disk_path`` (``""``: none) and ``disk_bytes`` (``0``): a disk tier below a producer's host store, in
+  ``disk_path/rank<r>`` for each worker (one directory per instance: two instances must not share one),
+  at most ``disk_bytes`` per worker; blocks leaving host memory are written there, lookups and loads cover
+  it, and a restarted producer serves what it recovered (each block checksummed; one that fails is
+  recomputed);
+- ``disk_min_sharers`` (``1``): requests that must have used a block for it to move to disk rather than
+  be dropped when it leaves host memory (``2`` keeps one-off prompts off the disk).
 
 By default a load is synchronous: the request is scheduled at once and its layers stream during the forward
 pass (``wait_for_layer_load`` waits for layer *l* while the next ones are on their way). A block that
@@ -101,6 +108,9 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "rdma_domain": "",
     "shm_socket_dir": "",
     "shm_same_host": False,
+    "disk_path": "",
+    "disk_bytes": 0,
+    "disk_min_sharers": 1,
 }
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
@@ -171,6 +181,10 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
         raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
     if opts["backend"] not in ("tcp", "shm", "rdma"):
         raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp', 'shm' or 'rdma'")
+    if bool(opts["disk_path"]) != (int(opts["disk_bytes"] or 0) > 0):
+        raise ValueError(
+            "kv_connector_extra_config['disk_path'] and ['disk_bytes'] go together: a directory and a size in bytes"
+        )
     if opts["shm_same_host"] is True and opts["backend"] != "tcp":
         raise ValueError(
             f"kv_connector_extra_config['shm_same_host'] goes with backend 'tcp' (shm beside it), not {opts['backend']!r}"
@@ -258,6 +272,10 @@ class KvTransferConnector(KVConnectorBase_V1):
             tp_rank=rank,
             tp_size=self._tp_size,
         )
+        if self._opts["disk_path"] and self._role != "consumer":
+            s["disk_path"] = os.path.join(self._opts["disk_path"], f"rank{rank}")
+            s["disk_bytes"] = self._opts["disk_bytes"]
+            s["disk_min_sharers"] = self._opts["disk_min_sharers"]
         s.update(heads)
         return s
 

@@ -16,7 +16,7 @@ use crate::{buffer, err};
 use transfer_engine::{KvKind, ShapingConfig};
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 21] = [
     "role",
     "model",
     "weight_version",
@@ -35,6 +35,9 @@ const KEYS: [&str; 18] = [
     "kv_heads",
     "head_size",
     "kv_kind",
+    "disk_path",
+    "disk_bytes",
+    "disk_min_sharers",
 ];
 
 /// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
@@ -139,6 +142,21 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
             }
         };
     }
+    let disk_path: Option<std::path::PathBuf> =
+        get(settings, "disk_path").map_err(|e| bad("disk_path", e))?;
+    let disk_bytes: Option<u64> = get(settings, "disk_bytes").map_err(|e| bad("disk_bytes", e))?;
+    match (disk_path, disk_bytes) {
+        (Some(path), Some(bytes)) => {
+            cfg.disk = Some(connector::disk::DiskConfig::new(path, bytes));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(PyValueError::new_err(
+                "connector settings \"disk_path\" and \"disk_bytes\" go together (a disk tier's directory and size)",
+            ));
+        }
+    }
+    set!("disk_min_sharers", cfg.disk_min_sharers);
     cfg.validate().map_err(err)?;
     Ok(cfg)
 }

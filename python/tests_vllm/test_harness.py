@@ -139,3 +139,14 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
         _options({"shm_same_host": True, "backend": "rdma"})
     assert _options({"shm_same_host": True})["shm_same_host"] is True
     assert _options({})["kv_ip"] == "127.0.0.1"
+
+
+def test_a_disk_tier_takes_a_directory_and_a_size_together():
+    import vllm  # noqa: F401  (the connector module imports vLLM's base class)
+    from kv_transfer.vllm import _options
+
+    opts = _options({"disk_path": "/var/cache/kv", "disk_bytes": 1 << 30, "disk_min_sharers": 2})
+    assert (opts["disk_path"], opts["disk_bytes"], opts["disk_min_sharers"]) == ("/var/cache/kv", 1 << 30, 2)
+    for half in ({"disk_path": "/var/cache/kv"}, {"disk_bytes": 1 << 30}):
+        with pytest.raises(ValueError, match="disk_path"):
+            _options(half)

@@ -16,7 +16,7 @@ pub struct DiskConfig {
     /// Records the write-back queue holds; a put beyond is dropped and counted. Staging memory is at most
     /// `queue_blocks + 1` records.
     pub queue_blocks: usize,
-    /// Blocks read at once by [`DiskTier::get_many`] (and headers at recovery).
+    /// Blocks read at once by [`super::DiskTier::get_many`] (and headers at recovery).
     pub readers: usize,
 }
 

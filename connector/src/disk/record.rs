@@ -51,6 +51,17 @@ pub struct BlockFormat {
 }
 
 impl BlockFormat {
+    /// The format of the blocks of `layout` (every layer of one block, in layer order).
+    #[must_use]
+    pub fn of(layout: &transfer_engine::KvLayout) -> BlockFormat {
+        BlockFormat {
+            layers: layout.layers,
+            layer_bytes: layout.block_bytes,
+            tokens_per_block: layout.tokens_per_block,
+            dtype: layout.dtype,
+        }
+    }
+
     /// Bytes of one whole block (every layer).
     #[must_use]
     pub fn block_bytes(&self) -> u64 {
