@@ -28,11 +28,25 @@ pub(crate) struct ReplayArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Replay host memory with a disk tier below it instead (the connector's store): disk sizes, in
+    /// percent of the trace's distinct blocks (e.g. 50). Each runs beside host memory alone.
+    #[arg(long, value_delimiter = ',')]
+    disk_pct: Vec<usize>,
+    /// Host memory with `--disk-pct`, in percent of the trace's distinct blocks.
+    #[arg(long, default_value_t = 5)]
+    host_pct: usize,
+    /// Admission rules to run with `--disk-pct`: requests that must have used a host victim for it to
+    /// go to disk.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    admission: Vec<u32>,
 }
 
 pub(crate) fn main(args: &ReplayArgs) -> anyhow::Result<()> {
     let trace =
         Trace::load(&args.trace).with_context(|| format!("loading {}", args.trace.display()))?;
+    if !args.disk_pct.is_empty() {
+        return host_and_disk(args, &trace);
+    }
     let capacities = if args.capacity_blocks.is_empty() {
         [5, 10, 20]
             .iter()
@@ -66,6 +80,40 @@ pub(crate) fn main(args: &ReplayArgs) -> anyhow::Result<()> {
             "hit_blocks",
             "hit_ratio",
             "seconds",
+        ],
+    )
+}
+
+/// `--disk-pct`: host memory alone, then with each disk size and admission rule.
+fn host_and_disk(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<()> {
+    let pct = |p: usize| trace.distinct_blocks() * p / 100;
+    let host = pct(args.host_pct);
+    let mut rows = vec![policy::replay_host_disk(trace, host, 0, 1)?];
+    for &disk in &args.disk_pct {
+        for &admission in &args.admission {
+            rows.push(policy::replay_host_disk(trace, host, pct(disk), admission)?);
+        }
+    }
+    if !args.json {
+        println!(
+            "Host memory ({}% of the distinct blocks) alone, then with a disk tier below it; hits by where \
+             the block was. admission = requests that must have used a host victim for it to go to disk.",
+            args.host_pct
+        );
+    }
+    print_rows(
+        &rows,
+        args.json,
+        &[
+            "trace",
+            "host_blocks",
+            "disk_blocks",
+            "demote_min_sharers",
+            "hit_ratio",
+            "host_hit_ratio",
+            "disk_hit_ratio",
+            "disk_writes",
+            "hits_per_write",
         ],
     )
 }

@@ -284,8 +284,11 @@ impl KvConnector {
     pub(crate) fn refresh_gauges(&self) {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some(core) = &self.producer {
-            let used = lock(&core.store).used() as u64;
-            self.metrics.tier_blocks.store(used, Relaxed);
+            let store = lock(&core.store);
+            self.metrics.tier_blocks.store(store.used() as u64, Relaxed);
+            if let Some(d) = store.disk_stats() {
+                self.metrics.disk.set(&d);
+            }
         }
         self.metrics
             .retransmits

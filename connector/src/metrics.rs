@@ -21,8 +21,14 @@
 //! | `kv_same_host_loads_total` | counter | loads a producer served over its same-host transport |
 //! | `kv_same_host_fallbacks_total` | counter | loads whose consumer named this host but was not reachable there (main transport instead) |
 //! | `kv_transfer_latency_seconds` | histogram | a load, from start to its last layer |
-//! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store |
-//! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity |
+//! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store (`host`, `disk`) |
+//! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity (`host`, `disk`) |
+//! | `kv_disk_demoted_blocks_total` | counter | blocks moved from host memory to the disk tier |
+//! | `kv_disk_demote_dropped_blocks_total` | counter | host victims admitted to disk that it could not take (queue full, no slot) |
+//! | `kv_disk_promoted_blocks_total` | counter | disk blocks read back into host memory for a use |
+//! | `kv_disk_promote_failed_blocks_total` | counter | disk blocks that could not be read back (recomputed) |
+//! | `kv_disk_corrupt_blocks_total` | counter | disk records that failed their check (never served) |
+//! | `kv_disk_write_failures_total` | counter | disk writes that failed (a full disk included) |
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +71,35 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     pub(crate) tier_blocks: AtomicU64,
     pub(crate) tier_capacity: AtomicU64,
+    pub(crate) disk: DiskGauges,
+}
+
+/// The disk tier's figures, copied from the store when metrics are read.
+#[derive(Debug, Default)]
+pub(crate) struct DiskGauges {
+    blocks: AtomicU64,
+    capacity: AtomicU64,
+    demoted: AtomicU64,
+    demote_dropped: AtomicU64,
+    promoted: AtomicU64,
+    promote_failed: AtomicU64,
+    corrupt: AtomicU64,
+    write_failures: AtomicU64,
+}
+
+impl DiskGauges {
+    /// Takes the store's disk figures.
+    pub(crate) fn set(&self, s: &crate::store::DiskTierStats) {
+        let put = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        put(&self.blocks, s.disk.blocks as u64);
+        put(&self.capacity, u64::from(s.capacity_blocks));
+        put(&self.demoted, s.demoted);
+        put(&self.demote_dropped, s.demote_dropped);
+        put(&self.promoted, s.promoted);
+        put(&self.promote_failed, s.promote_failed);
+        put(&self.corrupt, s.disk.corrupt);
+        put(&self.write_failures, s.disk.write_errors + s.disk.disk_full);
+    }
 }
 
 /// A snapshot of [`Metrics`], for programs that read figures rather than text.
@@ -341,21 +376,62 @@ impl Metrics {
             "Time from starting a load to its last layer arriving.",
             &hist,
         );
+        let d = &self.disk;
         metric(
             "kv_tier_blocks",
             "gauge",
             "Blocks resident in the local tier store.",
-            &[("{tier=\"host\"}".into(), snap.tier_blocks.to_string())],
+            &[
+                ("{tier=\"host\"}".into(), snap.tier_blocks.to_string()),
+                ("{tier=\"disk\"}".into(), load(&d.blocks).to_string()),
+            ],
         );
         metric(
             "kv_tier_capacity_blocks",
             "gauge",
             "Blocks the local tier store can hold.",
-            &[(
-                "{tier=\"host\"}".into(),
-                load(&self.tier_capacity).to_string(),
-            )],
+            &[
+                (
+                    "{tier=\"host\"}".into(),
+                    load(&self.tier_capacity).to_string(),
+                ),
+                ("{tier=\"disk\"}".into(), load(&d.capacity).to_string()),
+            ],
         );
+        for (name, help, value) in [
+            (
+                "kv_disk_demoted_blocks_total",
+                "Blocks moved from host memory to the disk tier.",
+                &d.demoted,
+            ),
+            (
+                "kv_disk_demote_dropped_blocks_total",
+                "Host victims admitted to disk that it could not take (write-back queue full, no slot).",
+                &d.demote_dropped,
+            ),
+            (
+                "kv_disk_promoted_blocks_total",
+                "Disk blocks read back into host memory for a use.",
+                &d.promoted,
+            ),
+            (
+                "kv_disk_promote_failed_blocks_total",
+                "Disk blocks that could not be read back (damaged, an I/O error); recomputed.",
+                &d.promote_failed,
+            ),
+            (
+                "kv_disk_corrupt_blocks_total",
+                "Disk records that failed their check on read; never served.",
+                &d.corrupt,
+            ),
+            (
+                "kv_disk_write_failures_total",
+                "Disk writes that failed (a full disk included).",
+                &d.write_failures,
+            ),
+        ] {
+            metric(name, "counter", help, &one(load(value).to_string()));
+        }
         out
     }
 }
@@ -385,6 +461,9 @@ mod tests {
             "kv_tier_blocks{tier=\"host\"} 0",
             "kv_same_host_loads_total 1",
             "kv_same_host_fallbacks_total 0",
+            "kv_tier_blocks{tier=\"disk\"} 0",
+            "kv_disk_demoted_blocks_total 0",
+            "kv_disk_corrupt_blocks_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -66,6 +66,18 @@ fn blocks_that_left_host_memory_load_from_disk_and_survive_a_restart() {
         load_and_check(&c, "a", &first, &src, 0);
         let st = p.disk_stats().unwrap();
         assert_eq!((st.promoted, st.promote_failed), (4, 0), "{st:?}");
+        let text = p.prometheus();
+        for line in [
+            format!("kv_disk_demoted_blocks_total {}", st.demoted),
+            "kv_disk_promoted_blocks_total 4".to_owned(),
+            format!("kv_tier_blocks{{tier=\"disk\"}} {}", st.disk.blocks),
+            format!(
+                "kv_tier_capacity_blocks{{tier=\"disk\"}} {}",
+                st.capacity_blocks
+            ),
+        ] {
+            assert!(text.contains(&line), "{line} not in\n{text}");
+        }
     }
     // A new producer on the same directory: what reached the disk is served again.
     let (p, c) = pair(&dir);

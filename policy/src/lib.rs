@@ -1,6 +1,6 @@
 //! KV-cache placement policy: block keys and namespaces, heat scoring, a tier manager, a
 //! conversation-continuation policy, the classic baselines (LRU, S3-FIFO, LIRS, ARC, W-TinyLFU) and
-//! Belady's optimum, and replay of Mooncake request traces.
+//! Belady's optimum, and replay of Mooncake request traces (one tier, or host memory with a disk below).
 //!
 //! Everything is deterministic: hashes use a fixed seed ([`namespace::HASH_SEED`]), time is passed in,
 //! and no result depends on hash-map iteration order.
@@ -20,6 +20,7 @@ pub mod recency;
 pub mod replay;
 pub mod s3fifo;
 pub mod tier;
+pub mod tiered;
 pub mod tinylfu;
 pub mod trace;
 
@@ -30,4 +31,5 @@ pub use key::{ExtraKey, block_key, chain_keys, external_key};
 pub use namespace::{Namespace, NamespaceId};
 pub use replay::{PolicyKind, ReplayReport, replay};
 pub use tier::{NearestOrder, TierCapacities, TierConfig, TierManager, TierMetadata};
+pub use tiered::{TieredReport, replay_host_disk};
 pub use trace::{Request, Trace};

@@ -170,7 +170,10 @@ fn addr(what: &str, a: Option<String>) -> PyResult<Option<std::net::SocketAddr>>
 /// The control addresses every remote connector takes: where a producer serves, whom a consumer asks.
 type ControlAddrs = (Option<std::net::SocketAddr>, Option<std::net::SocketAddr>);
 
-fn control_addrs(control_listen: Option<String>, producer: Option<String>) -> PyResult<ControlAddrs> {
+fn control_addrs(
+    control_listen: Option<String>,
+    producer: Option<String>,
+) -> PyResult<ControlAddrs> {
     Ok((
         addr("control_listen", control_listen)?,
         addr("producer", producer)?,

@@ -30,6 +30,8 @@ pub struct DiskTierStats {
     pub recovered: u64,
     /// Dropped namespaces the disk could not record (its manifest write failed).
     pub manifest_errors: u64,
+    /// Blocks the disk tier can hold.
+    pub capacity_blocks: u32,
     /// The disk tier's own counters.
     pub disk: DiskStats,
 }
@@ -114,6 +116,7 @@ impl TierStore {
         let disk = self.disk.as_ref()?;
         Some(DiskTierStats {
             disk: disk.stats(),
+            capacity_blocks: disk.capacity_blocks(),
             ..self.disk_stats
         })
     }
