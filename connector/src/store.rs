@@ -381,12 +381,15 @@ impl TierStore {
     }
 
     fn pin_leading(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
-        let n = keys.len();
-        let mut slots = Vec::with_capacity(n);
+        // Every use first, then their moves at once: blocks on disk are read back into host slots
+        // together, several reads in flight.
+        let mut moves = Vec::new();
         for key in keys {
-            // The moves first: a block on disk is read back into a host slot by them.
-            let moves = self.tiers.access(key.tier_key(), request, now);
-            self.apply_moves(moves);
+            moves.extend(self.tiers.access(key.tier_key(), request, now));
+        }
+        self.apply_moves(moves);
+        let mut slots = Vec::with_capacity(keys.len());
+        for key in keys {
             let Some(e) = self.index.get_mut(key) else {
                 break;
             };

@@ -14,6 +14,9 @@ use crate::disk::{BlockFormat, DiskStats, DiskTier, Got, Put};
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 
+/// Byte ranges of a host slot, in a block's byte order.
+type Pieces = Vec<(usize, usize)>;
+
 /// What the store's disk tier did since the store opened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskTierStats {
@@ -163,16 +166,13 @@ impl TierStore {
                 _ => {}
             }
         }
-        for tk in &order {
-            let Some(key) = self.by_tier.get(tk).copied() else {
-                continue;
-            };
-            let near = matches!(last[tk], Some(Tier::Host | Tier::Gpu));
-            if near && !self.index.contains_key(&key) && self.disk_holds(&key) && !self.promote(key)
-            {
-                lost.push(*tk);
-            }
-        }
+        let arriving: Vec<ScopedKey> = order
+            .iter()
+            .filter(|tk| matches!(last[*tk], Some(Tier::Host | Tier::Gpu)))
+            .filter_map(|tk| self.by_tier.get(tk).copied())
+            .filter(|key| !self.index.contains_key(key) && self.disk_holds(key))
+            .collect();
+        lost.extend(self.promote(&arriving).into_iter().map(|k| k.tier_key()));
         for tk in lost {
             // The manager thinks they are somewhere; they are not. Its moves only release.
             let forget = self.tiers.remove(tk);
@@ -209,34 +209,50 @@ impl TierStore {
         }
     }
 
-    /// Reads disk block `key` into a free host slot; false when it could not.
-    fn promote(&mut self, key: ScopedKey) -> bool {
-        let (Some(disk), Some(slot)) = (&self.disk, self.free.pop()) else {
-            self.disk_stats.promote_failed += 1;
-            return false;
+    /// Reads disk blocks `keys` into free host slots, all at once; returns those it could not read
+    /// (damaged, an I/O error, no free slot). Every one leaves the disk: a block lives in one tier.
+    fn promote(&mut self, keys: &[ScopedKey]) -> Vec<ScopedKey> {
+        let Some(disk) = &self.disk else {
+            return keys.to_vec();
         };
-        let pieces = self.pieces(slot);
-        if !matches!(disk.get(&key, &self.memory, &pieces), Ok(Got::Served)) {
-            disk.remove(&key);
-            self.free.push(slot);
-            self.disk_stats.promote_failed += 1;
-            return false;
+        // Each block with the slot it is read into and that slot's byte ranges.
+        let mut placed: Vec<(ScopedKey, u32, Pieces)> = Vec::new();
+        let mut failed = Vec::new();
+        for key in keys {
+            match self.free.pop() {
+                Some(slot) => placed.push((*key, slot, self.pieces(slot))),
+                None => failed.push(*key),
+            }
         }
-        disk.remove(&key);
-        let e = Entry {
-            slot,
-            layers: self.layout.layers,
-            pins: 0,
-        };
-        self.index.insert(key, e);
-        self.owners[slot as usize] = Some(key);
+        let wanted: Vec<(ScopedKey, &[(usize, usize)])> =
+            placed.iter().map(|(k, _, p)| (*k, p.as_slice())).collect();
+        let got = disk.get_many(&wanted, &self.memory);
+        for ((key, slot, _), got) in placed.iter().zip(got) {
+            if !matches!(got, Ok(Got::Served)) {
+                self.free.push(*slot);
+                failed.push(*key);
+                continue;
+            }
+            disk.remove(key);
+            let e = Entry {
+                slot: *slot,
+                layers: self.layout.layers,
+                pins: 0,
+            };
+            self.index.insert(*key, e);
+            self.owners[*slot as usize] = Some(*key);
+            self.disk_stats.promoted += 1;
+        }
+        for key in &failed {
+            disk.remove(key);
+        }
         self.peak_used = self.peak_used.max(self.used());
-        self.disk_stats.promoted += 1;
-        true
+        self.disk_stats.promote_failed += failed.len() as u64;
+        failed
     }
 
     /// The byte ranges of slot `slot` in the store's memory, layer by layer, chunk by chunk.
-    fn pieces(&self, slot: u32) -> Vec<(usize, usize)> {
+    fn pieces(&self, slot: u32) -> Pieces {
         (0..self.layout.layers)
             .flat_map(|l| self.layout.chunks(BlockId::new(l, slot)))
             .map(|(at, len)| (at as usize, len as usize))
