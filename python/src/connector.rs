@@ -5,161 +5,14 @@ use std::collections::HashMap;
 use backends::tcp::TcpConfig;
 use connector::{
     ConnectorConfig, ConnectorMetadata, KvConnector, KvRequest, KvTransferParams, RequestExtras,
-    Role, TpRank, namespace,
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 
-use crate::layout::{PyKvLayout, dtype};
+use crate::layout::PyKvLayout;
+use crate::settings::config;
 use crate::{buffer, err};
-use transfer_engine::{KvKind, ShapingConfig};
-
-/// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 21] = [
-    "role",
-    "model",
-    "weight_version",
-    "block_size",
-    "dtype",
-    "layers",
-    "block_bytes",
-    "store_blocks",
-    "prefetch_depth",
-    "load_timeout",
-    "async_loads",
-    "kv_bandwidth",
-    "tp_rank",
-    "tp_size",
-    "python_hash_seed",
-    "kv_heads",
-    "head_size",
-    "kv_kind",
-    "disk_path",
-    "disk_bytes",
-    "disk_min_sharers",
-];
-
-/// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
-fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
-    let bad =
-        |key: &str, e: PyErr| PyValueError::new_err(format!("connector setting {key:?}: {e}"));
-    for key in settings.keys() {
-        let key: String = key.extract()?;
-        if !KEYS.contains(&key.as_str()) {
-            return Err(PyValueError::new_err(format!(
-                "unknown connector setting {key:?}; known: {}",
-                KEYS.join(", ")
-            )));
-        }
-    }
-    fn get<'py, T: FromPyObjectOwned<'py>>(
-        settings: &Bound<'py, PyDict>,
-        key: &str,
-    ) -> PyResult<Option<T>> {
-        settings
-            .get_item(key)?
-            .map(|v| v.extract::<T>().map_err(Into::into))
-            .transpose()
-    }
-    let role = match get::<String>(settings, "role")
-        .map_err(|e| bad("role", e))?
-        .as_deref()
-    {
-        Some("producer") => Role::Producer,
-        Some("consumer") => Role::Consumer,
-        Some("both") => Role::Both,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "connector setting \"role\" is {other:?}: use producer, consumer or both"
-            )));
-        }
-    };
-    let model: String = get(settings, "model")
-        .map_err(|e| bad("model", e))?
-        .unwrap_or_else(|| "model".into());
-    let version: u64 = get(settings, "weight_version")
-        .map_err(|e| bad("weight_version", e))?
-        .unwrap_or(0);
-    let block_size: u32 = get(settings, "block_size")
-        .map_err(|e| bad("block_size", e))?
-        .unwrap_or(16);
-    let mut ns = namespace(&model, version, block_size);
-    if let Some(d) = get::<String>(settings, "dtype").map_err(|e| bad("dtype", e))? {
-        ns.dtype = dtype(&d).map_err(|e| bad("dtype", e))?;
-    }
-    let mut cfg = ConnectorConfig::new(role, ns);
-    macro_rules! set {
-        ($key:literal, $field:expr) => {
-            if let Some(v) = get(settings, $key).map_err(|e| bad($key, e))? {
-                $field = v;
-            }
-        };
-    }
-    set!("layers", cfg.layers);
-    set!("block_bytes", cfg.block_bytes);
-    set!("store_blocks", cfg.store_blocks);
-    set!("prefetch_depth", cfg.prefetch_depth);
-    set!("async_loads", cfg.async_loads);
-    let rate: u64 = get(settings, "kv_bandwidth")
-        .map_err(|e| bad("kv_bandwidth", e))?
-        .unwrap_or(0);
-    if rate > 0 {
-        // A cap on KV alone (no collectives share this engine), with a burst of a tenth of a second
-        // (at least 256 KiB, at most the engine's default 16 MiB).
-        cfg.shaping = Some(ShapingConfig {
-            link_bytes_per_sec: Some(rate),
-            kv_share: 1.0,
-            burst_bytes: (rate / 10).clamp(256 << 10, 16 << 20),
-            ..ShapingConfig::default()
-        });
-    }
-    if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {
-        cfg.load_timeout = crate::duration(s).map_err(|e| bad("load_timeout", e))?;
-    }
-    let rank: u32 = get(settings, "tp_rank")
-        .map_err(|e| bad("tp_rank", e))?
-        .unwrap_or(0);
-    let size: u32 = get(settings, "tp_size")
-        .map_err(|e| bad("tp_size", e))?
-        .unwrap_or(1);
-    cfg.tp = TpRank::new(rank, size).map_err(err)?;
-    cfg.python_hash_seed =
-        get(settings, "python_hash_seed").map_err(|e| bad("python_hash_seed", e))?;
-    set!("kv_heads", cfg.heads.kv_heads);
-    set!("head_size", cfg.heads.head_size);
-    if let Some(kind) = get::<String>(settings, "kv_kind").map_err(|e| bad("kv_kind", e))? {
-        cfg.heads.kind = match kind.as_str() {
-            "bytes" => KvKind::Bytes,
-            "kv_together" => KvKind::KvTogether,
-            "kv_together_head_major" => KvKind::KvTogetherHeadMajor,
-            "kv_apart" => KvKind::KvApart,
-            "mla" => KvKind::Mla,
-            _ => {
-                return Err(PyValueError::new_err(format!(
-                    "connector setting \"kv_kind\" is {kind:?}: use bytes, kv_together, kv_together_head_major, kv_apart or mla"
-                )));
-            }
-        };
-    }
-    let disk_path: Option<std::path::PathBuf> =
-        get(settings, "disk_path").map_err(|e| bad("disk_path", e))?;
-    let disk_bytes: Option<u64> = get(settings, "disk_bytes").map_err(|e| bad("disk_bytes", e))?;
-    match (disk_path, disk_bytes) {
-        (Some(path), Some(bytes)) => {
-            cfg.disk = Some(connector::disk::DiskConfig::new(path, bytes));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(PyValueError::new_err(
-                "connector settings \"disk_path\" and \"disk_bytes\" go together (a disk tier's directory and size)",
-            ));
-        }
-    }
-    set!("disk_min_sharers", cfg.disk_min_sharers);
-    cfg.validate().map_err(err)?;
-    Ok(cfg)
-}
 
 fn addr(what: &str, a: Option<String>) -> PyResult<Option<std::net::SocketAddr>> {
     a.map(|a| a.parse())
@@ -519,6 +372,28 @@ impl PyConnector {
             ("same_host_loads", s.same_host_loads),
             ("same_host_fallbacks", s.same_host_fallbacks),
         ])
+    }
+
+    /// What the store's disk tier did, by name (`None` without a disk tier): blocks demoted to it and
+    /// dropped on the way, promoted back and failed, recovered at start-up, and the disk's own counters.
+    fn disk_stats(&self) -> Option<HashMap<&'static str, u64>> {
+        let s = self.0.disk_stats()?;
+        Some(HashMap::from([
+            ("demoted", s.demoted),
+            ("demote_dropped", s.demote_dropped),
+            ("promoted", s.promoted),
+            ("promote_failed", s.promote_failed),
+            ("recovered", s.recovered),
+            ("capacity_blocks", u64::from(s.capacity_blocks)),
+            ("blocks", s.disk.blocks as u64),
+            ("written", s.disk.written),
+            ("dropped_queue_full", s.disk.dropped_queue_full),
+            ("disk_full", s.disk.disk_full),
+            ("write_errors", s.disk.write_errors),
+            ("disk_hits", s.disk.disk_hits),
+            ("corrupt", s.disk.corrupt),
+            ("read_errors", s.disk.read_errors),
+        ]))
     }
 }
 

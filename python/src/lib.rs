@@ -9,6 +9,7 @@ mod buffer;
 mod connector;
 mod layout;
 mod node;
+mod settings;
 
 use std::future::Future;
 use std::sync::OnceLock;

@@ -220,5 +220,9 @@ def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_pat
             got = decode_kv[at(layer, d) : at(layer, d) + BLOCK].tobytes()
             assert got == prefill_kv[at(layer, s) : at(layer, s) + BLOCK].tobytes(), (layer, d)
     assert consumer.failed_blocks() == []
+    stats = producer.disk_stats()
+    assert stats["demoted"] >= 3 and stats["promoted"] == 3 and stats["corrupt"] == 0, stats
+    assert consumer.disk_stats() is None
+    assert "kv_disk_promoted_blocks_total 3" in producer.prometheus()
     with pytest.raises(ValueError, match="disk_path"):
         kt.Connector.loopback_pair(settings("producer", disk_path=str(tmp_path)), settings("consumer"))
