@@ -137,6 +137,31 @@ def test_prefill_and_decode_return_the_single_instance_tokens(model, reference, 
         producer.close()
 
 
+def test_a_prefill_spilled_to_disk_decodes_token_for_token(model, reference, tmp_path):
+    """A producer whose host store holds 4 blocks (the prompts have 10) keeps the rest on a disk tier
+    (``disk_path``, ``disk_bytes``): prefilled one prompt at a time, each pushes the ones before it to disk,
+    and a decode that asks for them one at a time loads every loadable token, read back from disk."""
+    port = free_port()
+    disk = {"store_blocks": 4, "disk_path": str(tmp_path / "kv-disk"), "disk_bytes": 1 << 30}
+    producer = Instance(model, "producer", port, extra=disk)
+    consumer = Instance(model, "consumer", free_port())
+    try:
+        params = [
+            producer.ask([p], 1, [{"do_remote_decode": True}])["outputs"][0]["kv_transfer_params"] for p in PROMPTS
+        ]
+        assert os.listdir(tmp_path / "kv-disk"), "no worker directory under disk_path"
+        before = consumer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
+        outputs, last = [], None
+        for p, param in zip(PROMPTS, params):
+            last = consumer.ask([p], MAX_TOKENS, [param])
+            outputs += last["outputs"]
+        assert_same_answers(outputs, reference)
+        assert loaded(before, last["prompt_tokens_by_source"]) == sum(LOADABLE), last["prompt_tokens_by_source"]
+    finally:
+        consumer.close()
+        producer.close()
+
+
 def test_a_producer_gone_or_new_weights_cost_only_recompute(model, reference):
     port = free_port()
     producer = Instance(model, "producer", port)
