@@ -99,7 +99,9 @@ pub(super) fn child(dir: &Path, run: u64) -> anyhow::Result<()> {
     let src = MemoryRegion::zeroed(len);
     let mut bytes = vec![0; len];
     for i in 0.. {
-        let batch: Vec<ScopedKey> = (0..BATCH as u64).map(|b| key(run, i * 8 + b)).collect();
+        let batch: Vec<ScopedKey> = (0..BATCH as u64)
+            .map(|b| key(run, i * BATCH as u64 + b))
+            .collect();
         for k in &batch {
             pattern(k, &mut bytes);
             src.copy_from(0, &bytes)?;

@@ -197,7 +197,7 @@ impl DiskTier {
         std::fs::create_dir_all(&cfg.dir)
             .map_err(|e| DiskError::io(format!("creating {}", cfg.dir.display()), e))?;
         let file = SlotFile::open(&cfg.dir, format.record_bytes(), slots, cfg.io)?;
-        let (dropped, _manifest_ok) = recover::read_dropped(&cfg.dir)?;
+        let (dropped, manifest_ok) = recover::read_dropped(&cfg.dir)?;
         let scan = recover::scan(&file, format, &dropped, cfg.readers)?;
         let by_hash: HashSet<(NamespaceId, BlockHash)> =
             scan.found.iter().map(|f| (f.key.ns, f.key.hash)).collect();
@@ -257,7 +257,10 @@ impl DiskTier {
         Ok(DiskTier {
             shared,
             writer: Some(writer),
-            recovery: scan.report,
+            recovery: Recovery {
+                manifest_damaged: !manifest_ok,
+                ..scan.report
+            },
             recovered,
         })
     }

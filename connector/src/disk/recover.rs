@@ -37,6 +37,9 @@ pub struct Recovery {
     pub superseded: usize,
     /// How long reading the headers took.
     pub elapsed: Duration,
+    /// The manifest of dropped namespaces failed its check and was ignored: blocks of namespaces dropped
+    /// before may be back (of weights no longer served, so no lookup finds them).
+    pub manifest_damaged: bool,
 }
 
 /// A recovered block: its key, its slot and sequence, and its parent's key (same namespace).

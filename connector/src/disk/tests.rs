@@ -189,6 +189,7 @@ fn reopening_recovers_blocks_and_their_chains_and_not_a_dropped_namespace() {
     let mut tier = open(&d, DiskIo::Buffered, 8).unwrap();
     let r = tier.recovery();
     assert_eq!((r.blocks, r.dropped, r.corrupt_headers), (3, 0, 0));
+    assert!(!r.manifest_damaged);
     let mut chains = tier.take_recovered();
     chains.sort_by_key(|(k, _)| k.hash.0[0]);
     assert_eq!(
@@ -214,6 +215,12 @@ fn reopening_recovers_blocks_and_their_chains_and_not_a_dropped_namespace() {
     let tier = open(&d, DiskIo::Buffered, 8).unwrap();
     assert_eq!(tier.recovery().superseded, 1);
     assert_eq!(read_back(&tier, &key(1, 0)).1, expected(7));
+    drop(tier);
+
+    // A damaged manifest of dropped namespaces is ignored, and said so.
+    std::fs::write(d.join("dropped-namespaces"), "ns zz\ncrc32c 0\n").unwrap();
+    let tier = open(&d, DiskIo::Buffered, 8).unwrap();
+    assert!(tier.recovery().manifest_damaged);
     drop(tier);
 
     // Reopened for another block format: nothing of the old one is served.

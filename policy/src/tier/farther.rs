@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use transfer_engine::policy::{BlockKey, Tier, TierMove};
 
-use super::{Block, TIERS, TierManager, idx};
+use super::{TIERS, TierManager, idx};
 use crate::heat::Heat;
 use crate::namespace::NamespaceId;
 #[cfg(doc)]
@@ -42,27 +42,7 @@ impl TierManager {
                 .get(p)
                 .is_some_and(|b| b.ns == ns && b.tier <= t)
         });
-        let depth = parent.map_or(0, |p| self.blocks[&p].depth + 1);
-        let seg = Self::segment_of(&heat);
-        self.blocks.insert(
-            key,
-            Block {
-                tier: t,
-                parent,
-                children: [0; 3],
-                depth,
-                ns,
-                heat,
-                seg,
-                entry: None,
-            },
-        );
-        self.len[t] += 1;
-        self.seg_len[t][seg] += 1;
-        if let Some(p) = parent {
-            self.adjust_child(p, t, 1);
-        }
-        self.refresh(key);
+        self.place(t, ns, key, parent, heat);
         self.settle(&mut moves);
         moves
     }

@@ -254,10 +254,23 @@ impl TierManager {
         if let Some(p) = parent {
             self.promote_chain(p, moves);
         }
+        self.place(0, ns, key, parent, heat);
+    }
+
+    /// Files a new block `key` in tier `t` under `parent` (resident, or `None`): counts, the parent's
+    /// children, its place in the eviction order.
+    fn place(
+        &mut self,
+        t: usize,
+        ns: NamespaceId,
+        key: BlockKey,
+        parent: Option<BlockKey>,
+        heat: Heat,
+    ) {
         let depth = parent.map_or(0, |p| self.blocks[&p].depth + 1);
         let seg = Self::segment_of(&heat);
         let block = Block {
-            tier: 0,
+            tier: t,
             parent,
             children: [0; 3],
             depth,
@@ -267,10 +280,10 @@ impl TierManager {
             entry: None,
         };
         self.blocks.insert(key, block);
-        self.len[0] += 1;
-        self.seg_len[0][seg] += 1;
+        self.len[t] += 1;
+        self.seg_len[t][seg] += 1;
         if let Some(p) = parent {
-            self.adjust_child(p, 0, 1);
+            self.adjust_child(p, t, 1);
         }
         self.refresh(key);
     }
