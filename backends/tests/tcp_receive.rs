@@ -198,3 +198,65 @@ async fn layers_go_out_as_the_producer_writes_them() {
         .unwrap();
     assert!(out.recompute.is_empty(), "{out:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it() {
+    let hold = Duration::from_secs(2);
+    let tx = TcpNode::start(TcpConfig {
+        listen: None,
+        unreachable_hold: hold,
+        ..TcpConfig::with_engine_id(1)
+    })
+    .await
+    .unwrap();
+    let rx = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
+    let addr = rx.local_addr().unwrap();
+    let l = layout(4, 16, 64 << 10);
+    let len = l.total_bytes() as usize;
+    let src = tx
+        .register_kv_region(l, MemoryRegion::from_vec(pattern(len, 9)))
+        .unwrap();
+    let dst = rx.register_kv_region(l, MemoryRegion::zeroed(len)).unwrap();
+    let peer = tx.connect(addr, None).await.unwrap().peer;
+    let req = TransferRequest::whole(peer, &src, &dst)
+        .unwrap()
+        .with_layers_written(0)
+        .with_deadline(Duration::from_secs(60));
+    let session = tx.submit(req.clone()).unwrap();
+    timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    rx.shutdown();
+    drop(rx);
+    let out = tx.wait(session, LIMIT).await.unwrap();
+    assert!(out.reason.unwrap_or_default().contains("unreachable"));
+    let declared = std::time::Instant::now();
+    // The peer's port is taken by a plain listener that counts the dials made to it.
+    let listener = std::net::TcpListener::bind(addr).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let mut refused = 0;
+    while declared.elapsed() < hold - Duration::from_millis(300) {
+        match tx.submit(req.clone()) {
+            Err(TcpError::Unreachable(_)) => refused += 1,
+            other => panic!("within the hold a transfer must fail at once, got {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused > 0);
+    assert!(
+        listener.accept().is_err(),
+        "nothing needs the peer, yet it was redialed"
+    );
+    tokio::time::sleep_until((declared + hold).into()).await;
+    // After the hold, a transfer needs the peer again: it is dialed.
+    tx.submit(req).unwrap();
+    let dialed = std::time::Instant::now();
+    loop {
+        if listener.accept().is_ok() {
+            break;
+        }
+        assert!(
+            dialed.elapsed() < LIMIT,
+            "the transfer's peer was never dialed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

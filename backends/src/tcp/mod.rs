@@ -118,6 +118,10 @@ pub struct TcpConfig {
     /// How long a peer with live sessions may have no lane, with redialing refused (or impossible), before
     /// its sessions end with recompute and new transfers to it are refused.
     pub unreachable_after: Duration,
+    /// How long new transfers to a peer declared unreachable fail at once. Nothing redials it meanwhile
+    /// (a lane it opens to this node clears the verdict); the first transfer after this dials it again and
+    /// is judged afresh by `unreachable_after`.
+    pub unreachable_hold: Duration,
     /// Time allowed for connecting and the handshake.
     pub handshake_timeout: Duration,
     /// Most bytes a lane hands the kernel in one vectored write.
@@ -182,6 +186,7 @@ impl Default for TcpConfig {
             max_dials_per_window: 8,
             dial_window: Duration::from_secs(10),
             unreachable_after: Duration::from_secs(1),
+            unreachable_hold: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(5),
             batch_bytes: 4 << 20,
             queue_bytes: 16 << 20,

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
@@ -21,6 +21,7 @@ use super::context::{Context, lock};
 use super::driver;
 use super::handshake::Segment;
 use super::lane;
+use super::reach;
 use super::state::{NodeState, PeerInfo};
 use super::{TcpConfig, TcpError};
 use crate::board::{IncomingSession, Outcome, Received};
@@ -281,12 +282,11 @@ impl TcpNode {
     /// Starts a transfer; see [`TcpNode::wait`].
     ///
     /// Fails at once when the peer cannot be reached: no lane and no address to dial, or declared
-    /// unreachable after its connections were lost (until a lane to it opens again).
+    /// unreachable after its connections were lost, for [`TcpConfig::unreachable_hold`] (or until a lane
+    /// to it opens again). The first transfer after that hold dials the peer again.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TcpError> {
         let link = self.state.link(req.peer);
-        if let Some(reason) = lock(&link.reach).unreachable.clone() {
-            return Err(TcpError::Unreachable(reason));
-        }
+        reach::check_held(&link, self.state.ctx.cfg.unreachable_hold, Instant::now())?;
         if !link.routable() {
             return Err(TcpError::NoRoute(req.peer));
         }

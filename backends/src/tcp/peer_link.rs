@@ -47,8 +47,9 @@ struct DialState {
 pub(crate) struct Reach {
     /// Since when the peer has had no lane while sessions with it were live.
     pub(crate) lost_since: Option<Instant>,
-    /// Set once the peer was declared unreachable (its sessions were ended); cleared when a lane opens.
-    pub(crate) unreachable: Option<String>,
+    /// Set once the peer was declared unreachable (its sessions were ended): the reason and when. Cleared
+    /// when a lane opens, or by the first transfer submitted after `TcpConfig::unreachable_hold`.
+    pub(crate) unreachable: Option<(String, Instant)>,
 }
 
 pub(crate) struct LaneHandle {

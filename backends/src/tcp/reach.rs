@@ -1,12 +1,15 @@
 //! Fast failure on a dead peer: when every lane to a peer with live sessions is gone and redialing it is
 //! refused (or it cannot be redialed at all) for [`super::TcpConfig::unreachable_after`], its sessions end
-//! at once with recompute and a reason, and new transfers to it fail at once until a lane opens again.
+//! at once with recompute and a reason, and new transfers to it fail at once for
+//! [`super::TcpConfig::unreachable_hold`] or until a lane opens again. Nothing redials a peer so declared:
+//! only a transfer submitted after the hold (a session that needs it) does.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use transfer_engine::PeerId;
 
+use super::TcpError;
 use super::context::lock;
 use super::peer_link::PeerLink;
 use super::state::NodeState;
@@ -33,12 +36,10 @@ pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Ver
         reach.lost_since = None;
         return Verdict::Fine;
     }
-    if reach.unreachable.is_some() {
-        // Keep trying in the background (with backoff) so the peer is found again when it is back.
-        return Verdict::Redial;
-    }
     let mut engine = node.ctx.station.engine();
-    if !engine.has_sessions_with(link.peer) {
+    if reach.unreachable.is_some() || !engine.has_sessions_with(link.peer) {
+        // Nothing needs a lane (a peer declared unreachable has no sessions, and gets none until its
+        // hold ends): no dial.
         reach.lost_since = None;
         return Verdict::Fine;
     }
@@ -55,8 +56,24 @@ pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Ver
     drop(engine);
     link.clear_queue(&node.ctx);
     node.ctx.log(format!("{reason}; ended {ended} session(s)"));
-    reach.unreachable = Some(reason);
-    Verdict::Redial
+    reach.unreachable = Some((reason, now));
+    Verdict::Fine
+}
+
+/// Refuses a new transfer to a peer declared unreachable less than `hold` ago; after that, clears the
+/// verdict so the transfer's session makes the driver dial the peer again.
+pub(crate) fn check_held(link: &PeerLink, hold: Duration, now: Instant) -> Result<(), TcpError> {
+    let mut reach = lock(&link.reach);
+    match &reach.unreachable {
+        Some((reason, since)) if now.duration_since(*since) < hold => {
+            Err(TcpError::Unreachable(reason.clone()))
+        }
+        Some(_) => {
+            reach.unreachable = None;
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 fn unreachable_reason(
