@@ -627,3 +627,39 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
     assert!(accepted.is_ok(), "{accepted:?}: {:#?}", server.log());
     drop(silent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 64 << 20,
+        max_connections_per_address: 512,
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    // 100 connections from another address (127.0.0.2) that send the first bytes of a Hello and then
+    // nothing: each wants a handshake turn, more than the node's 64.
+    let mut half_open = Vec::new();
+    for _ in 0..100 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from(([127, 0, 0, 2], 0))).unwrap();
+        let mut s = socket.connect(addr).await.unwrap();
+        s.write_all(&[200, 0, 0, 0, 1]).await.unwrap();
+        half_open.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A real client from 127.0.0.1 is served within 1 s; before, it waited for their turns to time out.
+    let started = Instant::now();
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = Hello::new(60, Namespace::default()).unwrap();
+    hello.want = Some(layout());
+    let accepted = handshake::dial(&mut s, &hello, None, None, Duration::from_secs(1)).await;
+    assert!(
+        accepted.is_ok(),
+        "{accepted:?} after {:?}: {:#?}",
+        started.elapsed(),
+        server.log()
+    );
+    drop(half_open);
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::te_bench_json;
+use common::{te_bench_json, te_bench_json_rows};
 
 #[test]
 fn concurrent_client_processes_each_land_their_own_bytes() {
@@ -24,4 +24,50 @@ fn concurrent_client_processes_each_land_their_own_bytes() {
     // The server holds the clients' regions (4 x 16 MiB) and not much more.
     let peak = row["server_peak_mib"].as_f64().unwrap_or(f64::MAX);
     assert!(peak < 64.0 + 256.0, "server peak {peak} MiB");
+}
+
+#[test]
+fn honest_clients_beside_each_attacker_all_land_their_bytes() {
+    let rows = te_bench_json_rows(&[
+        "load",
+        "--clients",
+        "2",
+        "--total-bytes",
+        "8MiB",
+        "--iterations",
+        "1",
+        "--attackers",
+        "none,flood,lanes,takeover,half-open",
+        "--json",
+    ]);
+    let attackers: Vec<&str> = rows.iter().filter_map(|r| r["attacker"].as_str()).collect();
+    assert_eq!(
+        attackers,
+        ["none", "flood", "lanes", "takeover", "half-open"]
+    );
+    for row in &rows {
+        println!("{row}");
+        assert_eq!(row["failed_clients"].as_u64(), Some(0), "{row}");
+        assert_eq!(row["verified"].as_u64(), Some(4), "{row}");
+        assert_eq!(row["mismatched"].as_u64(), Some(0), "{row}");
+        assert!(
+            row["gbps_vs_alone"].is_number() || row["attacker"] == "none",
+            "{row}"
+        );
+    }
+    // Each attacker really attacked: the flood wrote frames, the lane taker was refused at its address's
+    // limit, the takeover tried the honest ids, the half-open connections were made.
+    let notes = |i: usize| rows[i]["notes"].as_str().unwrap_or_default().to_string();
+    assert!(!notes(1).starts_with("0 frames"), "{}", notes(1));
+    assert!(
+        notes(2).contains("the most this node allows one address"),
+        "{}",
+        notes(2)
+    );
+    assert!(
+        !notes(3).starts_with("0 admitted, 0 refused"),
+        "{}",
+        notes(3)
+    );
+    assert!(notes(4).starts_with("100 connections"), "{}", notes(4));
 }

@@ -78,8 +78,9 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     }
 }
 
-/// Waits for a connection's first bytes, then for a handshake turn (both within the handshake's time
-/// limit; a connection that sends nothing holds no turn), then runs its handshake. A connection that
+/// Waits for a connection's first bytes, then for a handshake turn of its address and one of the node's
+/// (all within the handshake's time limit; a connection that sends nothing holds no turn), then runs its
+/// handshake. A connection that
 /// gets neither is refused with the reason.
 async fn handshake_turn(
     node: Arc<NodeState>,
@@ -95,9 +96,15 @@ async fn handshake_turn(
         tokio::time::timeout(limit, stream.peek(&mut [0u8; 1])).await,
         Ok(Ok(1..))
     ) {
+        // First one of its address's turns, then one of the node's: one address cannot hold them all.
+        let both = async {
+            let address = slot.address_turn().await;
+            let node_turn = turns.acquire_owned().await;
+            (address, node_turn)
+        };
         let left = limit.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, turns.acquire_owned()).await {
-            Ok(Ok(_turn)) => return inbound(node, stream, from, slot).await,
+        match tokio::time::timeout(left, both).await {
+            Ok((_address_turn, Ok(_turn))) => return inbound(node, stream, from, slot).await,
             _ => format!("too many handshakes in progress here: none had a turn within {limit:?}"),
         }
     } else {

@@ -3,7 +3,9 @@
 //!
 //! A connection from an address holds a [`ConnectionSlot`] from accept until its lane ends, so one
 //! address can hold at most `TcpConfig::max_connections_per_address` of the node's lanes and handshakes
-//! together, and the rest stay for everyone else.
+//! together, and the rest stay for everyone else. Its handshake takes one of its address's
+//! `TcpConfig::max_handshakes_per_address` turns ([`ConnectionSlot::address_turn`]) before one of the
+//! node's, so one address cannot hold every handshake turn either.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -12,14 +14,24 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::context::lock;
 use super::handshake::{self, Message};
 
 /// Connections held per address.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Admission {
-    by_address: Mutex<HashMap<IpAddr, usize>>,
+    by_address: Mutex<HashMap<IpAddr, Held>>,
+    turns_per_address: usize,
+}
+
+/// What one address holds.
+#[derive(Debug)]
+struct Held {
+    connections: usize,
+    /// Its handshake turns.
+    turns: Arc<Semaphore>,
 }
 
 /// One connection of an address, released when dropped.
@@ -30,6 +42,14 @@ pub(crate) struct ConnectionSlot {
 }
 
 impl Admission {
+    /// Admission where each address has `turns_per_address` handshake turns.
+    pub(crate) fn new(turns_per_address: usize) -> Self {
+        Self {
+            by_address: Mutex::default(),
+            turns_per_address: turns_per_address.max(1),
+        }
+    }
+
     /// A slot for a connection from `ip`, unless the address already holds `limit`.
     pub(crate) fn admit(
         self: &Arc<Self>,
@@ -37,13 +57,17 @@ impl Admission {
         limit: usize,
     ) -> Result<ConnectionSlot, String> {
         let mut held = lock(&self.by_address);
-        let n = held.entry(ip).or_insert(0);
-        if *n >= limit {
+        let h = held.entry(ip).or_insert_with(|| Held {
+            connections: 0,
+            turns: Arc::new(Semaphore::new(self.turns_per_address)),
+        });
+        if h.connections >= limit {
+            let n = h.connections;
             return Err(format!(
                 "address {ip} already holds {n} connections here, the most this node allows one address"
             ));
         }
-        *n += 1;
+        h.connections += 1;
         Ok(ConnectionSlot {
             admission: self.clone(),
             ip,
@@ -53,16 +77,30 @@ impl Admission {
     /// Connections `ip` holds now.
     #[cfg(test)]
     fn held(&self, ip: IpAddr) -> usize {
-        lock(&self.by_address).get(&ip).copied().unwrap_or(0)
+        lock(&self.by_address).get(&ip).map_or(0, |h| h.connections)
+    }
+}
+
+impl ConnectionSlot {
+    /// Waits for one of its address's handshake turns, held until the permit is dropped.
+    pub(crate) async fn address_turn(&self) -> OwnedSemaphorePermit {
+        let turns = lock(&self.admission.by_address)
+            .get(&self.ip)
+            .map(|h| h.turns.clone())
+            .expect("a live slot keeps its address's entry");
+        turns
+            .acquire_owned()
+            .await
+            .expect("an address's turns are never closed")
     }
 }
 
 impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         let mut held = lock(&self.admission.by_address);
-        if let Some(n) = held.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(h) = held.get_mut(&self.ip) {
+            h.connections -= 1;
+            if h.connections == 0 {
                 held.remove(&self.ip);
             }
         }
@@ -98,7 +136,7 @@ mod tests {
 
     #[test]
     fn an_address_holds_at_most_its_limit_and_slots_return_when_dropped() {
-        let admission = Arc::new(Admission::default());
+        let admission = Arc::new(Admission::new(1));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let first = admission.admit(a, 2).unwrap();
         let _second = admission.admit(a, 2).unwrap();
@@ -110,5 +148,29 @@ mod tests {
         assert_eq!(admission.held(a), 1);
         admission.admit(a, 2).unwrap();
         assert_eq!(admission.held(a), 1, "the slot just made was dropped");
+    }
+
+    #[tokio::test]
+    async fn an_address_holding_its_handshake_turns_holds_no_one_elses() {
+        let admission = Arc::new(Admission::new(1));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (first, second) = (
+            admission.admit(a, 8).unwrap(),
+            admission.admit(a, 8).unwrap(),
+        );
+        let turn = first.address_turn().await;
+        let waiting = tokio::time::timeout(Duration::from_millis(50), second.address_turn()).await;
+        assert!(
+            waiting.is_err(),
+            "a second turn of the same address was given"
+        );
+        let other = admission.admit(b, 8).unwrap();
+        let _b_turn = tokio::time::timeout(Duration::from_secs(5), other.address_turn())
+            .await
+            .expect("another address waited on this one's turns");
+        drop(turn);
+        let _again = tokio::time::timeout(Duration::from_secs(5), second.address_turn())
+            .await
+            .expect("a returned turn was not given again");
     }
 }

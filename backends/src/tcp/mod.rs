@@ -26,7 +26,8 @@
 //!   [`TcpConfig::stall_timeout`]; a new connection group claiming an engine id ends the earlier group's
 //!   sessions (recompute), so none of its frames reach them; a lane a peer dialed and then left silent,
 //!   with no session live, is closed after [`TcpConfig::inbound_idle_timeout`]; one IP address holds at most
-//!   [`TcpConfig::max_connections_per_address`] connections, and a handshake turn is taken only once a
+//!   [`TcpConfig::max_connections_per_address`] connections and
+//!   [`TcpConfig::max_handshakes_per_address`] handshake turns, and a turn is taken only once a
 //!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`, at most
 //!   [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is closed without one).
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
@@ -147,6 +148,9 @@ pub struct TcpConfig {
     /// limit). A connection takes a turn only once its first bytes arrived, so connections that send
     /// nothing hold none.
     pub max_handshakes: usize,
+    /// Most of those turns one IP address may hold at once; its other connections wait (within the
+    /// handshake time limit), so one address's half-open handshakes cannot hold every turn.
+    pub max_handshakes_per_address: usize,
     /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
     /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.
     pub max_connections_per_address: usize,
@@ -197,6 +201,7 @@ impl Default for TcpConfig {
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,
+            max_handshakes_per_address: 8,
             max_connections_per_address: 128,
             max_pending_refusals: 64,
             socket_buffers: SocketBuffers::default(),

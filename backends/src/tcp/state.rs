@@ -32,6 +32,7 @@ pub(crate) struct NodeState {
 
 impl NodeState {
     pub(crate) fn new(ctx: Context, listen: Option<SocketAddr>) -> Self {
+        let admission = super::admission::Admission::new(ctx.cfg.max_handshakes_per_address);
         Self {
             ctx: Arc::new(ctx),
             links: Mutex::new(BTreeMap::new()),
@@ -39,7 +40,7 @@ impl NodeState {
             segments: Mutex::new(Vec::new()),
             served: Mutex::new(Vec::new()),
             shutdown: watch::Sender::new(false),
-            admission: Arc::default(),
+            admission: Arc::new(admission),
         }
     }
 
