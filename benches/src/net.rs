@@ -28,7 +28,8 @@ pub(crate) struct ServeArgs {
     /// region on --socket).
     #[arg(long, value_enum, default_value = "tcp")]
     pub(crate) backend: NetBackend,
-    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, or a full name.
+    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, a full name, auto (efa, then
+    /// verbs, then tcp, whichever is found first) or auto-local (shm before tcp: every peer on this host).
     #[arg(long, default_value = "tcp")]
     pub(crate) provider: String,
     /// libfabric domain for --backend rdma (a NIC, or `lo`; the tcp provider defaults to `lo`).
@@ -83,7 +84,8 @@ pub(crate) struct ConnectArgs {
     /// Endpoint address (hex) a `te-bench serve --backend rdma` printed.
     #[arg(long)]
     pub(crate) peer_address: Option<String>,
-    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, or a full name.
+    /// libfabric provider for --backend rdma: tcp, shm, verbs, efa, a full name, auto (efa, then
+    /// verbs, then tcp, whichever is found first) or auto-local (shm before tcp: every peer on this host).
     #[arg(long, default_value = "tcp")]
     pub(crate) provider: String,
     /// libfabric domain for --backend rdma (a NIC, or `lo`; the tcp provider defaults to `lo`).

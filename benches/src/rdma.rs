@@ -110,7 +110,7 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// A node's settings on `provider` (in `domain`; libfabric's tcp provider on this machine's loopback needs
 /// the `lo` domain, so it is the default there).
 pub(crate) fn node_config(engine_id: u32, provider: &str, domain: Option<&str>) -> RdmaConfig {
-    let mut cfg = RdmaConfig::new(engine_id, Provider::Named(provider.to_string()));
+    let mut cfg = RdmaConfig::new(engine_id, Provider::parse(provider));
     cfg.domain = domain
         .map(str::to_string)
         .or_else(|| (provider == "tcp").then(|| "lo".to_string()));

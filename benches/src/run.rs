@@ -106,7 +106,8 @@ pub(crate) struct RunArgs {
     /// Measured transfers per mode (after one warm-up); throughput is their median.
     #[arg(long, default_value_t = 5)]
     iterations: usize,
-    /// libfabric provider of `--backend rdma`: tcp, shm, verbs, efa, or a full name such as "tcp;ofi_rxm".
+    /// libfabric provider of `--backend rdma`: tcp, shm, verbs, efa, a full name such as "tcp;ofi_rxm",
+    /// auto (efa, then verbs, then tcp) or auto-local (shm before tcp: every peer on this host).
     #[arg(long, default_value = "tcp")]
     provider: String,
     /// libfabric domain of `--backend rdma` (a NIC, or `lo`; the tcp provider defaults to `lo`).

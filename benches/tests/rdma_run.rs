@@ -40,6 +40,29 @@ fn run_over_shm_reports_both_limits() {
     assert!(v["gbps"].as_f64().unwrap() > 0.0, "{v}");
 }
 
+/// `--provider auto-local` chooses for a peer on this host: here (no efa, no verbs) libfabric's shm.
+#[test]
+fn auto_local_chooses_shm_on_a_machine_without_a_nic() {
+    let v = te_bench_json(&[
+        "run",
+        "--backend",
+        "rdma",
+        "--provider",
+        "auto-local",
+        "--mode",
+        "exclusive",
+        "--block-bytes",
+        "64KiB",
+        "--total-bytes",
+        "4MiB",
+        "--iterations",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(v["provider"], "shm", "{v}");
+    assert_eq!(v["recompute_blocks"], 0, "{v}");
+}
+
 /// libfabric's `shm` names an endpoint's region `/dev/shm/PID:DOMAIN:ENDPOINT` and maps an existing file
 /// of that name. A file left by an earlier process with the same PID (one killed, or whose parked
 /// endpoints were never closed) made the next process's node fail ("Device or resource busy", seen in
