@@ -663,3 +663,34 @@ async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
     );
     drop(half_open);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_asking_for_regions_takes_none_from_a_connected_client() {
+    // Room for two served regions.
+    let server = TcpNode::start(TcpConfig {
+        serve_bytes: 2 * layout().total_bytes(),
+        ..TcpConfig::with_engine_id(2)
+    })
+    .await
+    .unwrap();
+    let addr = server.local_addr().unwrap();
+    // An honest client connects and gets its region, but has not opened a session yet.
+    let (node, src, dst, peer) = good_client(addr, 9).await;
+    // A stranger takes the other region, then asks for more under other engine ids.
+    let (_held, first) = handshake_as(addr, 70, [0; TOKEN_LEN], None).await;
+    first.unwrap();
+    for id in 71..75 {
+        let (_, more) = handshake_as(addr, id, [0; TOKEN_LEN], None).await;
+        let why = more.unwrap_err();
+        assert!(why.contains("held by a connected peer"), "{why}");
+    }
+    // The honest client's region is still its own: its transfer lands. Before, the stranger's request
+    // freed it (it was idle), and this transfer was refused.
+    let req = TransferRequest::whole(peer, &src, &dst)
+        .unwrap()
+        .with_mode(TransferMode::packetized());
+    let out = node.transfer(req, LIMIT).await.unwrap();
+    assert!(out.recompute.is_empty(), "{:?}", out.reason);
+    let sent = node.memory(src.id).unwrap().to_vec().unwrap();
+    assert!(sent == server.memory(dst.id).unwrap().to_vec().unwrap());
+}

@@ -242,8 +242,16 @@ fn offer(node: &NodeState, peer: PeerId, want: Option<KvLayout>) -> Result<Vec<S
 }
 
 /// A region of `layout` that belongs to `peer`: its own earlier one if it has one of this layout, else a
-/// new one, freeing idle served regions (of any peer) to stay within `serve_bytes`.
+/// new one, freeing idle served regions to stay within `serve_bytes`: only those of peers with no lane
+/// here (or `peer`'s own), so a stranger asking for regions cannot take one from a connected client
+/// between its handshake and its first session.
 fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, String> {
+    let connected: std::collections::BTreeSet<PeerId> = node
+        .all_links()
+        .iter()
+        .filter(|l| l.peer != peer && l.lane_count() > 0)
+        .map(|l| l.peer)
+        .collect();
     let bytes = layout.total_bytes();
     let limit = node.ctx.cfg.serve_bytes;
     if bytes > limit {
@@ -263,8 +271,8 @@ fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, St
     let mut engine = node.ctx.station.engine();
     let mut i = 0;
     while total + bytes > limit && i < served.len() {
-        let id = served[i].1.handle.id;
-        if engine.unregister_region(id).is_ok() {
+        let (owner, id) = (served[i].0, served[i].1.handle.id);
+        if !connected.contains(&owner) && engine.unregister_region(id).is_ok() {
             total -= served[i].1.handle.len;
             served.remove(i);
         } else {
@@ -272,7 +280,10 @@ fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, St
         }
     }
     if total + bytes > limit {
-        return Err("every served region is busy: try again when running transfers finish".into());
+        return Err(
+            "every served region is busy or held by a connected peer: try again when one leaves"
+                .into(),
+        );
     }
     let len =
         usize::try_from(bytes).map_err(|_| "the layout does not fit in memory".to_string())?;
