@@ -694,3 +694,37 @@ async fn a_stranger_asking_for_regions_takes_none_from_a_connected_client() {
     let sent = node.memory(src.id).unwrap().to_vec().unwrap();
     assert!(sent == server.memory(dst.id).unwrap().to_vec().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimant_of_a_departed_engine_id_gets_a_fresh_region_not_its_bytes() {
+    let server = server().await;
+    let addr = server.local_addr().unwrap();
+    // Engine 9 lands its bytes in its served region, then its process leaves.
+    let (node, src, old, peer) = good_client(addr, 9).await;
+    let req = TransferRequest::whole(peer, &src, &old).unwrap();
+    let out = node.transfer(req, LIMIT).await.unwrap();
+    assert!(out.recompute.is_empty(), "{:?}", out.reason);
+    drop(node);
+    // Another process claims engine 9 once its lanes are down (before, it is refused).
+    let end = Instant::now() + LIMIT;
+    let (_lane, region) = loop {
+        let (lane, admitted) = handshake_as(addr, 9, [0; TOKEN_LEN], None).await;
+        if let Ok((region, _)) = admitted {
+            break (lane, region);
+        }
+        assert!(Instant::now() < end, "engine 9's lanes never closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // It is a new connection group: it is given a new, zeroed region, and the departed group's region,
+    // with its bytes, is gone. Before, the claimant was handed the departed group's region to write into.
+    assert_ne!(region.id, old.id);
+    let bytes = server.memory(region.id).unwrap().to_vec().unwrap();
+    assert!(
+        bytes.iter().all(|&b| b == 0),
+        "the claimant's region is not zeroed"
+    );
+    assert!(
+        server.memory(old.id).is_err(),
+        "the departed group's region is still served"
+    );
+}

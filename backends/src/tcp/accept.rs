@@ -25,7 +25,7 @@ use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
 use super::lane;
 use super::peer_link::PeerLink;
 use super::socket;
-use super::state::NodeState;
+use super::state::{NodeState, ServedRegion};
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
@@ -136,8 +136,8 @@ async fn inbound(
             .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
         let id = PeerId(u64::from(peer.engine_id));
         let link = node.link(id);
-        let admitted =
-            admit(&node, &link, &peer).and_then(|token| Ok((token, offer(&node, id, peer.want)?)));
+        let admitted = admit(&node, &link, &peer)
+            .and_then(|token| Ok((token, offer(&node, id, token, peer.want)?)));
         match admitted {
             Ok((token, segments)) => {
                 let welcome = Message::Welcome(token, segments);
@@ -200,7 +200,7 @@ fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_L
 /// restarted, or another process claims its engine id while its lanes are down), the sessions of the
 /// earlier group end here at once with recompute, and what was queued for it is dropped: sessions belong
 /// to the group that opened them, so no frame of the new group (Data, Ack, Nack, Close, Progress) reaches
-/// them: the engine refuses frames for a session it closed.
+/// them: the engine refuses frames for a session it closed. The earlier group's served regions are freed.
 pub(crate) fn join_group(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LEN]) {
     let earlier = link.token();
     link.set_token(token);
@@ -220,6 +220,16 @@ pub(crate) fn join_group(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LE
     if ended > 0 {
         node.ctx.log(format!("{reason}; ended {ended} session(s)"));
     }
+    // The earlier group's served regions go with it (their sessions have just ended), so nothing of the
+    // new group can open a session into them.
+    // (The served list before the engine, the order `serve` takes them in.)
+    let mut served = lock(&node.served);
+    let mut engine = node.ctx.station.engine();
+    served.retain(|r| {
+        r.owner != link.peer
+            || r.group == token
+            || engine.unregister_region(r.segment.handle.id).is_err()
+    });
 }
 
 /// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.
@@ -231,21 +241,32 @@ fn dial_back(node: &NodeState, peer: &Hello, from: SocketAddr) -> Option<SocketA
     Some(SocketAddr::new(from.ip(), named.port()))
 }
 
-/// Segments offered to a dialer: the published ones, and a region of `want`'s layout for `peer` if it
-/// asked and the node serves regions.
-fn offer(node: &NodeState, peer: PeerId, want: Option<KvLayout>) -> Result<Vec<Segment>, String> {
+/// Segments offered to a dialer: the published ones, and a region of `want`'s layout for `peer`'s
+/// connection group `group` if it asked and the node serves regions.
+fn offer(
+    node: &NodeState,
+    peer: PeerId,
+    group: [u8; TOKEN_LEN],
+    want: Option<KvLayout>,
+) -> Result<Vec<Segment>, String> {
     let mut segments = lock(&node.segments).clone();
     if let Some(layout) = want {
-        segments.push(serve(node, peer, layout)?);
+        segments.push(serve(node, peer, group, layout)?);
     }
     Ok(segments)
 }
 
-/// A region of `layout` that belongs to `peer`: its own earlier one if it has one of this layout, else a
-/// new one, freeing idle served regions to stay within `serve_bytes`: only those of peers with no lane
-/// here (or `peer`'s own), so a stranger asking for regions cannot take one from a connected client
-/// between its handshake and its first session.
-fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, String> {
+/// A region of `layout` that belongs to `peer`'s connection group `group`: the group's earlier one if it
+/// has one of this layout (never an earlier group's: a process claiming a departed peer's engine id gets
+/// a zeroed region, not the departed one's bytes), else a new one, freeing idle served regions to stay
+/// within `serve_bytes`: only those of peers with no lane here (or `peer`'s own), so a stranger asking for
+/// regions cannot take one from a connected client between its handshake and its first session.
+fn serve(
+    node: &NodeState,
+    peer: PeerId,
+    group: [u8; TOKEN_LEN],
+    layout: KvLayout,
+) -> Result<Segment, String> {
     let connected: std::collections::BTreeSet<PeerId> = node
         .all_links()
         .iter()
@@ -261,19 +282,19 @@ fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, St
         ));
     }
     let mut served = lock(&node.served);
-    if let Some((_, s)) = served
+    if let Some(r) = served
         .iter()
-        .find(|(owner, s)| *owner == peer && s.handle.layout == Some(layout))
+        .find(|r| r.owner == peer && r.group == group && r.segment.handle.layout == Some(layout))
     {
-        return Ok(s.clone());
+        return Ok(r.segment.clone());
     }
-    let mut total: u64 = served.iter().map(|(_, s)| s.handle.len).sum();
+    let mut total: u64 = served.iter().map(|r| r.segment.handle.len).sum();
     let mut engine = node.ctx.station.engine();
     let mut i = 0;
     while total + bytes > limit && i < served.len() {
-        let (owner, id) = (served[i].0, served[i].1.handle.id);
+        let (owner, id) = (served[i].owner, served[i].segment.handle.id);
         if !connected.contains(&owner) && engine.unregister_region(id).is_ok() {
-            total -= served[i].1.handle.len;
+            total -= served[i].segment.handle.len;
             served.remove(i);
         } else {
             i += 1;
@@ -297,6 +318,10 @@ fn serve(node: &NodeState, peer: PeerId, layout: KvLayout) -> Result<Segment, St
         name: "served".into(),
         handle,
     };
-    served.push((peer, segment.clone()));
+    served.push(ServedRegion {
+        owner: peer,
+        group,
+        segment: segment.clone(),
+    });
     Ok(segment)
 }

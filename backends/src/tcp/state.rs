@@ -14,6 +14,16 @@ use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
 use super::peer_link::PeerLink;
 
+/// A region served to a peer that asked for one in its handshake: it belongs to that peer's connection
+/// group, and goes with it.
+#[derive(Debug)]
+pub(crate) struct ServedRegion {
+    pub(crate) owner: PeerId,
+    /// The token of the owner's connection group.
+    pub(crate) group: [u8; super::handshake::TOKEN_LEN],
+    pub(crate) segment: Segment,
+}
+
 /// A peer reached by [`super::TcpNode::connect`]; its segments include `served` if a region was asked for.
 pub use crate::transport::PeerInfo;
 
@@ -24,7 +34,7 @@ pub(crate) struct NodeState {
     pub(crate) listen: Option<SocketAddr>,
     pub(crate) segments: Mutex<Vec<Segment>>,
     /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
-    pub(crate) served: Mutex<Vec<(PeerId, Segment)>>,
+    pub(crate) served: Mutex<Vec<ServedRegion>>,
     pub(crate) shutdown: watch::Sender<bool>,
     /// Inbound connections held per address.
     pub(crate) admission: Arc<super::admission::Admission>,
