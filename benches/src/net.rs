@@ -56,6 +56,20 @@ pub(crate) struct ServeArgs {
     /// Most lanes (TCP connections) per client.
     #[arg(long, default_value_t = 2)]
     lanes: usize,
+    /// Milliseconds a client may stall mid-frame, or leave what the server writes unread, before it
+    /// loses its lane (TcpConfig::stall_timeout).
+    #[arg(long, default_value_t = 10_000)]
+    stall_ms: u64,
+    /// Milliseconds a lane a client dialed may stay silent with no session live before it is closed
+    /// (TcpConfig::inbound_idle_timeout).
+    #[arg(long, default_value_t = 120_000)]
+    idle_ms: u64,
+    /// Milliseconds allowed for a connection's handshake (TcpConfig::handshake_timeout).
+    #[arg(long, default_value_t = 5_000)]
+    handshake_ms: u64,
+    /// Most connections one IP address may hold (TcpConfig::max_connections_per_address).
+    #[arg(long, default_value_t = 128)]
+    connections_per_address: usize,
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seconds: u64,
@@ -155,6 +169,10 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
         secret: args.secret.as_ref().map(|s| s.as_bytes().to_vec()),
         serve_bytes: args.serve_bytes,
         max_lanes_per_peer: args.lanes.max(1),
+        stall_timeout: Duration::from_millis(args.stall_ms),
+        inbound_idle_timeout: Some(Duration::from_millis(args.idle_ms)),
+        handshake_timeout: Duration::from_millis(args.handshake_ms),
+        max_connections_per_address: args.connections_per_address,
         ..TcpConfig::with_engine_id(args.engine_id)
     };
     let node = BlockingNode::start(cfg).context("starting the server")?;

@@ -6,8 +6,8 @@
 //!   never read the Rejects that answer them; a lane the server closes is replaced at once;
 //! - `lanes`: as many lanes as the server admits, each under an engine id of its own, held, and refused
 //!   ones retried;
-//! - `takeover`: once every honest client has a session running, handshakes claiming each honest engine
-//!   id, and Close frames for its sessions whenever one is admitted;
+//! - `takeover`: once every honest client has a session running, handshakes claiming the engine id of
+//!   each honest client still running, and Close frames for its sessions whenever one is admitted;
 //! - `half-open`: 100 connections that send the first bytes of a Hello and then nothing, each replaced
 //!   when the server closes it.
 
@@ -23,6 +23,9 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use transfer_engine::wire::{FrameKind, Header};
+
+/// The engine ids of the honest clients still running.
+pub(crate) type Running = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>;
 
 /// One kind of attacker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -82,11 +85,11 @@ const ATTACKER_IP: [u8; 4] = [127, 0, 0, 2];
 const LIMIT: Duration = Duration::from_secs(5);
 
 impl Attack {
-    /// Starts `kind` against `server`; `victims` are the honest clients' engine ids.
+    /// Starts `kind` against `server`; `victims` are the honest clients still running.
     pub(crate) fn start(
         kind: AttackKind,
         server: SocketAddr,
-        victims: std::ops::Range<u32>,
+        victims: Running,
     ) -> anyhow::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -215,12 +218,13 @@ async fn lanes(server: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
 
 async fn takeover(
     server: SocketAddr,
-    victims: std::ops::Range<u32>,
+    victims: Running,
     stop: Arc<AtomicBool>,
     tally: Arc<Tally>,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        for id in victims.clone() {
+        let live: Vec<u32> = victims.lock().unwrap().iter().copied().collect();
+        for id in live {
             match lane(server, id).await {
                 Ok(Ok(mut stream)) => {
                     // Admitted under a live client's id: try to end its sessions (the counter is not

@@ -59,6 +59,9 @@ struct LoadRow {
     worst_client_s: f64,
     /// Honest clients that failed, and the first one's error.
     failed_clients: u32,
+    /// Blocks the honest clients' transfers handed back for recompute (a deadline missed, a session
+    /// ended under them).
+    recompute_blocks: u64,
     /// This run's aggregate and worst client time against the run without an attacker (when `none` ran
     /// first).
     gbps_vs_alone: Option<f64>,
@@ -80,6 +83,7 @@ const COLUMNS: &[&str] = &[
     "seconds",
     "worst_client_s",
     "failed_clients",
+    "recompute_blocks",
     "gbps_vs_alone",
     "worst_vs_alone",
     "verified",
@@ -134,6 +138,8 @@ struct ServerLines {
     unverified: AtomicU64,
     /// Distinct engines a session was accepted from.
     engines: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+    /// The first line that reported a session not verified.
+    first_unverified: std::sync::Mutex<Option<String>>,
 }
 
 /// One run: a fresh server, the attacker, then the honest clients.
@@ -165,6 +171,7 @@ fn run(
                 counts.verified.fetch_add(1, Ordering::Relaxed);
             } else if line.contains("MISMATCH") || line.contains("not checked") {
                 counts.unverified.fetch_add(1, Ordering::Relaxed);
+                counts.first_unverified.lock().unwrap().get_or_insert(line);
             } else if let Some(e) = line.split(" from engine ").nth(1) {
                 let id = e.split(':').next().and_then(|e| e.parse::<u32>().ok());
                 counts.engines.lock().unwrap().extend(id);
@@ -172,11 +179,14 @@ fn run(
         }
     });
     let victims = 100..100 + args.clients;
+    // The honest clients still running: a takeover claims only those (a departed client's id is free to
+    // claim, and its served region goes with it).
+    let running: attack::Running = Arc::new(std::sync::Mutex::new(victims.clone().collect()));
     // Every attacker but a takeover starts first, so the honest clients meet it at its worst; a
     // takeover needs live sessions to take over, so it starts once every client has one.
     let mut attack: Option<Attack> = None;
     if kind != AttackKind::Takeover {
-        attack = Some(Attack::start(kind, addr, victims.clone())?);
+        attack = Some(Attack::start(kind, addr, running.clone())?);
         std::thread::sleep(Duration::from_secs(1));
     }
     let start = Instant::now();
@@ -207,14 +217,23 @@ fn run(
         {
             std::thread::sleep(Duration::from_millis(5));
         }
-        attack = Some(Attack::start(kind, addr, victims.clone())?);
+        attack = Some(Attack::start(kind, addr, running.clone())?);
     }
     // Each client is waited for on its own thread, so its exit time is its own.
-    let waits: Vec<_> = clients
-        .into_iter()
-        .map(|c| std::thread::spawn(move || (c.wait_with_output(), start.elapsed())))
+    let waits: Vec<_> = victims
+        .clone()
+        .zip(clients)
+        .map(|(id, c)| {
+            let running = running.clone();
+            std::thread::spawn(move || {
+                let done = c.wait_with_output();
+                running.lock().unwrap().remove(&id);
+                (done, start.elapsed())
+            })
+        })
         .collect();
     let mut failures = Vec::new();
+    let mut recompute_blocks = 0;
     let mut worst = Duration::ZERO;
     for (id, w) in victims.clone().zip(waits) {
         let (done, took) = w
@@ -222,6 +241,11 @@ fn run(
             .map_err(|_| anyhow::anyhow!("a waiting thread panicked"))?;
         let done = done?;
         worst = worst.max(took);
+        recompute_blocks += String::from_utf8_lossy(&done.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|row| row["recompute_blocks"].as_u64())
+            .sum::<u64>();
         if !done.status.success() {
             failures.push(format!(
                 "client {id}: {}",
@@ -261,6 +285,9 @@ fn run(
     if let Some(first) = failures.first() {
         notes = format!("{notes}; {first}");
     }
+    if let Some(line) = lines.first_unverified.lock().unwrap().take() {
+        notes = format!("{notes}; server: {line}");
+    }
     Ok(LoadRow {
         attacker: kind.name(),
         clients: args.clients,
@@ -270,6 +297,7 @@ fn run(
         seconds,
         worst_client_s: worst.as_secs_f64(),
         failed_clients: failures.len() as u32,
+        recompute_blocks,
         gbps_vs_alone: None,
         worst_vs_alone: None,
         verified,
