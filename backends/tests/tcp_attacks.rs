@@ -88,6 +88,17 @@ async fn handshake_as(
     (s, result)
 }
 
+/// A real client's handshake (engine 60, asking for a region) within `limit`.
+async fn honest_handshake(
+    addr: SocketAddr,
+    limit: Duration,
+) -> Result<handshake::Accepted, backends::tcp::TcpError> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut hello = Hello::new(60, Namespace::default()).unwrap();
+    hello.want = Some(layout());
+    handshake::dial(&mut s, &hello, None, None, limit).await
+}
+
 /// The frames an engine would send to open a session into `dst` and push its slices (payloads as given
 /// by the engine's own region, which is zeros).
 fn attack_frames(dst: RegionHandle, slice: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
@@ -620,10 +631,7 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // A real client is served while they are held; before, each held a turn until its handshake timed
     // out, and a client arriving after them waited for that.
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut hello = Hello::new(60, Namespace::default()).unwrap();
-    hello.want = Some(layout());
-    let accepted = handshake::dial(&mut s, &hello, None, None, Duration::from_secs(2)).await;
+    let accepted = honest_handshake(addr, Duration::from_secs(2)).await;
     assert!(accepted.is_ok(), "{accepted:?}: {:#?}", server.log());
     drop(silent);
 }
@@ -651,10 +659,7 @@ async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A real client from 127.0.0.1 is served within 1 s; before, it waited for their turns to time out.
     let started = Instant::now();
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut hello = Hello::new(60, Namespace::default()).unwrap();
-    hello.want = Some(layout());
-    let accepted = handshake::dial(&mut s, &hello, None, None, Duration::from_secs(1)).await;
+    let accepted = honest_handshake(addr, Duration::from_secs(1)).await;
     assert!(
         accepted.is_ok(),
         "{accepted:?} after {:?}: {:#?}",
