@@ -216,12 +216,7 @@ async fn lanes(server: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
     }
 }
 
-async fn takeover(
-    server: SocketAddr,
-    victims: Running,
-    stop: Arc<AtomicBool>,
-    tally: Arc<Tally>,
-) {
+async fn takeover(server: SocketAddr, victims: Running, stop: Arc<AtomicBool>, tally: Arc<Tally>) {
     while !stop.load(Ordering::Relaxed) {
         let live: Vec<u32> = victims.lock().unwrap().iter().copied().collect();
         for id in live {
