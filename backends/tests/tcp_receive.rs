@@ -233,7 +233,7 @@ async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it()
     let listener = std::net::TcpListener::bind(addr).unwrap();
     listener.set_nonblocking(true).unwrap();
     let mut refused = 0;
-    while declared.elapsed() < hold - Duration::from_millis(300) {
+    while declared.elapsed() < hold - Duration::from_millis(500) {
         match tx.submit(req.clone()) {
             Err(TcpError::Unreachable(_)) => refused += 1,
             other => panic!("within the hold a transfer must fail at once, got {other:?}"),

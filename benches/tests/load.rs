@@ -35,7 +35,7 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
         "--total-bytes",
         "8MiB",
         "--iterations",
-        "1",
+        "3",
         "--attackers",
         "none,flood,lanes,takeover,half-open",
         "--json",
@@ -48,8 +48,17 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
     for row in &rows {
         println!("{row}");
         assert_eq!(row["failed_clients"].as_u64(), Some(0), "{row}");
-        assert_eq!(row["verified"].as_u64(), Some(4), "{row}");
+        // No session ever holds other bytes than its client's. Beside a takeover, a session of a
+        // client that has just left may go unchecked (the claim frees its region), never lost: the
+        // client itself reports no block to recompute.
         assert_eq!(row["mismatched"].as_u64(), Some(0), "{row}");
+        assert_eq!(row["recompute_blocks"].as_u64(), Some(0), "{row}");
+        let checked =
+            row["verified"].as_u64().unwrap_or(0) + row["not_checked"].as_u64().unwrap_or(0);
+        assert_eq!(checked, 8, "{row}");
+        if row["attacker"] != "takeover" {
+            assert_eq!(row["verified"].as_u64(), Some(8), "{row}");
+        }
         assert!(
             row["gbps_vs_alone"].is_number() || row["attacker"] == "none",
             "{row}"
@@ -69,5 +78,10 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
         "{}",
         notes(3)
     );
-    assert!(notes(4).starts_with("100 connections"), "{}", notes(4));
+    let half_open: u64 = notes(4)
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(half_open >= 100, "{}", notes(4));
 }

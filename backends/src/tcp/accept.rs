@@ -80,8 +80,7 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
 
 /// Waits for a connection's first bytes, then for a handshake turn of its address and one of the node's
 /// (all within the handshake's time limit; a connection that sends nothing holds no turn), then runs its
-/// handshake. A connection that
-/// gets neither is refused with the reason.
+/// handshake. A connection that sends nothing, or gets no turn, is refused with the reason.
 async fn handshake_turn(
     node: Arc<NodeState>,
     turns: Arc<Semaphore>,
@@ -136,15 +135,22 @@ async fn inbound(
             .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
         let id = PeerId(u64::from(peer.engine_id));
         let link = node.link(id);
-        let admitted = admit(&node, &link, &peer)
-            .and_then(|token| Ok((token, offer(&node, id, token, peer.want)?)));
+        let admitted = admit(&node, &link, &peer).and_then(|token| {
+            // A new group's predecessor goes first (its sessions end, its regions are freed), so a
+            // restarted process finds the room its earlier self held.
+            join_group(&node, &link, token);
+            Ok((token, offer(&node, id, token, peer.want)?))
+        });
         match admitted {
             Ok((token, segments)) => {
+                // Where to dial it back is known before it hears Welcome.
+                if let Some(addr) = dial_back(&node, &peer, from) {
+                    link.set_addr(addr);
+                }
                 let welcome = Message::Welcome(token, segments);
                 tokio::time::timeout(limit, handshake::send(&mut stream, &welcome))
                     .await
                     .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
-                join_group(&node, &link, token);
             }
             Err(reason) => {
                 let _ = handshake::send(&mut stream, &Message::Reject(reason.clone())).await;
@@ -155,10 +161,7 @@ async fn inbound(
     }
     .await;
     match result {
-        Ok((peer, link)) => {
-            if let Some(addr) = dial_back(&node, &peer, from) {
-                link.set_addr(addr);
-            }
+        Ok((_, link)) => {
             lane::start(&node, &link, stream, false, Some(slot));
         }
         Err(e) => {

@@ -286,11 +286,12 @@ impl TcpNode {
     /// to it opens again). The first transfer after that hold dials the peer again.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TcpError> {
         let link = self.state.link(req.peer);
-        reach::check_held(&link, self.state.ctx.cfg.unreachable_hold, Instant::now())?;
+        let reach = reach::check_held(&link, self.state.ctx.cfg.unreachable_hold, Instant::now())?;
         if !link.routable() {
             return Err(TcpError::NoRoute(req.peer));
         }
         let id = self.state.ctx.station.submit(req)?;
+        drop(reach);
         self.state.ctx.wake.notify_one();
         Ok(id)
     }

@@ -95,6 +95,14 @@ impl PeerLink {
         *lock(&self.addr)
     }
 
+    /// Forgets the failed dials of an earlier episode (the dial window stays): the next dial is due now.
+    pub(crate) fn reset_dial_failures(&self, now: Instant) {
+        let mut d = lock(&self.dial);
+        d.failures = 0;
+        d.last_error = None;
+        d.next_at = now;
+    }
+
     /// Failed dials since the last success, and the last one's error.
     pub(crate) fn dial_failures(&self) -> (u32, Option<String>) {
         let d = lock(&self.dial);

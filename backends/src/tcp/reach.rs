@@ -4,14 +4,14 @@
 //! [`super::TcpConfig::unreachable_hold`] or until a lane opens again. Nothing redials a peer so declared:
 //! only a transfer submitted after the hold (a session that needs it) does.
 
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
 
 use transfer_engine::PeerId;
 
 use super::TcpError;
 use super::context::lock;
-use super::peer_link::PeerLink;
+use super::peer_link::{PeerLink, Reach};
 use super::state::NodeState;
 
 /// What the driver should do about a link after [`judge`].
@@ -38,8 +38,8 @@ pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Ver
     }
     let mut engine = node.ctx.station.engine();
     if reach.unreachable.is_some() || !engine.has_sessions_with(link.peer) {
-        // Nothing needs a lane (a peer declared unreachable has no sessions, and gets none until its
-        // hold ends): no dial.
+        // Nothing needs a lane (a peer declared unreachable has no sessions: `check_held` clears the
+        // verdict before a new one is submitted, under this lock): no dial.
         reach.lost_since = None;
         return Verdict::Fine;
     }
@@ -60,22 +60,6 @@ pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Ver
     Verdict::Fine
 }
 
-/// Refuses a new transfer to a peer declared unreachable less than `hold` ago; after that, clears the
-/// verdict so the transfer's session makes the driver dial the peer again.
-pub(crate) fn check_held(link: &PeerLink, hold: Duration, now: Instant) -> Result<(), TcpError> {
-    let mut reach = lock(&link.reach);
-    match &reach.unreachable {
-        Some((reason, since)) if now.duration_since(*since) < hold => {
-            Err(TcpError::Unreachable(reason.clone()))
-        }
-        Some(_) => {
-            reach.unreachable = None;
-            Ok(())
-        }
-        None => Ok(()),
-    }
-}
-
 fn unreachable_reason(
     peer: PeerId,
     addr: Option<std::net::SocketAddr>,
@@ -92,4 +76,25 @@ fn unreachable_reason(
         peer.0,
         lost_for.as_millis()
     )
+}
+
+/// Refuses a new transfer to a peer declared unreachable less than `hold` ago (unless a lane to it is open
+/// again); otherwise clears the verdict and the earlier dial failures, so the transfer's session makes
+/// the driver dial the peer again and is judged afresh. The guard returned is held while the caller
+/// submits the session, so the driver cannot declare the peer unreachable in between (a session
+/// submitted under a verdict would never be dialed for).
+pub(crate) fn check_held(
+    link: &PeerLink,
+    hold: Duration,
+    now: Instant,
+) -> Result<MutexGuard<'_, Reach>, TcpError> {
+    let mut reach = lock(&link.reach);
+    if let Some((reason, since)) = &reach.unreachable {
+        if now.duration_since(*since) < hold && link.lane_count() == 0 {
+            return Err(TcpError::Unreachable(reason.clone()));
+        }
+        reach.unreachable = None;
+        link.reset_dial_failures(now);
+    }
+    Ok(reach)
 }

@@ -105,12 +105,32 @@ impl Attack {
             AttackKind::Takeover => drop(runtime.spawn(takeover(server, victims, s, t))),
             AttackKind::HalfOpen => drop(runtime.spawn(half_open(server, s, t))),
         }
-        Ok(Self {
+        let attack = Self {
             kind,
             stop,
             tally,
             runtime: Some(runtime),
-        })
+        };
+        attack.wait_in_place(Duration::from_secs(10));
+        Ok(attack)
+    }
+
+    /// Waits (at most `limit`) until the attacker is at full strength: the flood writing, the lane taker
+    /// refused at a limit, the takeover past its first claim, all 100 half-open connections made.
+    fn wait_in_place(&self, limit: Duration) {
+        let t = &self.tally;
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let ready = || match self.kind {
+            AttackKind::None => true,
+            AttackKind::Flood => n(&t.frames) > 0,
+            AttackKind::Lanes => n(&t.refused) > 0,
+            AttackKind::Takeover => n(&t.admitted) + n(&t.refused) > 0,
+            AttackKind::HalfOpen => n(&t.admitted) >= 100,
+        };
+        let started = std::time::Instant::now();
+        while !ready() && started.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Stops the attacker (its connections close) and summarises what it did.

@@ -52,9 +52,11 @@ struct LoadRow {
     /// Bytes moved by all clients together over the wall time of the run.
     aggregate_gbps: f64,
     seconds: f64,
-    /// Sessions the server checked against their client's pattern, and how many matched.
+    /// Sessions the server found holding their client's pattern, holding other bytes, and not checked
+    /// (blocks to recompute, or their region gone).
     verified: u64,
     mismatched: u64,
+    not_checked: u64,
     /// The slowest honest client's time, from its start to its exit (connecting included).
     worst_client_s: f64,
     /// Honest clients that failed, and the first one's error.
@@ -88,6 +90,7 @@ const COLUMNS: &[&str] = &[
     "worst_vs_alone",
     "verified",
     "mismatched",
+    "not_checked",
     "server_peak_mib",
     "served_mib",
     "notes",
@@ -135,7 +138,8 @@ pub(crate) fn main(args: &LoadArgs) -> anyhow::Result<()> {
 #[derive(Default)]
 struct ServerLines {
     verified: AtomicU64,
-    unverified: AtomicU64,
+    mismatched: AtomicU64,
+    not_checked: AtomicU64,
     /// Distinct engines a session was accepted from.
     engines: std::sync::Mutex<std::collections::BTreeSet<u32>>,
     /// The first line that reported a session not verified.
@@ -170,7 +174,12 @@ fn run(
             if line.contains(": verified") {
                 counts.verified.fetch_add(1, Ordering::Relaxed);
             } else if line.contains("MISMATCH") || line.contains("not checked") {
-                counts.unverified.fetch_add(1, Ordering::Relaxed);
+                let counter = if line.contains("MISMATCH") {
+                    &counts.mismatched
+                } else {
+                    &counts.not_checked
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
                 counts.first_unverified.lock().unwrap().get_or_insert(line);
             } else if let Some(e) = line.split(" from engine ").nth(1) {
                 let id = e.split(':').next().and_then(|e| e.parse::<u32>().ok());
@@ -187,7 +196,6 @@ fn run(
     let mut attack: Option<Attack> = None;
     if kind != AttackKind::Takeover {
         attack = Some(Attack::start(kind, addr, running.clone())?);
-        std::thread::sleep(Duration::from_secs(1));
     }
     let start = Instant::now();
     let clients = victims
@@ -211,14 +219,6 @@ fn run(
         })
         .collect::<Result<Vec<_>, _>>()
         .context("starting te-bench connect")?;
-    if kind == AttackKind::Takeover {
-        let all = args.clients as usize;
-        while lines.engines.lock().unwrap().len() < all && start.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        attack = Some(Attack::start(kind, addr, running.clone())?);
-    }
     // Each client is waited for on its own thread, so its exit time is its own.
     let waits: Vec<_> = victims
         .clone()
@@ -232,6 +232,14 @@ fn run(
             })
         })
         .collect();
+    if kind == AttackKind::Takeover {
+        let all = args.clients as usize;
+        while lines.engines.lock().unwrap().len() < all && start.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        attack = Some(Attack::start(kind, addr, running.clone())?);
+    }
     let mut failures = Vec::new();
     let mut recompute_blocks = 0;
     let mut worst = Duration::ZERO;
@@ -259,18 +267,19 @@ fn run(
     // checked each of them.
     let transfers = u64::from(args.clients) * (args.iterations as u64 + 1);
     let waiting = Instant::now();
+    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let checked_all = || {
-        lines.verified.load(Ordering::Relaxed) + lines.unverified.load(Ordering::Relaxed)
-            >= transfers
+        count(&lines.verified) + count(&lines.mismatched) + count(&lines.not_checked) >= transfers
     };
     while !checked_all() && waiting.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let server_peak_mib = peak_mib(server.child.id())?;
     drop(server);
-    let (verified, mismatched) = (
-        lines.verified.load(Ordering::Relaxed),
-        lines.unverified.load(Ordering::Relaxed),
+    let (verified, mismatched, not_checked) = (
+        count(&lines.verified),
+        count(&lines.mismatched),
+        count(&lines.not_checked),
     );
     if kind == AttackKind::None && !failures.is_empty() {
         bail!(
@@ -302,6 +311,7 @@ fn run(
         worst_vs_alone: None,
         verified,
         mismatched,
+        not_checked,
         server_peak_mib,
         served_mib: served as f64 / (1 << 20) as f64,
         notes,
