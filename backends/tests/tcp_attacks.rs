@@ -4,12 +4,17 @@
 //! a half-sent header, a reflected dial-back, and garbage that must be answered with a reason. After each, a well-behaved client beside the attacker
 //! still completes a byte-identical transfer, and the server's queue is back within bounds.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use backends::tcp::Namespace;
 use backends::tcp::handshake::{self, Hello, TOKEN_LEN};
 use backends::tcp::{TcpConfig, TcpNode};
+use common::tcp_client::{
+    LIMIT, good_client, good_transfer, handshake_as, honest_handshake, layout, server, server_with,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -18,86 +23,6 @@ use transfer_engine::{
     Body, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, RegionHandle, TransferMode,
     TransferRequest,
 };
-
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn layout() -> KvLayout {
-    KvLayout::new(2, 8, 64 << 10, 16, Dtype::Bf16).unwrap()
-}
-
-async fn server() -> TcpNode {
-    TcpNode::start(TcpConfig {
-        serve_bytes: 64 << 20,
-        stall_timeout: Duration::from_millis(500),
-        peer_queue_bytes: 1 << 20,
-        ..TcpConfig::with_engine_id(2)
-    })
-    .await
-    .unwrap()
-}
-
-/// A well-behaved client with its own pattern, connected to `addr` and given a served region.
-async fn good_client(addr: SocketAddr, id: u32) -> (TcpNode, RegionHandle, RegionHandle, PeerId) {
-    let node = TcpNode::start(TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(id)
-    })
-    .await
-    .unwrap();
-    let l = layout();
-    let bytes: Vec<u8> = (0..l.total_bytes() as usize)
-        .map(|i| (i as u32).wrapping_mul(id * 2 + 1) as u8)
-        .collect();
-    let src = node
-        .register_kv_region(l, MemoryRegion::from_vec(bytes))
-        .unwrap();
-    let info = node.connect(addr, Some(l)).await.unwrap();
-    let dst = *info.segment("served").unwrap();
-    (node, src, dst, info.peer)
-}
-
-/// Moves the good client's KV into its served region and checks the server holds exactly its bytes.
-async fn good_transfer(server: &TcpNode, addr: SocketAddr, id: u32) {
-    let (node, src, dst, peer) = good_client(addr, id).await;
-    let req = TransferRequest::whole(peer, &src, &dst)
-        .unwrap()
-        .with_mode(TransferMode::packetized());
-    let out = node.transfer(req, LIMIT).await.unwrap();
-    assert!(out.recompute.is_empty(), "{:?}", out.reason);
-    let sent = node.memory(src.id).unwrap().to_vec().unwrap();
-    let got = server.memory(dst.id).unwrap().to_vec().unwrap();
-    assert!(sent == got, "client {id}'s bytes differ on the server");
-}
-
-/// Completes the handshake as engine `id` (with `token`), asking for a served region.
-async fn handshake_as(
-    addr: SocketAddr,
-    id: u32,
-    token: [u8; TOKEN_LEN],
-    listen: Option<&str>,
-) -> (TcpStream, Result<(RegionHandle, [u8; TOKEN_LEN]), String>) {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut hello = Hello::new(id, Namespace::default()).unwrap();
-    hello.want = Some(layout());
-    hello.token = token;
-    hello.listen = listen.map(str::to_string);
-    let result = handshake::dial(&mut s, &hello, None, None, LIMIT)
-        .await
-        .map(|a| (a.segments[0].handle, a.token))
-        .map_err(|e| e.to_string());
-    (s, result)
-}
-
-/// A real client's handshake (engine 60, asking for a region) within `limit`.
-async fn honest_handshake(
-    addr: SocketAddr,
-    limit: Duration,
-) -> Result<handshake::Accepted, backends::tcp::TcpError> {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    let mut hello = Hello::new(60, Namespace::default()).unwrap();
-    hello.want = Some(layout());
-    handshake::dial(&mut s, &hello, None, None, limit).await
-}
 
 /// The frames an engine would send to open a session into `dst` and push its slices (payloads as given
 /// by the engine's own region, which is zeros).
@@ -482,13 +407,12 @@ async fn a_flood_of_control_frames_that_never_reads_delays_no_one_and_holds_boun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
-    let server = TcpNode::start(TcpConfig {
+    let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         max_connections_per_address: 4,
         ..TcpConfig::with_engine_id(2)
     })
-    .await
-    .unwrap();
+    .await;
     let addr = server.local_addr().unwrap();
     let mut held = Vec::new();
     for id in 40..44 {
@@ -534,14 +458,13 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
-    let server = TcpNode::start(TcpConfig {
+    let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         max_connections_per_address: 1,
         max_pending_refusals: 2,
         ..TcpConfig::with_engine_id(2)
     })
-    .await
-    .unwrap();
+    .await;
     let addr = server.local_addr().unwrap();
     let (_held, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
     admitted.unwrap();
@@ -581,13 +504,12 @@ async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_is_live() {
     let idle = Duration::from_millis(300);
-    let server = TcpNode::start(TcpConfig {
+    let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         inbound_idle_timeout: Some(idle),
         ..TcpConfig::with_engine_id(2)
     })
-    .await
-    .unwrap();
+    .await;
     let addr = server.local_addr().unwrap();
     let (mut silent, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
     admitted.unwrap();
@@ -614,14 +536,13 @@ async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_send_nothing_hold_no_handshake_turn() {
-    let server = TcpNode::start(TcpConfig {
+    let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         handshake_timeout: Duration::from_secs(4),
         max_connections_per_address: 512,
         ..TcpConfig::with_engine_id(2)
     })
-    .await
-    .unwrap();
+    .await;
     let addr = server.local_addr().unwrap();
     // 100 connections that never send a byte: more than the node's 64 handshake turns.
     let mut silent = Vec::new();
@@ -638,13 +559,12 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
-    let server = TcpNode::start(TcpConfig {
+    let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         max_connections_per_address: 512,
         ..TcpConfig::with_engine_id(2)
     })
-    .await
-    .unwrap();
+    .await;
     let addr = server.local_addr().unwrap();
     // 100 connections from another address (127.0.0.2) that send the first bytes of a Hello and then
     // nothing: each wants a handshake turn, more than the node's 64.
@@ -667,69 +587,4 @@ async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
         server.log()
     );
     drop(half_open);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stranger_asking_for_regions_takes_none_from_a_connected_client() {
-    // Room for two served regions.
-    let server = TcpNode::start(TcpConfig {
-        serve_bytes: 2 * layout().total_bytes(),
-        ..TcpConfig::with_engine_id(2)
-    })
-    .await
-    .unwrap();
-    let addr = server.local_addr().unwrap();
-    // An honest client connects and gets its region, but has not opened a session yet.
-    let (node, src, dst, peer) = good_client(addr, 9).await;
-    // A stranger takes the other region, then asks for more under other engine ids.
-    let (_held, first) = handshake_as(addr, 70, [0; TOKEN_LEN], None).await;
-    first.unwrap();
-    for id in 71..75 {
-        let (_, more) = handshake_as(addr, id, [0; TOKEN_LEN], None).await;
-        let why = more.unwrap_err();
-        assert!(why.contains("held by a connected peer"), "{why}");
-    }
-    // The honest client's region is still its own: its transfer lands. Before, the stranger's request
-    // freed it (it was idle), and this transfer was refused.
-    let req = TransferRequest::whole(peer, &src, &dst)
-        .unwrap()
-        .with_mode(TransferMode::packetized());
-    let out = node.transfer(req, LIMIT).await.unwrap();
-    assert!(out.recompute.is_empty(), "{:?}", out.reason);
-    let sent = node.memory(src.id).unwrap().to_vec().unwrap();
-    assert!(sent == server.memory(dst.id).unwrap().to_vec().unwrap());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claimant_of_a_departed_engine_id_gets_a_fresh_region_not_its_bytes() {
-    let server = server().await;
-    let addr = server.local_addr().unwrap();
-    // Engine 9 lands its bytes in its served region, then its process leaves.
-    let (node, src, old, peer) = good_client(addr, 9).await;
-    let req = TransferRequest::whole(peer, &src, &old).unwrap();
-    let out = node.transfer(req, LIMIT).await.unwrap();
-    assert!(out.recompute.is_empty(), "{:?}", out.reason);
-    drop(node);
-    // Another process claims engine 9 once its lanes are down (before, it is refused).
-    let end = Instant::now() + LIMIT;
-    let (_lane, region) = loop {
-        let (lane, admitted) = handshake_as(addr, 9, [0; TOKEN_LEN], None).await;
-        if let Ok((region, _)) = admitted {
-            break (lane, region);
-        }
-        assert!(Instant::now() < end, "engine 9's lanes never closed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    // It is a new connection group: it is given a new, zeroed region, and the departed group's region,
-    // with its bytes, is gone. Before, the claimant was handed the departed group's region to write into.
-    assert_ne!(region.id, old.id);
-    let bytes = server.memory(region.id).unwrap().to_vec().unwrap();
-    assert!(
-        bytes.iter().all(|&b| b == 0),
-        "the claimant's region is not zeroed"
-    );
-    assert!(
-        server.memory(old.id).is_err(),
-        "the departed group's region is still served"
-    );
 }

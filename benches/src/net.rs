@@ -70,6 +70,13 @@ pub(crate) struct ServeArgs {
     /// Most connections one IP address may hold (TcpConfig::max_connections_per_address).
     #[arg(long, default_value_t = 128)]
     connections_per_address: usize,
+    /// Most engines one IP address may have connected at once (TcpConfig::max_peers_per_address).
+    #[arg(long, default_value_t = 64)]
+    peers_per_address: usize,
+    /// Most of --serve-bytes the clients of one IP address may hold, with a unit (default: all of it;
+    /// TcpConfig::serve_bytes_per_address).
+    #[arg(long, value_parser = parse_size)]
+    serve_bytes_per_address: Option<u64>,
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seconds: u64,
@@ -173,6 +180,8 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
         inbound_idle_timeout: Some(Duration::from_millis(args.idle_ms)),
         handshake_timeout: Duration::from_millis(args.handshake_ms),
         max_connections_per_address: args.connections_per_address,
+        max_peers_per_address: args.peers_per_address,
+        serve_bytes_per_address: args.serve_bytes_per_address,
         ..TcpConfig::with_engine_id(args.engine_id)
     };
     let node = BlockingNode::start(cfg).context("starting the server")?;

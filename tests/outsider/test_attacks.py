@@ -157,6 +157,8 @@ class ControlFlood(AttackCase):
 
 class LaneExhaustion(AttackCase):
     """(b) Many engine ids from one address."""
+    # Engines per address above connections per address: the connection bound is met first here.
+    extra_args = ("--peers-per-address", "256")
 
     def test_connections_per_address_are_bounded(self):
         held = []
@@ -213,6 +215,34 @@ class LaneExhaustion(AttackCase):
         self.assertEqual(answered + closed, 80)
         self.assertGreater(answered, 0)
         self.honest(3000, source_ip="127.0.0.2")
+
+
+class EnginesPerAddress(AttackCase):
+    """(b) Many engine ids from one address, each with one lane: at most 64 connected (15)."""
+
+    def test_engines_per_address_are_bounded(self):
+        held = []
+        for k in range(64):
+            s = peer.dial(self.srv.addr)
+            held.append(s)
+            self.addCleanup(s.close)
+            _, welcome = peer.handshake(s, 1000 + k)
+            if k == 0:
+                token = welcome.token
+        # a further lane of an engine already connected (in its group) is admitted: its bound is 2
+        s = peer.dial(self.srv.addr)
+        self.addCleanup(s.close)
+        peer.handshake(s, 1000, token=token)
+        s = peer.dial(self.srv.addr)
+        self.addCleanup(s.close)
+        with self.assertRaises(peer.HandshakeRejected) as refused:
+            peer.handshake(s, 2000)
+        self.assertIn("127.0.0.1 already has 64 engines connected here", refused.exception.reason)
+        # another address is served; and once one engine leaves, the address may connect another
+        self.honest(3000, source_ip="127.0.0.2")
+        held.pop().close()
+        time.sleep(0.3)
+        self.honest(3001, bound=HONEST_BOUND_S + 1)
 
 
 class SessionTakeover(AttackCase):

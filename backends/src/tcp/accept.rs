@@ -6,7 +6,9 @@
 //!   (in either direction) must present it while the group has live lanes. With a secret, the HMAC
 //!   handshake authenticates every lane besides.
 //! - At most `max_lanes_per_peer` lanes per peer are admitted.
-//! - A served region belongs to the peer that asked for it: the engine refuses any other peer's open.
+//! - One IP address has at most `max_peers_per_address` engines connected at once.
+//! - A served region belongs to the peer that asked for it: the engine refuses any other peer's open
+//!   ([`super::served`]).
 //! - Dial-back goes only to the IP address the peer's connection came from (at the port its Hello names),
 //!   never to a host the Hello names, and not at all with `dial_back` off.
 
@@ -17,15 +19,15 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use transfer_engine::{KvLayout, MemoryRegion, PeerId};
+use transfer_engine::PeerId;
 
 use super::TcpError;
-use super::context::lock;
-use super::handshake::{self, Hello, Message, NO_TOKEN, Segment, TOKEN_LEN};
+use super::handshake::{self, Hello, Message, NO_TOKEN, TOKEN_LEN};
 use super::lane;
 use super::peer_link::PeerLink;
+use super::served::{Asker, offer};
 use super::socket;
-use super::state::{NodeState, ServedRegion};
+use super::state::NodeState;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
@@ -118,7 +120,7 @@ async fn inbound(
     node: Arc<NodeState>,
     mut stream: TcpStream,
     from: SocketAddr,
-    slot: super::admission::ConnectionSlot,
+    mut slot: super::admission::ConnectionSlot,
 ) {
     // A socket the kernel will not configure still serves, with the kernel's settings.
     if let Err(e) = socket::configure(&stream, from.ip(), &node.ctx.cfg) {
@@ -135,12 +137,20 @@ async fn inbound(
             .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
         let id = PeerId(u64::from(peer.engine_id));
         let link = node.link(id);
-        let admitted = admit(&node, &link, &peer).and_then(|token| {
-            // A new group's predecessor goes first (its sessions end, its regions are freed), so a
-            // restarted process finds the room its earlier self held.
-            join_group(&node, &link, token);
-            Ok((token, offer(&node, id, token, peer.want)?))
-        });
+        let admitted = slot
+            .join(id, node.ctx.cfg.max_peers_per_address)
+            .and_then(|()| admit(&node, &link, &peer))
+            .and_then(|token| {
+                // A new group's predecessor goes first (its sessions end, its regions are freed), so
+                // a restarted process finds the room its earlier self held.
+                join_group(&node, &link, token);
+                let asker = Asker {
+                    peer: id,
+                    group: token,
+                    address: from.ip(),
+                };
+                Ok((token, offer(&node, asker, peer.want)?))
+            });
         match admitted {
             Ok((token, segments)) => {
                 // Where to dial it back is known before it hears Welcome.
@@ -223,16 +233,8 @@ pub(crate) fn join_group(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LE
     if ended > 0 {
         node.ctx.log(format!("{reason}; ended {ended} session(s)"));
     }
-    // The earlier group's served regions go with it (their sessions have just ended), so nothing of the
-    // new group can open a session into them.
-    // (The served list before the engine, the order `serve` takes them in.)
-    let mut served = lock(&node.served);
-    let mut engine = node.ctx.station.engine();
-    served.retain(|r| {
-        r.owner != link.peer
-            || r.group == token
-            || engine.unregister_region(r.segment.handle.id).is_err()
-    });
+    // The earlier group's served regions go with it (their sessions have just ended).
+    super::served::free_earlier_groups(node, link.peer, token);
 }
 
 /// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.
@@ -242,89 +244,4 @@ fn dial_back(node: &NodeState, peer: &Hello, from: SocketAddr) -> Option<SocketA
     }
     let named: SocketAddr = peer.listen.as_deref()?.parse().ok()?;
     Some(SocketAddr::new(from.ip(), named.port()))
-}
-
-/// Segments offered to a dialer: the published ones, and a region of `want`'s layout for `peer`'s
-/// connection group `group` if it asked and the node serves regions.
-fn offer(
-    node: &NodeState,
-    peer: PeerId,
-    group: [u8; TOKEN_LEN],
-    want: Option<KvLayout>,
-) -> Result<Vec<Segment>, String> {
-    let mut segments = lock(&node.segments).clone();
-    if let Some(layout) = want {
-        segments.push(serve(node, peer, group, layout)?);
-    }
-    Ok(segments)
-}
-
-/// A region of `layout` that belongs to `peer`'s connection group `group`: the group's earlier one if it
-/// has one of this layout (never an earlier group's: a process claiming a departed peer's engine id gets
-/// a zeroed region, not the departed one's bytes), else a new one, freeing idle served regions to stay
-/// within `serve_bytes`: only those of peers with no lane here (or `peer`'s own), so a stranger asking for
-/// regions cannot take one from a connected client between its handshake and its first session.
-fn serve(
-    node: &NodeState,
-    peer: PeerId,
-    group: [u8; TOKEN_LEN],
-    layout: KvLayout,
-) -> Result<Segment, String> {
-    let connected: std::collections::BTreeSet<PeerId> = node
-        .all_links()
-        .iter()
-        .filter(|l| l.peer != peer && l.lane_count() > 0)
-        .map(|l| l.peer)
-        .collect();
-    let bytes = layout.total_bytes();
-    let limit = node.ctx.cfg.serve_bytes;
-    if bytes > limit {
-        return Err(format!(
-            "a region of {bytes} bytes was asked for but this node serves at most {limit} bytes: start it \
-             with a larger serve size"
-        ));
-    }
-    let mut served = lock(&node.served);
-    if let Some(r) = served
-        .iter()
-        .find(|r| r.owner == peer && r.group == group && r.segment.handle.layout == Some(layout))
-    {
-        return Ok(r.segment.clone());
-    }
-    let mut total: u64 = served.iter().map(|r| r.segment.handle.len).sum();
-    let mut engine = node.ctx.station.engine();
-    let mut i = 0;
-    while total + bytes > limit && i < served.len() {
-        let (owner, id) = (served[i].owner, served[i].segment.handle.id);
-        if !connected.contains(&owner) && engine.unregister_region(id).is_ok() {
-            total -= served[i].segment.handle.len;
-            served.remove(i);
-        } else {
-            i += 1;
-        }
-    }
-    if total + bytes > limit {
-        return Err(
-            "every served region is busy or held by a connected peer: try again when one leaves"
-                .into(),
-        );
-    }
-    let len =
-        usize::try_from(bytes).map_err(|_| "the layout does not fit in memory".to_string())?;
-    let handle = engine
-        .register_kv_region(layout, MemoryRegion::zeroed(len))
-        .map_err(|e| e.to_string())?;
-    engine
-        .set_region_owner(handle.id, Some(peer))
-        .map_err(|e| e.to_string())?;
-    let segment = Segment {
-        name: "served".into(),
-        handle,
-    };
-    served.push(ServedRegion {
-        owner: peer,
-        group,
-        segment: segment.clone(),
-    });
-    Ok(segment)
 }

@@ -3,7 +3,9 @@
 //!
 //! A connection from an address holds a [`ConnectionSlot`] from accept until its lane ends, so one
 //! address can hold at most `TcpConfig::max_connections_per_address` of the node's lanes and handshakes
-//! together, and the rest stay for everyone else. Its handshake takes one of its address's
+//! together, and the rest stay for everyone else; once its handshake names an engine, the slot joins it,
+//! and one address has at most `TcpConfig::max_peers_per_address` engines connected (so at most that
+//! many times `EngineConfig::max_incoming_per_peer` sessions). Its handshake takes one of its address's
 //! `TcpConfig::max_handshakes_per_address` turns ([`ConnectionSlot::address_turn`]) before one of the
 //! node's, so one address cannot hold every handshake turn either.
 
@@ -15,6 +17,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use transfer_engine::PeerId;
 
 use super::context::lock;
 use super::handshake::{self, Message};
@@ -30,6 +33,8 @@ pub(crate) struct Admission {
 #[derive(Debug)]
 struct Held {
     connections: usize,
+    /// The engines its connections joined, with how many of its connections each holds.
+    peers: HashMap<PeerId, usize>,
     /// Its handshake turns.
     turns: Arc<Semaphore>,
 }
@@ -39,6 +44,8 @@ struct Held {
 pub(crate) struct ConnectionSlot {
     admission: Arc<Admission>,
     ip: IpAddr,
+    /// The engine it joined, once its handshake named one.
+    peer: Option<PeerId>,
 }
 
 impl Admission {
@@ -59,6 +66,7 @@ impl Admission {
         let mut held = lock(&self.by_address);
         let h = held.entry(ip).or_insert_with(|| Held {
             connections: 0,
+            peers: HashMap::new(),
             turns: Arc::new(Semaphore::new(self.turns_per_address)),
         });
         if h.connections >= limit {
@@ -71,6 +79,7 @@ impl Admission {
         Ok(ConnectionSlot {
             admission: self.clone(),
             ip,
+            peer: None,
         })
     }
 
@@ -82,6 +91,28 @@ impl Admission {
 }
 
 impl ConnectionSlot {
+    /// Binds the connection to engine `peer`, unless its address already has `limit` other engines
+    /// connected here (an engine it already has may add connections up to its lane bound).
+    pub(crate) fn join(&mut self, peer: PeerId, limit: usize) -> Result<(), String> {
+        let mut held = lock(&self.admission.by_address);
+        let h = held
+            .get_mut(&self.ip)
+            .expect("a live slot keeps its address's entry");
+        if self.peer == Some(peer) {
+            return Ok(());
+        }
+        if !h.peers.contains_key(&peer) && h.peers.len() >= limit {
+            let (ip, n) = (self.ip, h.peers.len());
+            return Err(format!(
+                "address {ip} already has {n} engines connected here, the most this node allows one \
+                 address"
+            ));
+        }
+        *h.peers.entry(peer).or_default() += 1;
+        self.peer = Some(peer);
+        Ok(())
+    }
+
     /// Waits for one of its address's handshake turns, held until the permit is dropped.
     pub(crate) async fn address_turn(&self) -> OwnedSemaphorePermit {
         let turns = lock(&self.admission.by_address)
@@ -99,6 +130,14 @@ impl Drop for ConnectionSlot {
     fn drop(&mut self) {
         let mut held = lock(&self.admission.by_address);
         if let Some(h) = held.get_mut(&self.ip) {
+            if let Some(peer) = self.peer
+                && let Some(n) = h.peers.get_mut(&peer)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    h.peers.remove(&peer);
+                }
+            }
             h.connections -= 1;
             if h.connections == 0 {
                 held.remove(&self.ip);
@@ -172,5 +211,30 @@ mod tests {
         let _again = tokio::time::timeout(Duration::from_secs(5), second.address_turn())
             .await
             .expect("a returned turn was not given again");
+    }
+
+    #[test]
+    fn an_address_connects_at_most_its_limit_of_engines_and_each_returns_with_its_last_slot() {
+        let admission = Arc::new(Admission::new(1));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut first = admission.admit(a, 8).unwrap();
+        first.join(PeerId(1), 2).unwrap();
+        let mut again = admission.admit(a, 8).unwrap();
+        again.join(PeerId(1), 2).unwrap();
+        let mut second = admission.admit(a, 8).unwrap();
+        second.join(PeerId(2), 2).unwrap();
+        let mut third = admission.admit(a, 8).unwrap();
+        let refused = third.join(PeerId(3), 2).unwrap_err();
+        assert!(refused.contains("already has 2 engines"), "{refused}");
+        // An engine the address already has may add a connection; another address is not affected.
+        let mut more = admission.admit(a, 8).unwrap();
+        more.join(PeerId(2), 2).unwrap();
+        let mut other = admission.admit(b, 8).unwrap();
+        other.join(PeerId(3), 2).unwrap();
+        // Engine 1 is still connected while one of its two slots lives.
+        drop(first);
+        third.join(PeerId(3), 2).unwrap_err();
+        drop(again);
+        third.join(PeerId(3), 2).unwrap();
     }
 }

@@ -27,8 +27,9 @@
 //!   sessions (recompute), so none of its frames reach them; a lane a peer dialed and then left silent,
 //!   with no session live, is closed after [`TcpConfig::inbound_idle_timeout`]; one IP address holds at most
 //!   [`TcpConfig::max_connections_per_address`] connections and
-//!   [`TcpConfig::max_handshakes_per_address`] handshake turns, and a turn is taken only once a
-//!   connection sent its first byte; every refusal at a node limit is answered with a `Reject`, at most
+//!   [`TcpConfig::max_handshakes_per_address`] handshake turns (a turn is taken only once a
+//!   connection sent its first byte), and has at most [`TcpConfig::max_peers_per_address`] engines
+//!   connected and [`TcpConfig::serve_bytes_per_address`] of served regions; every refusal at a node limit is answered with a `Reject`, at most
 //!   [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is closed without one).
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
 //!   frames a second (then stops reading, so TCP holds the sender back), and the engine queues at most
@@ -36,7 +37,8 @@
 //!
 //! # Memory a node can be made to hold
 //! Whatever peers send, a node's memory stays within:
-//! - the regions the caller registers, plus served regions up to [`TcpConfig::serve_bytes`];
+//! - the regions the caller registers, plus served regions up to [`TcpConfig::serve_bytes`] (one
+//!   address's peers at most [`TcpConfig::serve_bytes_per_address`]);
 //! - queued frames up to [`TcpConfig::queue_bytes`] plus one frame (payloads are not copied into the
 //!   queue: it holds headers and references; control frames to one peer stop at
 //!   [`TcpConfig::peer_queue_bytes`], and a peer's queue is released when it can never be sent);
@@ -44,7 +46,8 @@
 //!   being read (4 MiB at most, the wire's limit for control frames);
 //! - [`TcpConfig::max_handshakes`] handshakes in progress, each with messages of 64 KiB at most, and each
 //!   ended after [`TcpConfig::handshake_timeout`];
-//! - per peer at most `EngineConfig::max_incoming_per_peer` receiving sessions, each holding state in
+//! - per peer at most `EngineConfig::max_incoming_per_peer` receiving sessions (and per address at most
+//!   [`TcpConfig::max_peers_per_address`] peers with inbound lanes), each holding state in
 //!   proportion to its plan (a few bytes per slice; a plan covers at most its region once, since
 //!   destination blocks are distinct);
 //! - per peer at most [`transfer_engine::MAX_REPLIES_PER_PEER`] queued answers to refused frames;
@@ -65,6 +68,7 @@ mod node;
 mod peer_link;
 mod reach;
 mod reader;
+mod served;
 mod socket;
 mod stage;
 mod staged_io;
@@ -131,6 +135,14 @@ pub struct TcpConfig {
     pub queue_bytes: u64,
     /// Bytes of regions this node will allocate for peers that ask for one in the handshake (0: none).
     pub serve_bytes: u64,
+    /// Most of `serve_bytes` the peers of one IP address may hold (`None`: all of it). With clients on
+    /// several hosts, a share keeps one host (or a stranger asking under many engine ids) from taking
+    /// every region.
+    pub serve_bytes_per_address: Option<u64>,
+    /// A served region whose peer has lost its lanes stays its peer's, not freed for another asker, for
+    /// this long after its last lane closed, so a client that reconnects finds it (a new connection
+    /// group of the same engine id frees it at once).
+    pub served_region_grace: Duration,
     /// A peer that starts a frame and then sends nothing for this long, or does not read what this node
     /// writes for this long, loses its lane.
     pub stall_timeout: Duration,
@@ -154,6 +166,10 @@ pub struct TcpConfig {
     /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
     /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.
     pub max_connections_per_address: usize,
+    /// Most engines (connection groups) one IP address may have connected here at once; a lane of
+    /// another is refused with a Reject naming the reason. With `EngineConfig::max_incoming_per_peer`
+    /// it bounds the sessions one address can hold open here.
+    pub max_peers_per_address: usize,
     /// Most refused connections being told why at once (each is answered with a Reject within about a
     /// second); beyond it a refused connection is closed at once without a reason, and counted in
     /// `NodeStats::refusals_unanswered`. Keeps a connect flood from holding a task and a socket per
@@ -195,6 +211,8 @@ impl Default for TcpConfig {
             batch_bytes: 4 << 20,
             queue_bytes: 16 << 20,
             serve_bytes: 0,
+            serve_bytes_per_address: None,
+            served_region_grace: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(10),
             peer_queue_bytes: 8 << 20,
             control_frames_per_sec: 100_000,
@@ -203,6 +221,7 @@ impl Default for TcpConfig {
             max_handshakes: 64,
             max_handshakes_per_address: 8,
             max_connections_per_address: 128,
+            max_peers_per_address: 64,
             max_pending_refusals: 64,
             socket_buffers: SocketBuffers::default(),
             stage_bytes: 4 << 20,

@@ -31,6 +31,8 @@ pub(crate) struct PeerLink {
     pub(crate) reach: Mutex<Reach>,
     /// The token of the peer's connection group, once a handshake with it completed.
     token: Mutex<Option<[u8; TOKEN_LEN]>>,
+    /// When it last lost its last lane.
+    last_lane_closed: Mutex<Option<Instant>>,
 }
 
 struct DialState {
@@ -77,6 +79,7 @@ impl PeerLink {
             }),
             reach: Mutex::new(Reach::default()),
             token: Mutex::new(None),
+            last_lane_closed: Mutex::new(None),
         }
     }
 
@@ -122,6 +125,11 @@ impl PeerLink {
 
     pub(crate) fn set_addr(&self, addr: SocketAddr) {
         *lock(&self.addr) = Some(addr);
+    }
+
+    /// When it last lost its last lane (`None` if it never has); see [`Self::lane_count`] for now.
+    pub(crate) fn last_lane_closed(&self) -> Option<Instant> {
+        *lock(&self.last_lane_closed)
     }
 
     pub(crate) fn lane_count(&self) -> usize {
@@ -227,6 +235,7 @@ impl PeerLink {
             }
             ctx.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
         }
+        *lock(&self.last_lane_closed) = Some(Instant::now());
         if self.addr().is_none() {
             self.clear_queue(ctx);
         }
@@ -237,6 +246,9 @@ impl PeerLink {
         let mut lanes = lock(&self.lanes);
         if lanes.remove(&id).is_some() {
             ctx.counters.lanes_closed.fetch_add(1, Ordering::Relaxed);
+            if lanes.is_empty() {
+                *lock(&self.last_lane_closed) = Some(Instant::now());
+            }
         }
         // With no lane left and no address to redial, nothing queued for the peer can ever leave: release
         // it now (the engines resend or give up what mattered).

@@ -13,16 +13,7 @@ use super::TcpError;
 use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
 use super::peer_link::PeerLink;
-
-/// A region served to a peer that asked for one in its handshake: it belongs to that peer's connection
-/// group, and goes with it.
-#[derive(Debug)]
-pub(crate) struct ServedRegion {
-    pub(crate) owner: PeerId,
-    /// The token of the owner's connection group.
-    pub(crate) group: [u8; super::handshake::TOKEN_LEN],
-    pub(crate) segment: Segment,
-}
+use super::served::ServedRegion;
 
 /// A peer reached by [`super::TcpNode::connect`]; its segments include `served` if a region was asked for.
 pub use crate::transport::PeerInfo;

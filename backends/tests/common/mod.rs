@@ -2,6 +2,8 @@
 #![allow(unsafe_code)] // one fixture: host bytes presented as GPU memory, never dereferenced.
 #![allow(dead_code)] // each test file uses part of it
 
+pub(crate) mod tcp_client;
+
 use transfer_engine::{MemoryKind, RawMemory};
 
 /// Host bytes that claim to be memory of GPU 0: the host side of the engine never reads memory of that
