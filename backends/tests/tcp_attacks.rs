@@ -511,9 +511,10 @@ async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_i
     })
     .await;
     let addr = server.local_addr().unwrap();
+    // (Timed from before the handshake: the server's idle clock cannot start earlier.)
+    let started = Instant::now();
     let (mut silent, admitted) = handshake_as(addr, 40, [0; TOKEN_LEN], None).await;
     admitted.unwrap();
-    let started = Instant::now();
     let mut buf = [0u8; 64];
     let read = timeout(Duration::from_secs(10), silent.read(&mut buf)).await;
     assert!(
@@ -558,7 +559,7 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
+async fn half_open_handshakes_hold_no_turn_a_real_client_needs() {
     let server = server_with(TcpConfig {
         serve_bytes: 64 << 20,
         max_connections_per_address: 512,
@@ -567,17 +568,31 @@ async fn half_open_handshakes_of_one_address_hold_no_other_address_back() {
     .await;
     let addr = server.local_addr().unwrap();
     // 100 connections from another address (127.0.0.2) that send the first bytes of a Hello and then
-    // nothing: each wants a handshake turn, more than the node's 64.
+    // nothing, and 100 from the client's own address (127.0.0.1) that send a whole Hello and never their
+    // Auth: more than the node's 64 turns, and than an address's 8.
     let mut half_open = Vec::new();
-    for _ in 0..100 {
+    for k in 0..200u32 {
+        let host = if k % 2 == 0 {
+            [127, 0, 0, 2]
+        } else {
+            [127, 0, 0, 1]
+        };
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::from(([127, 0, 0, 2], 0))).unwrap();
+        socket.bind(SocketAddr::from((host, 0))).unwrap();
         let mut s = socket.connect(addr).await.unwrap();
-        s.write_all(&[200, 0, 0, 0, 1]).await.unwrap();
+        if k % 2 == 0 {
+            s.write_all(&[200, 0, 0, 0, 1]).await.unwrap();
+        } else {
+            let hello = Hello::new(500 + k, Namespace::default()).unwrap();
+            let msg = handshake::Message::Hello(Box::new(hello), [0; 32]);
+            handshake::send(&mut s, &msg).await.unwrap();
+        }
         half_open.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // A real client from 127.0.0.1 is served within 1 s; before, it waited for their turns to time out.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A real client from 127.0.0.1 is served within 1 s: a connection waiting for its peer's next
+    // message holds no turn. Before, the first held the turns until they timed out, and a client from
+    // their address waited for its address's turns even after the node's were freed.
     let started = Instant::now();
     let accepted = honest_handshake(addr, Duration::from_secs(1)).await;
     assert!(

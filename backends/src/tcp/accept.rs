@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use transfer_engine::PeerId;
 
 use super::TcpError;
@@ -80,44 +80,28 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     }
 }
 
-/// Waits for a connection's first bytes, then for a handshake turn of its address and one of the node's
-/// (all within the handshake's time limit; a connection that sends nothing holds no turn), then runs its
-/// handshake. A connection that sends nothing, or gets no turn, is refused with the reason.
+/// Why a handshake failed: told to the peer already, or not yet.
+enum Failed {
+    /// The peer has not been told: it is answered with a Reject carrying the reason.
+    Unanswered(String),
+    /// The peer was sent a Reject already (or sent one).
+    Answered(TcpError),
+}
+
+impl From<TcpError> for Failed {
+    fn from(e: TcpError) -> Self {
+        Self::Answered(e)
+    }
+}
+
+/// Runs a connection's handshake within `handshake_timeout`. Only its checks hold a handshake turn (one
+/// of its address's, then one of the node's): a connection waiting for its peer's next message holds
+/// none, so connections that send nothing, part of a message, or a Hello and then no Auth cost only
+/// their socket and what they sent, never a real client's turn. A connection that sends nothing, or gets
+/// no turn, in time is refused with the reason.
 async fn handshake_turn(
     node: Arc<NodeState>,
     turns: Arc<Semaphore>,
-    stream: TcpStream,
-    from: SocketAddr,
-    slot: super::admission::ConnectionSlot,
-) {
-    let limit = node.ctx.cfg.handshake_timeout;
-    let started = tokio::time::Instant::now();
-    // (`peek` waits for a byte without taking it; `readable` can report a fresh socket ready.)
-    let reason = if matches!(
-        tokio::time::timeout(limit, stream.peek(&mut [0u8; 1])).await,
-        Ok(Ok(1..))
-    ) {
-        // First one of its address's turns, then one of the node's: one address cannot hold them all.
-        let both = async {
-            let address = slot.address_turn().await;
-            let node_turn = turns.acquire_owned().await;
-            (address, node_turn)
-        };
-        let left = limit.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, both).await {
-            Ok((_address_turn, Ok(_turn))) => return inbound(node, stream, from, slot).await,
-            _ => format!("too many handshakes in progress here: none had a turn within {limit:?}"),
-        }
-    } else {
-        format!("no handshake within {limit:?}")
-    };
-    node.ctx
-        .log(format!("refused connection from {from}: {reason}"));
-    super::admission::refuse(stream, reason).await;
-}
-
-async fn inbound(
-    node: Arc<NodeState>,
     mut stream: TcpStream,
     from: SocketAddr,
     mut slot: super::admission::ConnectionSlot,
@@ -129,57 +113,114 @@ async fn inbound(
         ));
     }
     let limit = node.ctx.cfg.handshake_timeout;
+    let deadline = tokio::time::Instant::now() + limit;
+    let late = move || Failed::Unanswered(format!("no handshake within {limit:?}"));
+    let secret = node.ctx.secret();
     let result = async {
-        let hello = node.hello()?;
-        let run = handshake::accept_hello(&mut stream, &hello, node.ctx.secret());
-        let peer = tokio::time::timeout(limit, run)
+        let ours = node
+            .hello()
+            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let first = tokio::time::timeout_at(deadline, handshake::recv_body(&mut stream))
             .await
-            .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
-        let id = PeerId(u64::from(peer.engine_id));
-        let link = node.link(id);
-        let admitted = slot
-            .join(id, node.ctx.cfg.max_peers_per_address)
-            .and_then(|()| admit(&node, &link, &peer))
-            .and_then(|token| {
-                // A new group's predecessor goes first (its sessions end, its regions are freed), so
-                // a restarted process finds the room its earlier self held.
-                join_group(&node, &link, token);
-                let asker = Asker {
-                    peer: id,
-                    group: token,
-                    address: from.ip(),
-                };
-                Ok((token, offer(&node, asker, peer.want)?))
-            });
-        match admitted {
-            Ok((token, segments)) => {
-                // Where to dial it back is known before it hears Welcome.
-                if let Some(addr) = dial_back(&node, &peer, from) {
-                    link.set_addr(addr);
-                }
-                let welcome = Message::Welcome(token, segments);
-                tokio::time::timeout(limit, handshake::send(&mut stream, &welcome))
-                    .await
-                    .map_err(|_| TcpError::Handshake(format!("no handshake within {limit:?}")))??;
-            }
-            Err(reason) => {
-                let _ = handshake::send(&mut stream, &Message::Reject(reason.clone())).await;
-                return Err(TcpError::Handshake(reason));
-            }
-        }
-        Ok((peer, link))
+            .map_err(|_| late())?
+            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let turn = take_turn(&slot, &turns, deadline).await?;
+        let answer = handshake::answer_hello(&mut stream, &first, &ours, secret);
+        let (peer, covered) = tokio::time::timeout_at(deadline, answer)
+            .await
+            .map_err(|_| late())??;
+        drop(turn);
+        let auth = tokio::time::timeout_at(deadline, handshake::recv_body(&mut stream))
+            .await
+            .map_err(|_| late())?
+            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let _turn = take_turn(&slot, &turns, deadline).await?;
+        handshake::check_auth(&mut stream, &auth, &covered, secret).await?;
+        let link = welcome(&node, &mut stream, from, &mut slot, &peer);
+        let link = tokio::time::timeout_at(deadline, link)
+            .await
+            .map_err(|_| late())??;
+        Ok::<_, Failed>(link)
     }
     .await;
-    match result {
-        Ok((_, link)) => {
-            lane::start(&node, &link, stream, false, Some(slot));
+    let failed = match result {
+        Ok(link) => return lane::start(&node, &link, stream, false, Some(slot)),
+        Err(failed) => failed,
+    };
+    let reason = match &failed {
+        Failed::Answered(e) => e.to_string(),
+        Failed::Unanswered(reason) => reason.clone(),
+    };
+    node.ctx
+        .counters
+        .handshakes_refused
+        .fetch_add(1, Ordering::Relaxed);
+    node.ctx
+        .log(format!("refused connection from {from}: {reason}"));
+    // (The slot is held until the refusal is told: it still counts against its address.)
+    if let Failed::Unanswered(reason) = failed {
+        super::admission::refuse(stream, reason).await;
+    }
+    drop(slot);
+}
+
+/// One of `slot`'s address's handshake turns, then one of the node's, by `deadline`.
+async fn take_turn(
+    slot: &super::admission::ConnectionSlot,
+    turns: &Arc<Semaphore>,
+    deadline: tokio::time::Instant,
+) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), Failed> {
+    let both = async {
+        let address = slot.address_turn().await;
+        let node_turn = turns.clone().acquire_owned().await;
+        (address, node_turn)
+    };
+    match tokio::time::timeout_at(deadline, both).await {
+        Ok((address, Ok(node_turn))) => Ok((address, node_turn)),
+        _ => Err(Failed::Unanswered(
+            "too many handshakes in progress here: none had a turn within the handshake's time limit"
+                .into(),
+        )),
+    }
+}
+
+/// Admits an authenticated lane of `peer` (its address's engine bound, its own lane bound, its
+/// connection group), serves the region it asked for and writes Welcome; on a refusal, the Reject.
+async fn welcome(
+    node: &NodeState,
+    stream: &mut TcpStream,
+    from: SocketAddr,
+    slot: &mut super::admission::ConnectionSlot,
+    peer: &Hello,
+) -> Result<Arc<PeerLink>, Failed> {
+    let id = PeerId(u64::from(peer.engine_id));
+    let link = node.link(id);
+    let admitted = slot
+        .join(id, node.ctx.cfg.max_peers_per_address)
+        .and_then(|()| admit(node, &link, peer))
+        .and_then(|token| {
+            // A new group's predecessor goes first (its sessions end, its regions are freed), so a
+            // restarted process finds the room its earlier self held.
+            join_group(node, &link, token);
+            let asker = Asker {
+                peer: id,
+                group: token,
+                address: from.ip(),
+            };
+            Ok((token, offer(node, asker, peer.want)?))
+        });
+    match admitted {
+        Ok((token, segments)) => {
+            // Where to dial it back is known before it hears Welcome.
+            if let Some(addr) = dial_back(node, peer, from) {
+                link.set_addr(addr);
+            }
+            handshake::send(stream, &Message::Welcome(token, segments)).await?;
+            Ok(link)
         }
-        Err(e) => {
-            node.ctx
-                .counters
-                .handshakes_refused
-                .fetch_add(1, Ordering::Relaxed);
-            node.ctx.log(format!("refused connection from {from}: {e}"));
+        Err(reason) => {
+            let _ = handshake::send(stream, &Message::Reject(reason.clone())).await;
+            Err(Failed::Answered(TcpError::Handshake(reason)))
         }
     }
 }

@@ -27,10 +27,12 @@
 //!   sessions (recompute), so none of its frames reach them; a lane a peer dialed and then left silent,
 //!   with no session live, is closed after [`TcpConfig::inbound_idle_timeout`]; one IP address holds at most
 //!   [`TcpConfig::max_connections_per_address`] connections and
-//!   [`TcpConfig::max_handshakes_per_address`] handshake turns (a turn is taken only once a
-//!   connection sent its first byte), and has at most [`TcpConfig::max_peers_per_address`] engines
-//!   connected and [`TcpConfig::serve_bytes_per_address`] of served regions; every refusal at a node limit is answered with a `Reject`, at most
-//!   [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is closed without one).
+//!   [`TcpConfig::max_handshakes_per_address`] handshake turns (a turn is held only to check a message
+//!   that arrived whole, never while waiting for one), and has at most
+//!   [`TcpConfig::max_peers_per_address`] engines connected and
+//!   [`TcpConfig::serve_bytes_per_address`] of served regions; every refusal at a node limit is answered
+//!   with a `Reject`, at most [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is
+//!   closed without one).
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
 //!   frames a second (then stops reading, so TCP holds the sender back), and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
@@ -156,12 +158,13 @@ pub struct TcpConfig {
     pub control_frames_per_sec: u64,
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
-    /// Most handshakes in progress at once; more connections wait for a turn (within the handshake time
-    /// limit). A connection takes a turn only once its first bytes arrived, so connections that send
-    /// nothing hold none.
+    /// Most handshake checks in progress at once; more connections wait for a turn (within the
+    /// handshake time limit). A connection holds a turn only to check a handshake message that has
+    /// arrived whole and answer it, never while it waits for the peer's next one, so connections that
+    /// send nothing, part of a message, or a Hello and no Auth hold none.
     pub max_handshakes: usize,
     /// Most of those turns one IP address may hold at once; its other connections wait (within the
-    /// handshake time limit), so one address's half-open handshakes cannot hold every turn.
+    /// handshake time limit), so one address cannot hold every turn.
     pub max_handshakes_per_address: usize,
     /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
     /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.

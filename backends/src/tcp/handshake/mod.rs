@@ -65,6 +65,13 @@ pub async fn send(stream: &mut TcpStream, msg: &Message) -> Result<(), TcpError>
 
 /// Reads one message.
 pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
+    let body = recv_body(stream).await?;
+    Message::decode(&body).map_err(TcpError::Handshake)
+}
+
+/// Reads one message's body, undecoded. The buffer grows as bytes arrive, so a peer that declares a
+/// long message and sends little of it holds little memory.
+pub(crate) async fn recv_body(stream: &mut TcpStream) -> Result<Vec<u8>, TcpError> {
     let mut len = [0u8; 4];
     stream.read_exact(&mut len).await?;
     let len = u32::from_le_bytes(len) as usize;
@@ -73,9 +80,15 @@ pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
             "handshake message of {len} bytes is larger than {MAX_MESSAGE}: the peer does not speak this protocol"
         )));
     }
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).await?;
-    Message::decode(&body).map_err(TcpError::Handshake)
+    let mut body = Vec::new();
+    (&mut *stream)
+        .take(len as u64)
+        .read_to_end(&mut body)
+        .await?;
+    if body.len() < len {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(body)
 }
 
 /// What the dialing side learns from a completed handshake.
@@ -142,23 +155,21 @@ pub async fn dial(
         .map_err(|_| TcpError::Handshake(format!("no handshake answer within {limit:?}")))?
 }
 
-/// The acceptor's side, part one: reads the dialer's hello, checks it and answers with ours.
-/// On a mismatch the reason is sent to the dialer and returned.
-pub(crate) async fn accept_hello(
+/// The acceptor's side, part one: checks the dialer's first message (`first`, a body read by
+/// [`recv_body`]) and answers with our hello. Returns the dialer's hello and the transcript its Auth
+/// must cover. On a mismatch the reason is sent to the dialer and returned.
+pub(crate) async fn answer_hello(
     stream: &mut TcpStream,
+    first: &[u8],
     hello: &Hello,
     secret: Option<&[u8]>,
-) -> Result<Hello, TcpError> {
-    let peer = match recv(stream).await {
+) -> Result<(Hello, Vec<u8>), TcpError> {
+    let peer = match Message::decode(first) {
         Ok(Message::Hello(peer, _)) => peer,
-        Ok(other) => {
-            let err = unexpected(&other);
+        decoded => {
+            let err = decoded.map_or_else(TcpError::Handshake, |other| unexpected(&other));
             let _ = send(stream, &Message::Reject(err.to_string())).await;
             return Err(err);
-        }
-        Err(e) => {
-            let _ = send(stream, &Message::Reject(e.to_string())).await;
-            return Err(e);
         }
     };
     if let Some(reason) = hello.mismatch(&peer) {
@@ -168,8 +179,19 @@ pub(crate) async fn accept_hello(
     let covered = transcript(&peer, hello);
     let mac = auth_mac(secret, "acceptor", &covered);
     send(stream, &Message::Hello(Box::new(hello.clone()), mac)).await?;
-    match recv(stream).await? {
-        Message::Auth(mac) if verify_mac(secret, "dialer", &covered, &mac) => Ok(*peer),
+    Ok((*peer, covered))
+}
+
+/// The acceptor's side, part two: checks the dialer's Auth (`body`, read by [`recv_body`]) against the
+/// transcript. On a failure the reason is sent to the dialer and returned.
+pub(crate) async fn check_auth(
+    stream: &mut TcpStream,
+    body: &[u8],
+    covered: &[u8],
+    secret: Option<&[u8]>,
+) -> Result<(), TcpError> {
+    match Message::decode(body).map_err(TcpError::Handshake)? {
+        Message::Auth(mac) if verify_mac(secret, "dialer", covered, &mac) => Ok(()),
         Message::Auth(_) => {
             let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
             let _ = send(stream, &Message::Reject(reason.into())).await;
