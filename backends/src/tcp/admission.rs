@@ -17,16 +17,21 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use transfer_engine::PeerId;
+use transfer_engine::{PeerId, TokenBucket};
 
 use super::context::lock;
 use super::handshake::{self, Message};
+
+/// A control-frame budget shared by the inbound lanes of one address.
+pub(crate) type SharedBudget = Arc<Mutex<TokenBucket>>;
 
 /// Connections held per address.
 #[derive(Debug)]
 pub(crate) struct Admission {
     by_address: Mutex<HashMap<IpAddr, Held>>,
     turns_per_address: usize,
+    /// Control frames an address's inbound lanes together hand the engine per second (0: unlimited).
+    control_per_sec: u64,
 }
 
 /// What one address holds.
@@ -37,6 +42,8 @@ struct Held {
     peers: HashMap<PeerId, usize>,
     /// Its handshake turns.
     turns: Arc<Semaphore>,
+    /// Its lanes' control-frame budget.
+    control: Option<SharedBudget>,
 }
 
 /// One connection of an address, released when dropped.
@@ -49,11 +56,13 @@ pub(crate) struct ConnectionSlot {
 }
 
 impl Admission {
-    /// Admission where each address has `turns_per_address` handshake turns.
-    pub(crate) fn new(turns_per_address: usize) -> Self {
+    /// Admission where each address has `turns_per_address` handshake turns, and its lanes together
+    /// hand the engine `control_per_sec` control frames a second (0: unlimited).
+    pub(crate) fn new(turns_per_address: usize, control_per_sec: u64) -> Self {
         Self {
             by_address: Mutex::default(),
             turns_per_address: turns_per_address.max(1),
+            control_per_sec,
         }
     }
 
@@ -68,6 +77,7 @@ impl Admission {
             connections: 0,
             peers: HashMap::new(),
             turns: Arc::new(Semaphore::new(self.turns_per_address)),
+            control: control_budget(self.control_per_sec).map(|b| Arc::new(Mutex::new(b))),
         });
         if h.connections >= limit {
             let n = h.connections;
@@ -90,7 +100,23 @@ impl Admission {
     }
 }
 
+/// A control-frame budget of `per_sec` frames a second, in bursts of a tenth of that (at least 64);
+/// `None` for unlimited. A lane's own budget and its address's are both this shape.
+pub(crate) fn control_budget(per_sec: u64) -> Option<TokenBucket> {
+    if per_sec == 0 {
+        return None;
+    }
+    TokenBucket::new(per_sec, (per_sec / 10).max(64), 1).ok()
+}
+
 impl ConnectionSlot {
+    /// The control-frame budget its address's lanes share, if the node limits one.
+    pub(crate) fn control_budget(&self) -> Option<SharedBudget> {
+        lock(&self.admission.by_address)
+            .get(&self.ip)
+            .and_then(|h| h.control.clone())
+    }
+
     /// Binds the connection to engine `peer`, unless its address already has `limit` other engines
     /// connected here (an engine it already has may add connections up to its lane bound).
     pub(crate) fn join(&mut self, peer: PeerId, limit: usize) -> Result<(), String> {
@@ -175,7 +201,7 @@ mod tests {
 
     #[test]
     fn an_address_holds_at_most_its_limit_and_slots_return_when_dropped() {
-        let admission = Arc::new(Admission::new(1));
+        let admission = Arc::new(Admission::new(1, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let first = admission.admit(a, 2).unwrap();
         let _second = admission.admit(a, 2).unwrap();
@@ -191,7 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_address_holding_its_handshake_turns_holds_no_one_elses() {
-        let admission = Arc::new(Admission::new(1));
+        let admission = Arc::new(Admission::new(1, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let (first, second) = (
             admission.admit(a, 8).unwrap(),
@@ -215,7 +241,7 @@ mod tests {
 
     #[test]
     fn an_address_connects_at_most_its_limit_of_engines_and_each_returns_with_its_last_slot() {
-        let admission = Arc::new(Admission::new(1));
+        let admission = Arc::new(Admission::new(1, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let mut first = admission.admit(a, 8).unwrap();
         first.join(PeerId(1), 2).unwrap();
@@ -236,5 +262,33 @@ mod tests {
         third.join(PeerId(3), 2).unwrap_err();
         drop(again);
         third.join(PeerId(3), 2).unwrap();
+    }
+
+    #[test]
+    fn the_slots_of_one_address_share_one_control_budget_and_another_address_has_its_own() {
+        let admission = Arc::new(Admission::new(1, 1000));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (first, second) = (
+            admission.admit(a, 8).unwrap(),
+            admission.admit(a, 8).unwrap(),
+        );
+        let other = admission.admit(b, 8).unwrap();
+        let now = std::time::Instant::now();
+        // The burst (a tenth of a second's worth) spent through one lane of `a` ...
+        let shared = first.control_budget().unwrap();
+        lock(&shared).charge(now, 101);
+        // ... leaves the address's other lane waiting, and another address not.
+        assert!(
+            lock(&second.control_budget().unwrap())
+                .ready_at(now)
+                .is_some()
+        );
+        assert!(
+            lock(&other.control_budget().unwrap())
+                .ready_at(now)
+                .is_none()
+        );
+        let unlimited = Arc::new(Admission::new(1, 0));
+        assert!(unlimited.admit(a, 8).unwrap().control_budget().is_none());
     }
 }

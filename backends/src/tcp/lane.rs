@@ -86,6 +86,7 @@ pub(crate) fn start(
         closed: watch::Sender::new(None),
         goodbye: Mutex::new(None),
         last_rx: Mutex::new(Instant::now()),
+        address_budget: slot.as_ref().and_then(|s| s.control_budget()),
     });
     let (rd, wr) = stream.into_split();
     let mut lanes = lock(&link.lanes);

@@ -16,6 +16,9 @@ pub(crate) struct LaneState {
     pub(crate) closed: watch::Sender<Option<CloseReason>>,
     pub(crate) goodbye: Mutex<Option<Vec<u8>>>,
     pub(crate) last_rx: Mutex<Instant>,
+    /// The control-frame budget its peer's address shares among its inbound lanes (`None`: a lane this
+    /// node dialed, or no per-address limit).
+    pub(crate) address_budget: Option<super::admission::SharedBudget>,
 }
 
 impl LaneState {

@@ -34,7 +34,9 @@
 //!   with a `Reject`, at most [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is
 //!   closed without one).
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
-//!   frames a second (then stops reading, so TCP holds the sender back), and the engine queues at most
+//!   frames a second, and the inbound lanes of one IP address together at most
+//!   [`TcpConfig::control_frames_per_sec_per_address`] (then stops reading, so TCP holds the sender
+//!   back), and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
 //!
 //! # Memory a node can be made to hold
@@ -156,6 +158,9 @@ pub struct TcpConfig {
     /// peer flooding control frames costs the engine a bounded share of its time, not everyone's
     /// transfers. 0: unlimited. An honest lane sends far fewer (acknowledgements cover many slices).
     pub control_frames_per_sec: u64,
+    /// Control frames the inbound lanes of one IP address together hand the engine per second, on top
+    /// of each lane's own budget, so a peer opening many lanes cannot multiply its flood. 0: unlimited.
+    pub control_frames_per_sec_per_address: u64,
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
     /// Most handshake checks in progress at once; more connections wait for a turn (within the
@@ -219,6 +224,7 @@ impl Default for TcpConfig {
             stall_timeout: Duration::from_secs(10),
             peer_queue_bytes: 8 << 20,
             control_frames_per_sec: 100_000,
+            control_frames_per_sec_per_address: 400_000,
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,

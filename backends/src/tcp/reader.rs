@@ -77,7 +77,7 @@ async fn read_loop(
     let mut stagers = LaneStagers::new(&ctx.staged);
     // A staged frame whose device copy may still be in flight: handed on once it has completed.
     let mut unplaced: Option<Unplaced> = None;
-    let mut budget = control_budget(ctx.cfg.control_frames_per_sec);
+    let mut budget = super::admission::control_budget(ctx.cfg.control_frames_per_sec);
     loop {
         if unplaced.is_some() && have < HEADER_LEN {
             // The lane may wait for bytes now: hand on the staged frame first.
@@ -105,12 +105,19 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
-        if header.kind != FrameKind::Data
-            && let Some(bucket) = budget.as_mut()
-        {
+        if header.kind != FrameKind::Data {
+            // The lane's own budget, then its address's (shared by the address's inbound lanes).
             let now = Instant::now();
-            bucket.charge(now, 1);
-            if let Some(at) = bucket.ready_at(now) {
+            let mut wait = budget.as_mut().and_then(|b| {
+                b.charge(now, 1);
+                b.ready_at(now)
+            });
+            if let Some(shared) = &lane.address_budget {
+                let mut b = lock(shared);
+                b.charge(now, 1);
+                wait = wait.max(b.ready_at(now));
+            }
+            if let Some(at) = wait {
                 ctx.counters
                     .control_frames_throttled
                     .fetch_add(1, Ordering::Relaxed);
@@ -246,15 +253,6 @@ async fn read_loop(
             ctx.wake.notify_one();
         }
     }
-}
-
-/// The control-frame budget of a lane: `per_sec` frames a second, in bursts of a tenth of that (at
-/// least 64); `None` for unlimited.
-fn control_budget(per_sec: u64) -> Option<transfer_engine::TokenBucket> {
-    if per_sec == 0 {
-        return None;
-    }
-    transfer_engine::TokenBucket::new(per_sec, (per_sec / 10).max(64), 1).ok()
 }
 
 /// Hands the engine the staged frame received last, once its device copy has completed. Returns why the

@@ -33,7 +33,10 @@ pub(crate) struct NodeState {
 
 impl NodeState {
     pub(crate) fn new(ctx: Context, listen: Option<SocketAddr>) -> Self {
-        let admission = super::admission::Admission::new(ctx.cfg.max_handshakes_per_address);
+        let admission = super::admission::Admission::new(
+            ctx.cfg.max_handshakes_per_address,
+            ctx.cfg.control_frames_per_sec_per_address,
+        );
         Self {
             ctx: Arc::new(ctx),
             links: Mutex::new(BTreeMap::new()),
