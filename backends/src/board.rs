@@ -65,6 +65,7 @@ pub struct Received {
 
 /// Why a wait on the board ended without its answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WaitError {
     /// No live or recently finished session has this id on this node (in the role waited for).
     #[error("session {0} is not known here (never seen, or finished long ago and forgotten)")]

@@ -70,6 +70,7 @@ pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
 
 /// Errors of the loopback driver (the engines' refusals of frames are recorded, not raised).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoopbackError {
     /// The engine refused a command.
     #[error(transparent)]

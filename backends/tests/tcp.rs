@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use backends::tcp::handshake::{self, Hello, Message, PROTOCOL_VERSION};
-use backends::tcp::{Namespace, TcpConfig, TcpError, TcpNode};
+use backends::tcp::{Namespace, Secret, TcpConfig, TcpError, TcpNode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -361,7 +361,7 @@ async fn a_wrong_namespace_is_refused_on_both_sides() {
 async fn a_shared_secret_authenticates_both_ends() {
     let with = |id: u32, secret: &[u8]| {
         let mut c = TcpConfig::with_engine_id(id);
-        c.secret = Some(secret.to_vec());
+        c.secret = Some(Secret::new(secret));
         c
     };
     let rx = TcpNode::start(with(2, b"right")).await.unwrap();

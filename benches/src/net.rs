@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use backends::tcp::{BlockingNode, TcpConfig, socket_copy_gbps};
+use backends::tcp::{BlockingNode, Secret, TcpConfig, socket_copy_gbps};
 use backends::{IncomingSession, Outcome, Received};
 use clap::Args;
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -173,7 +173,7 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let cfg = TcpConfig {
         listen: Some(args.listen),
-        secret: args.secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        secret: args.secret.as_deref().map(Secret::from),
         serve_bytes: args.serve_bytes,
         max_lanes_per_peer: args.lanes.max(1),
         stall_timeout: Duration::from_millis(args.stall_ms),
@@ -399,7 +399,7 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let cfg = TcpConfig {
         listen: None,
-        secret: args.secret.as_ref().map(|s| s.as_bytes().to_vec()),
+        secret: args.secret.as_deref().map(Secret::from),
         max_lanes_per_peer: args.lanes.max(1),
         ..TcpConfig::with_engine_id(args.engine_id)
     };

@@ -54,6 +54,7 @@ pub const SEED_ENV: &str = "FABRIC_SEED";
 
 /// Why a simulation could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SimError {
     /// The engine refused the scenario's regions or transfer.
     #[error("engine refused the scenario: {0}")]

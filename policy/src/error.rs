@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in this crate. Messages say what to do about it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PolicyError {
     /// A trace file could not be opened or read.
     #[error(

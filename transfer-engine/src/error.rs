@@ -5,6 +5,7 @@ use crate::{MemoryKind, PeerId, RegionId, SessionId, WireError};
 /// Everything the core can refuse. None of these leave the engine in a bad state: the offending input is
 /// dropped and every other session carries on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A frame could not be decoded.
     #[error(transparent)]

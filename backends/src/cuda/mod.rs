@@ -44,6 +44,7 @@ use transfer_engine::MemoryKind;
 
 /// What went wrong on the GPU side.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CudaError {
     /// No CUDA driver library could be loaded: this machine has no NVIDIA driver (or no GPU).
     #[error(

@@ -28,6 +28,7 @@ pub struct Lease(pub i64);
 
 /// Errors of a discovery backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DiscoveryError {
     /// The registry could not be reached or answered with an error.
     #[error("registry unavailable: {0}")]

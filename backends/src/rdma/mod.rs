@@ -176,6 +176,7 @@ pub fn rdma_engine_config(engine_id: u32) -> EngineConfig {
 
 /// Errors of the RDMA backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RdmaError {
     /// A libfabric call failed.
     #[error("{call} failed: {message} ({code})")]

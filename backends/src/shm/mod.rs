@@ -161,6 +161,7 @@ impl ShmConfig {
 
 /// Errors of the same-host backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ShmError {
     /// The configuration is not usable.
     #[error("invalid shm configuration: {0}")]

@@ -18,6 +18,7 @@ pub use host::HostSlot;
 
 /// What went wrong while staging.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StagingError {
     /// A request the stager cannot carry out in its state (nothing to take, both buffers full, a unit
     /// larger than a buffer).

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::Notify;
 
-use super::TcpConfig;
 use super::stage::StagedCounters;
+use super::{Secret, TcpConfig};
 use crate::station::Station;
 
 /// Log lines kept for the user (oldest dropped first).
@@ -82,6 +82,6 @@ impl Context {
     }
 
     pub(crate) fn secret(&self) -> Option<&[u8]> {
-        self.cfg.secret.as_deref()
+        self.cfg.secret.as_ref().map(Secret::as_bytes)
     }
 }

@@ -72,6 +72,7 @@ mod node;
 mod peer_link;
 mod reach;
 mod reader;
+mod secret;
 mod served;
 mod socket;
 mod stage;
@@ -90,6 +91,7 @@ pub use blocking::BlockingNode;
 pub use handshake::Segment;
 pub use limit::{SocketCopy, socket_copy_gbps};
 pub use node::{NodeStats, TcpNode};
+pub use secret::Secret;
 pub use socket::SocketBuffers;
 pub use state::PeerInfo;
 pub use transfer_engine::Namespace;
@@ -103,8 +105,9 @@ pub struct TcpConfig {
     pub namespace: Namespace,
     /// Address to listen on (`127.0.0.1:0` picks a free port); `None` for a node that only dials.
     pub listen: Option<SocketAddr>,
-    /// Shared secret; when set, every lane is authenticated with HMAC-SHA256 in both directions.
-    pub secret: Option<Vec<u8>>,
+    /// Shared secret; when set, every lane is authenticated with HMAC-SHA256 in both directions (its
+    /// `Debug` never shows the bytes).
+    pub secret: Option<Secret>,
     /// Allow listening on a non-loopback address without a secret (off by default).
     pub allow_unauthenticated_remote: bool,
     /// Most lanes (connections) to one peer.
@@ -280,6 +283,7 @@ pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
 
 /// Errors of the TCP backend.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TcpError {
     /// A socket operation failed.
     #[error("socket error: {0}")]

@@ -21,6 +21,7 @@ pub enum Fault {
 
 /// Errors of every [`super::Transport`]; [`TransportError::fault`] says whose they are.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The engine refused a command (a malformed or out-of-bounds request, an unknown region or session):
     /// always the caller's.

@@ -6,6 +6,7 @@ use super::slots;
 
 /// The disk tier's errors.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DiskError {
     /// The configuration cannot be used; the message says why.
     #[error("disk tier configuration: {0}")]

@@ -2,6 +2,7 @@
 
 /// Why bytes are not a valid frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// Fewer bytes than a header, or than the header says follow.
     #[error("truncated frame: {needed} bytes needed, {got} present")]
