@@ -2,6 +2,8 @@
 //! the scenario settings of the fault-tolerance suite and a runner that names the seed in every failure.
 #![forbid(unsafe_code)]
 
+pub mod config_doc;
+
 use std::time::{Duration, Instant};
 
 use fabric_sim::{Scenario, ScenarioConfig, ScenarioReport};
