@@ -15,7 +15,7 @@
 //! - `cuda` (feature `cuda`): GPU and pinned host memory as region memory (through `cudarc`, loaded at run
 //!   time), a stream copy engine between host and GPU regions, and double-buffered pinned staging for TCP.
 //!
-//! Both backends register regions over the caller's own memory ([`transfer_engine::MemoryRegion`]) and
+//! Every backend registers regions over the caller's own memory ([`transfer_engine::MemoryRegion`]) and
 //! offer the same receiving side ([`board`]): accept incoming sessions, await them layer by layer while
 //! consuming layers (so the producer's prefetch window follows), await them whole, subscribe to events.
 //!

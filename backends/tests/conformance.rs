@@ -1,5 +1,5 @@
-//! One conformance suite for every [`Transport`]: the same test code runs against loopback, TCP and RDMA
-//! (libfabric's `tcp` and `shm` providers). Adding a backend is a fixture and one `conformance!` line.
+//! One conformance suite for every [`Transport`]: the same test code runs against loopback, TCP, RDMA
+//! (libfabric's `tcp` and `shm` providers) and same-host shm. Adding a backend is a fixture and one `conformance!` line.
 //!
 //! Each backend's fixture builds a sending and a receiving node; the receiver publishes its KV pool as
 //! segment `kv` (and a second one, `spare`), the sender reaches it through [`Transport::connect`]. The

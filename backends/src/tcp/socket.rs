@@ -14,8 +14,8 @@ use super::TcpConfig;
 /// autotuned send buffer (up to `net.ipv4.tcp_wmem`'s 4 MiB here) queues so much that those bytes have
 /// left the cache by the time they are copied. On the 2-core development VM, 4 MiB blocks moved 6.0-6.3
 /// GB/s packetized and 5.8-6.4 exclusive with autotuning, 7.5-7.8 and 8.5-9.2 with a 512 KiB send buffer
-/// (4 alternating pairs; see the README). Across hosts a small buffer would cap a lane at buffer / round
-/// trip, so there the kernel decides unless told.
+/// (4 alternating pairs; see docs/PERFORMANCE.md, "TCP beside a steady socket limit"). Across hosts a
+/// small buffer would cap a lane at buffer / round trip, so there the kernel decides unless told.
 ///
 /// The kernel caps what is asked at `net.core.wmem_max` and `net.core.rmem_max` (212,992 bytes on a stock
 /// Linux; 4 MiB on the development VM), and keeps twice the figure it grants. A receive buffer is best set

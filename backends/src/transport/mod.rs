@@ -4,7 +4,7 @@
 //! peers as named [`Segment`]s, connects to peers by [`PeerAddress`], sends sessions (submit, layers
 //! written, cancel, wait with a time limit) and receives them (accept, wait for one to be announced, wait
 //! layer by layer while consuming layers, wait whole), and reports events, counters and shutdown. Loopback,
-//! TCP and RDMA implement it with the same semantics, checked by one conformance suite
+//! TCP, RDMA and shm implement it with the same semantics, checked by one conformance suite
 //! (`backends/tests/conformance.rs`); a backend that cannot do something answers
 //! [`TransportError::Unsupported`], never a silent no-op.
 //!
@@ -97,7 +97,7 @@ impl PeerInfo {
 
 /// One engine and its I/O, whatever moves the bytes. See the [module docs](self).
 pub trait Transport: Send + Sync + Debug {
-    /// The backend's name (`loopback`, `tcp`, `rdma`), for messages and metrics.
+    /// The backend's name (`loopback`, `tcp`, `rdma`, `shm`, ...), for messages and metrics.
     fn backend(&self) -> &'static str;
 
     /// This node's engine id; peers know it as `PeerId(engine_id)`.
