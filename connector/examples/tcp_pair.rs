@@ -1,0 +1,86 @@
+//! A producer and a consumer connector over TCP in one process, as a prefill and a decode instance would
+//! run them in two: the producer saves a request's KV layer by layer while its layers are computed, the
+//! consumer finds how many of the prompt's tokens it can load, loads them into its own blocks layer by
+//! layer, and prints its metrics.
+//!
+//! `cargo run -p connector --example tcp_pair`
+
+use backends::tcp::TcpConfig;
+use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use transfer_engine::MemoryRegion;
+
+const LAYERS: usize = 4;
+const BLOCK_BYTES: usize = 4096;
+const BLOCKS: usize = 32;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let ns = namespace("llama-3-8b", 1, 16);
+    let mut cfg = ConnectorConfig::new(Role::Producer, ns);
+    (cfg.layers, cfg.block_bytes, cfg.store_blocks) = (LAYERS as u32, BLOCK_BYTES as u64, 64);
+    // The producer serves lookups and loads on a control port; the consumer is told where.
+    let listen = "127.0.0.1:0".parse()?;
+    let prefill = KvConnector::tcp(
+        cfg.clone(),
+        TcpConfig::with_engine_id(1),
+        Some(listen),
+        None,
+    )?;
+    let consumer = ConnectorConfig {
+        role: Role::Consumer,
+        store_blocks: 0,
+        ..cfg
+    };
+    let decode = KvConnector::tcp(
+        consumer,
+        TcpConfig::with_engine_id(2),
+        None,
+        prefill.control_addr(),
+    )?;
+
+    let layer_bytes = BLOCK_BYTES * BLOCKS;
+    let prefill_kv =
+        MemoryRegion::from_vec((0..LAYERS * layer_bytes).map(|i| (i % 251) as u8).collect());
+    let decode_kv = MemoryRegion::zeroed(LAYERS * layer_bytes);
+    prefill.register_kv_caches(prefill_kv.clone(), BLOCKS as u32)?;
+    decode.register_kv_caches(decode_kv.clone(), BLOCKS as u32)?;
+
+    let tokens: Vec<u32> = (0..50).collect(); // 3 full blocks of 16 tokens, and 2 tokens more
+    let extras = RequestExtras::default();
+    let req = KvRequest {
+        id: "r1",
+        tokens: &tokens,
+        extras: &extras,
+        external_keys: None,
+        transfer_params: None,
+    };
+
+    // Producer: the scheduler plans the save of blocks 0, 1, 2; the worker saves each layer once computed.
+    prefill.get_num_new_matched_tokens(&req, 0)?;
+    prefill.update_state_after_alloc("r1", &[0, 1, 2, 3], 0)?;
+    prefill.bind_connector_metadata(prefill.build_connector_meta());
+    for layer in 0..LAYERS as u32 {
+        prefill.save_kv_layer(layer)?;
+    }
+    prefill.wait_for_save()?;
+
+    // Consumer: 48 tokens can be loaded, into its blocks 7, 8, 9; each layer is waited for before it runs.
+    let (tokens_to_load, _) = decode.get_num_new_matched_tokens(&req, 0)?;
+    decode.update_state_after_alloc("r1", &[7, 8, 9, 10], tokens_to_load)?;
+    decode.bind_connector_metadata(decode.build_connector_meta());
+    decode.start_load_kv()?;
+    for layer in 0..LAYERS as u32 {
+        decode.wait_for_layer_load(layer)?;
+    }
+    if !decode.failed_blocks().is_empty() {
+        return Err(format!("blocks to recompute: {:?}", decode.failed_blocks()).into());
+    }
+    let at = |block: usize| (LAYERS - 1) * layer_bytes + block * BLOCK_BYTES;
+    let same = decode_kv.read(at(8)..at(8) + BLOCK_BYTES)?[..]
+        == prefill_kv.read(at(1)..at(1) + BLOCK_BYTES)?[..];
+    if !same {
+        return Err("block 8 does not hold the producer's block 1".into());
+    }
+    println!("loaded {tokens_to_load} tokens over TCP into blocks 7, 8, 9; metrics:");
+    println!("{}", decode.prometheus());
+    Ok(())
+}
