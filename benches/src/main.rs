@@ -33,7 +33,8 @@ mod stream;
 mod sweep;
 mod tcp;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// KV-cache transfer engine bench: real transfers beside the machine's raw limits.
 #[derive(Debug, Parser)]
@@ -92,10 +93,50 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let matches = Cli::command().get_matches();
+    check_serve_flags(&matches)?;
+    match Cli::from_arg_matches(&matches)?.command {
         Some(command) => run_command(command),
         None => demo(),
     }
+}
+
+/// `te-bench serve` flags only its TCP server reads (by their argument ids).
+const TCP_ONLY_SERVE_FLAGS: &[&str] = &[
+    "listen",
+    "serve_bytes",
+    "secret",
+    "lanes",
+    "stall_ms",
+    "idle_ms",
+    "handshake_ms",
+    "connections_per_address",
+    "peers_per_address",
+    "serve_bytes_per_address",
+];
+
+/// Refuses `te-bench serve` flags the chosen backend would ignore, naming them.
+fn check_serve_flags(matches: &ArgMatches) -> anyhow::Result<()> {
+    let Some(("serve", serve)) = matches.subcommand() else {
+        return Ok(());
+    };
+    let backend = serve.get_one::<net::NetBackend>("backend").copied();
+    if backend == Some(net::NetBackend::Tcp) {
+        return Ok(());
+    }
+    let given: Vec<String> = TCP_ONLY_SERVE_FLAGS
+        .iter()
+        .filter(|id| serve.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} apply to `te-bench serve --backend tcp` only (this server is {:?})",
+        given.join(", "),
+        backend.unwrap_or(net::NetBackend::Tcp)
+    )
 }
 
 fn run_command(command: Command) -> anyhow::Result<()> {
@@ -132,12 +173,19 @@ fn demo() -> anyhow::Result<()> {
         "1. Loopback: a 7B model's KV for 512 tokens (32 layers x 32 blocks x 256 KiB = 256 MiB)"
     );
     println!(
-        "   moved between two engines in each mode, checksummed, beside a plain memcpy of the same blocks.\n"
+        "   moved between two engines in each mode, checksummed, beside a plain memcpy of the same blocks."
+    );
+    println!(
+        "   Warm, as a serving engine is (it touches its KV pool at start-up): one warm-up transfer, then 3."
+    );
+    println!(
+        "   How to read: gbps is their median; limit_gbps a plain copy of the same bytes; ratio = gbps / limit.\n"
     );
     run::main(&run::RunArgs::demo())?;
     println!(
-        "\n   The same over TCP (two nodes, real loopback sockets, 2 lanes), beside a plain socket copy.\n"
+        "\n   The same over TCP (two nodes, real loopback sockets, 2 lanes), beside a plain socket copy"
     );
+    println!("   (one warm-up, then 3; read it as the table above).\n");
     dispatch(&[
         "run",
         "--backend",
@@ -149,13 +197,16 @@ fn demo() -> anyhow::Result<()> {
         "--total-bytes",
         "256MiB",
         "--iterations",
-        "1",
+        "3",
     ])?;
     println!(
         "\n2. A faulty fabric (virtual time): 512 MiB over a 100 Gb/s link, clean and with 1% loss;"
     );
     println!(
-        "   every block arrives intact or is reported for recompute (corrupt_delivered must be 0).\n"
+        "   every block arrives intact or is reported for recompute (corrupt_delivered must be 0)."
+    );
+    println!(
+        "   How to read: one row per run; retransmit_overhead is resent bytes over payload bytes.\n"
     );
     dispatch(&["sim", "--mode", "packetized"])?;
     dispatch(&["sim", "--mode", "packetized", "--loss", "0.01"])?;
@@ -167,7 +218,10 @@ fn demo() -> anyhow::Result<()> {
                 trace.display()
             );
             println!(
-                "   hit ratio of LRU (the incumbent), heat (ours) and Belady (the offline optimum, the limit).\n"
+                "   hit ratio of LRU (the incumbent), heat (ours) and Belady (the offline optimum, the limit)."
+            );
+            println!(
+                "   How to read: hit_ratio = hit_blocks / blocks; the closer to belady's, the better.\n"
             );
             let capacity = policy::Trace::load(&trace)?.distinct_blocks() / 20;
             dispatch(&[

@@ -144,7 +144,7 @@ impl RunArgs {
             block_bytes: 256 << 10,
             total_bytes: 256 << 20,
             slice_bytes: 64 << 10,
-            iterations: 2,
+            iterations: 3,
             provider: "tcp".into(),
             domain: None,
             in_place: false,

@@ -88,3 +88,26 @@ fn connect_pushes_kv_to_a_serve_process_from_shared_and_private_memory() {
     }
     assert!(!rest.contains("MISMATCH"), "{rest}");
 }
+
+#[test]
+fn serve_refuses_the_tcp_servers_flags_over_shm_naming_them() {
+    let out = te_bench()
+        .args([
+            "serve",
+            "--backend",
+            "shm",
+            "--stall-ms",
+            "5",
+            "--lanes",
+            "3",
+        ])
+        .args(["--seconds", "1"])
+        .output()
+        .expect("running te-bench");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the flags were ignored: {stderr}");
+    assert!(
+        stderr.contains("--lanes, --stall-ms apply to `te-bench serve --backend tcp` only"),
+        "{stderr}"
+    );
+}
