@@ -120,20 +120,14 @@ async fn handshake_turn(
         let ours = node
             .hello()
             .map_err(|e| Failed::Unanswered(e.to_string()))?;
-        let first = tokio::time::timeout_at(deadline, handshake::recv_body(&mut stream))
-            .await
-            .map_err(|_| late())?
-            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let first = next_message(&mut stream, deadline, late).await?;
         let turn = take_turn(&slot, &turns, deadline).await?;
         let answer = handshake::answer_hello(&mut stream, &first, &ours, secret);
         let (peer, covered) = tokio::time::timeout_at(deadline, answer)
             .await
             .map_err(|_| late())??;
         drop(turn);
-        let auth = tokio::time::timeout_at(deadline, handshake::recv_body(&mut stream))
-            .await
-            .map_err(|_| late())?
-            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let auth = next_message(&mut stream, deadline, late).await?;
         let _turn = take_turn(&slot, &turns, deadline).await?;
         handshake::check_auth(&mut stream, &auth, &covered, secret).await?;
         let link = welcome(&node, &mut stream, from, &mut slot, &peer);
@@ -162,6 +156,18 @@ async fn handshake_turn(
         super::admission::refuse(stream, reason).await;
     }
     drop(slot);
+}
+
+/// The peer's next handshake message, undecoded, by `deadline` (holding no turn while it waits).
+async fn next_message(
+    stream: &mut TcpStream,
+    deadline: tokio::time::Instant,
+    late: impl Fn() -> Failed,
+) -> Result<Vec<u8>, Failed> {
+    tokio::time::timeout_at(deadline, handshake::recv_body(stream))
+        .await
+        .map_err(|_| late())?
+        .map_err(|e| Failed::Unanswered(e.to_string()))
 }
 
 /// One of `slot`'s address's handshake turns, then one of the node's, by `deadline`.

@@ -90,29 +90,29 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
     }) {
         return Ok(r.segment.clone());
     }
-    let held = |served: &[ServedRegion], address: Option<IpAddr>| -> u64 {
-        served
-            .iter()
-            .filter(|r| address.is_none_or(|a| r.address == a))
-            .map(|r| r.segment.handle.len)
-            .sum()
-    };
     let mut engine = node.ctx.station.engine();
-    let freeable = |r: &ServedRegion| !kept.contains(&r.owner);
     // The address's own regions first (its share), then anyone's (the node's limit).
     for address in [Some(asker.address), None] {
         let cap = if address.is_some() { share } else { limit };
+        let counted = |r: &ServedRegion| address.is_none_or(|a| r.address == a);
+        let mut total: u64 = served
+            .iter()
+            .filter(|r| counted(r))
+            .map(|r| r.segment.handle.len)
+            .sum();
         let mut i = 0;
-        while held(&served, address) + bytes > cap && i < served.len() {
+        while total + bytes > cap && i < served.len() {
             let r = &served[i];
-            let mine = address.is_none_or(|a| r.address == a);
-            if mine && freeable(r) && engine.unregister_region(r.segment.handle.id).is_ok() {
+            if counted(r)
+                && !kept.contains(&r.owner)
+                && engine.unregister_region(r.segment.handle.id).is_ok()
+            {
+                total -= r.segment.handle.len;
                 served.remove(i);
             } else {
                 i += 1;
             }
         }
-        let total = held(&served, address);
         if total + bytes > cap {
             return Err(match address {
                 Some(a) => format!(
