@@ -23,6 +23,9 @@ pub(crate) struct ServedRegion {
     /// The address the owner's handshake came from: its bytes count against that address's share.
     pub(crate) address: IpAddr,
     pub(crate) segment: Segment,
+    /// When a handshake last handed it out: its owner may not have a lane attached yet (the handshake's
+    /// answer goes out before the lane joins its peer link), so it stays for the grace from then too.
+    pub(crate) handed_out: Instant,
 }
 
 /// Who asks for a region: a peer's connection group, from an address.
@@ -64,8 +67,9 @@ pub(crate) fn free_earlier_groups(node: &NodeState, peer: PeerId, group: [u8; TO
 /// one of this layout (never an earlier group's: a process claiming a departed peer's engine id gets a
 /// zeroed region, not the departed one's bytes), else a new one. To stay within the address's share and
 /// the node's `serve_bytes`, idle regions are freed first: the asker's own, and those of peers gone
-/// longer than the grace (no lane now, none for `served_region_grace`), so a stranger asking for regions
-/// cannot take one from a client between its handshake and its first session, or while it reconnects.
+/// longer than the grace (no lane now, none for `served_region_grace`, and not handed out for as long),
+/// so a stranger asking for regions cannot take one from a client between its handshake and its first
+/// session, or while it reconnects.
 fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, String> {
     let cfg = &node.ctx.cfg;
     let bytes = layout.total_bytes();
@@ -84,10 +88,14 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
     }
     // Peers whose regions stay (taken before the served list: the links are never locked under it).
     let kept = kept_peers(node, asker.peer);
+    let now = Instant::now();
+    let handed_out_lately =
+        |r: &ServedRegion| now.saturating_duration_since(r.handed_out) < cfg.served_region_grace;
     let mut served = lock(&node.served);
-    if let Some(r) = served.iter().find(|r| {
+    if let Some(r) = served.iter_mut().find(|r| {
         r.owner == asker.peer && r.group == asker.group && r.segment.handle.layout == Some(layout)
     }) {
+        r.handed_out = now;
         return Ok(r.segment.clone());
     }
     let mut engine = node.ctx.station.engine();
@@ -105,6 +113,7 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
             let r = &served[i];
             if counted(r)
                 && !kept.contains(&r.owner)
+                && (r.owner == asker.peer || !handed_out_lately(r))
                 && engine.unregister_region(r.segment.handle.id).is_ok()
             {
                 total -= r.segment.handle.len;
@@ -144,6 +153,7 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
         group: asker.group,
         address: asker.address,
         segment: segment.clone(),
+        handed_out: now,
     });
     Ok(segment)
 }
