@@ -42,7 +42,7 @@ async fn serve(listen: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     .await?;
     println!("serving on {}", node.local_addr().ok_or("no listener")?);
     loop {
-        let incoming = node.accept().await?;
+        let incoming = node.next_incoming().await?;
         let received = node.wait_received(incoming.session).await?;
         let bytes = node.memory(incoming.region)?.to_vec()?;
         let intact = bytes.iter().enumerate().all(|(i, &b)| b == pattern(i));

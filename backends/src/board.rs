@@ -1,6 +1,6 @@
 //! What a node's engine reported, kept for its user with the same bounded retention on every backend:
-//! sessions it receives (to accept, and to await layer by layer or whole), sessions it sends (to await),
-//! and a feed of every event for subscribers.
+//! sessions it receives (to take notice of, and to await layer by layer or whole), sessions it sends (to
+//! await), and a feed of every event for subscribers.
 //!
 //! Drivers hand the board each event while they hold the engine; users wait on the board
 //! without touching the engine. Waits are plain futures (tokio's sync primitives): any executor runs them,
@@ -308,8 +308,9 @@ impl Board {
         r.layer_done.get(index as usize).copied()
     }
 
-    /// The next incoming session nobody has accepted yet, waiting for one if needed.
-    pub(crate) async fn accept(&self) -> Result<IncomingSession, WaitError> {
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one if needed.
+    pub(crate) async fn next_incoming(&self) -> Result<IncomingSession, WaitError> {
         self.wait_for(|s| Some(Ok(s.incoming.pop_front()?))).await
     }
 

@@ -16,8 +16,8 @@
 //!   time), a stream copy engine between host and GPU regions, and double-buffered pinned staging for TCP.
 //!
 //! Every backend registers regions over the caller's own memory ([`transfer_engine::MemoryRegion`]) and
-//! offer the same receiving side ([`board`]): accept incoming sessions, await them layer by layer while
-//! consuming layers (so the producer's prefetch window follows), await them whole, subscribe to events.
+//! offer the same receiving side ([`board`]): take notices of incoming sessions, await them layer by layer
+//! while consuming layers (so the producer's prefetch window follows), await them whole, subscribe to events.
 //!
 //! A prefill instance pushes one request's blocks into a decode instance's KV pool over TCP; the decode
 //! side computes each layer as soon as it has arrived:
@@ -50,8 +50,8 @@
 //!     .with_prefetch_depth(2);
 //! let session = prefill.submit(req)?;
 //!
-//! // Decode: accept the session, then compute layer by layer as each arrives whole.
-//! let incoming = decode.accept().await?;
+//! // Decode: take the incoming session's notice, then compute layer by layer as each arrives whole.
+//! let incoming = decode.next_incoming().await?;
 //! for layer in incoming.layers.clone() {
 //!     decode.consume_layer(incoming.session, layer)?; // about to compute it: the window moves on
 //!     decode.wait_layer(incoming.session, layer).await?;

@@ -8,8 +8,8 @@
 //! consumer copies them, so the two cores together keep close to the speed of a plain copy.
 //!
 //! Both ends are [`LoopbackEnd`]s with the same calls as a TCP node: register caller memory, submit and
-//! await transfers, accept incoming sessions, await them layer by layer and consume layers, subscribe to
-//! events.
+//! await transfers, take notices of incoming sessions, await them layer by layer and consume layers,
+//! subscribe to events.
 
 mod as_transport;
 mod credit;
@@ -170,9 +170,10 @@ impl LoopbackEnd {
         Ok(self.station.board.wait_sent(session).await?)
     }
 
-    /// The next incoming session nobody has accepted yet, waiting for one.
-    pub async fn accept(&self) -> Result<IncomingSession, LoopbackError> {
-        Ok(self.station.board.accept().await?)
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one.
+    pub async fn next_incoming(&self) -> Result<IncomingSession, LoopbackError> {
+        Ok(self.station.board.next_incoming().await?)
     }
 
     /// Waits until `layer` of receiving session `session` has arrived whole (an error names its blocks to

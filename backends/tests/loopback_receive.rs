@@ -30,7 +30,7 @@ fn layers_are_awaited_and_consumed_and_the_prefetch_window_holds() {
         .unwrap()
         .with_prefetch_depth(1);
     let session = pair.submit(req).unwrap();
-    let incoming = pair.block_on(pair.consumer().accept()).unwrap();
+    let incoming = pair.block_on(pair.consumer().next_incoming()).unwrap();
     assert_eq!(
         (incoming.session, incoming.blocks.clone()),
         (session, vec![1, 2, 5])

@@ -83,7 +83,7 @@ fn child_role() {
     fill(&expected, 3);
     println!("ADDR {}", hex(node.address()));
     loop {
-        let incoming = within(&rt, "an incoming session", node.accept()).unwrap();
+        let incoming = within(&rt, "an incoming session", node.next_incoming()).unwrap();
         let first = incoming.layers.start;
         within(
             &rt,

@@ -74,7 +74,7 @@ fn child_role() {
     fill(&expected, 3);
     println!("LISTENING");
     loop {
-        let incoming = within(&rt, "an incoming session", node.accept()).unwrap();
+        let incoming = within(&rt, "an incoming session", node.next_incoming()).unwrap();
         let first = incoming.layers.start;
         within(
             &rt,

@@ -72,7 +72,7 @@ async fn layers_stream_into_caller_memory_as_the_consumer_computes_them() {
                 .with_mode(TransferMode::packetized()),
         )
         .unwrap();
-    let incoming: IncomingSession = timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    let incoming: IncomingSession = timeout(LIMIT, rx.next_incoming()).await.unwrap().unwrap();
     assert_eq!((incoming.session, incoming.peer.0), (session, 1));
     assert_eq!(incoming.layers, 0..8);
     // Nobody consumes yet: the producer may run only its prefetch depth ahead of layer 0, so layers 0 and
@@ -169,7 +169,7 @@ async fn layers_go_out_as_the_producer_writes_them() {
     let (tx, rx, src_memory, dst_memory, req) = nodes(l, 21).await;
     // Nothing is written yet: the session opens, and no byte moves until the producer says so.
     let session = tx.submit(req.with_layers_written(0)).unwrap();
-    let incoming = timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    let incoming = timeout(LIMIT, rx.next_incoming()).await.unwrap().unwrap();
     for layer in 0..3u32 {
         // The producer "computes" the layer, then releases it.
         tx.layers_written(session, layer + 1).unwrap();
@@ -223,7 +223,7 @@ async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it()
         .with_layers_written(0)
         .with_deadline(Duration::from_secs(60));
     let session = tx.submit(req.clone()).unwrap();
-    timeout(LIMIT, rx.accept()).await.unwrap().unwrap();
+    timeout(LIMIT, rx.next_incoming()).await.unwrap().unwrap();
     rx.shutdown();
     drop(rx);
     let out = tx.wait(session, LIMIT).await.unwrap();

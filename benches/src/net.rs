@@ -200,7 +200,7 @@ pub(crate) trait ServedNode {
     /// Every event from now on.
     fn subscribe(&self) -> broadcast::Receiver<Event>;
     /// The next incoming session; `None` once the node is shut down.
-    async fn accept(&self) -> Option<IncomingSession>;
+    async fn next_incoming(&self) -> Option<IncomingSession>;
     /// Waits until receiving session `session` is over.
     async fn received(&self, session: SessionId) -> Result<Received, String>;
     /// The memory behind a registered region.
@@ -215,8 +215,8 @@ impl ServedNode for backends::tcp::TcpNode {
     fn subscribe(&self) -> broadcast::Receiver<Event> {
         backends::tcp::TcpNode::subscribe(self)
     }
-    async fn accept(&self) -> Option<IncomingSession> {
-        backends::tcp::TcpNode::accept(self).await.ok()
+    async fn next_incoming(&self) -> Option<IncomingSession> {
+        backends::tcp::TcpNode::next_incoming(self).await.ok()
     }
     async fn received(&self, session: SessionId) -> Result<Received, String> {
         self.wait_received(session).await.map_err(|e| e.to_string())
@@ -244,7 +244,7 @@ pub(crate) async fn serve_events(
             t.saturating_duration_since(Instant::now())
         });
         tokio::select! {
-            incoming = node.accept() => {
+            incoming = node.next_incoming() => {
                 let Some(s) = incoming else { return Ok(()) };
                 print_incoming(&s);
             }

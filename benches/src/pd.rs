@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use connector::{ConnectorConfig, KvRequest, RequestExtras, Role, ScopedKey, namespace};
+use connector::{ConnectorConfig, KvRequest, KvRole, RequestExtras, ScopedKey, namespace};
 use serde::Serialize;
 use transfer_engine::MemoryRegion;
 
@@ -139,7 +139,7 @@ struct PdReport {
     loaded_blocks_after_change: u64,
 }
 
-fn config(args: &PdArgs, role: Role) -> ConnectorConfig {
+fn config(args: &PdArgs, role: KvRole) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("te-bench-pd", 1, args.block_tokens));
     (c.layers, c.block_bytes, c.prefetch_depth) = (args.layers, args.block_bytes, 2);
     c.store_blocks = if role.saves() { args.store_blocks } else { 0 };
@@ -200,7 +200,7 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
     let mut child = PrefillChild::spawn(args)?;
     let decode = std::sync::Arc::new(backend::connector(
         args,
-        Role::Consumer,
+        KvRole::Consumer,
         2,
         Some(child.control),
     )?);

@@ -48,8 +48,8 @@ impl ServedNode for RdmaNode {
     fn subscribe(&self) -> broadcast::Receiver<Event> {
         RdmaNode::subscribe(self)
     }
-    async fn accept(&self) -> Option<IncomingSession> {
-        RdmaNode::accept(self).await.ok()
+    async fn next_incoming(&self) -> Option<IncomingSession> {
+        RdmaNode::next_incoming(self).await.ok()
     }
     async fn received(&self, session: SessionId) -> Result<Received, String> {
         self.wait_received(session).await.map_err(|e| e.to_string())

@@ -205,7 +205,7 @@ pub(crate) fn receiver_main(args: &ReceiverArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
     let mut mark = cpu_seconds();
     loop {
-        let incoming = rt.block_on(node.accept())?;
+        let incoming = rt.block_on(node.next_incoming())?;
         let got = rt.block_on(node.wait_received(incoming.session))?;
         let cpu = cpu_seconds() - mark;
         let crc = pool.crc32c(0..pool.len())?;

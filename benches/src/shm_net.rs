@@ -59,8 +59,8 @@ impl ServedNode for ShmNode {
     fn subscribe(&self) -> broadcast::Receiver<Event> {
         ShmNode::subscribe(self)
     }
-    async fn accept(&self) -> Option<IncomingSession> {
-        ShmNode::accept(self).await.ok()
+    async fn next_incoming(&self) -> Option<IncomingSession> {
+        ShmNode::next_incoming(self).await.ok()
     }
     async fn received(&self, session: SessionId) -> Result<Received, String> {
         self.wait_received(session).await.map_err(|e| e.to_string())

@@ -86,11 +86,11 @@ impl Rig {
         })
     }
 
-    /// The consumer accepts the next incoming session (it must be `session`).
-    fn accept(&self, session: SessionId) -> anyhow::Result<()> {
+    /// The consumer takes the notice of the next incoming session (it must be `session`).
+    fn take_incoming(&self, session: SessionId) -> anyhow::Result<()> {
         let incoming = match &self.backend {
-            Backend::Tcp { rx, .. } => rx.block_on(rx.node().accept())?,
-            Backend::Loopback(pair) => pair.block_on(pair.consumer().accept())?,
+            Backend::Tcp { rx, .. } => rx.block_on(rx.node().next_incoming())?,
+            Backend::Loopback(pair) => pair.block_on(pair.consumer().next_incoming())?,
         };
         if incoming.session != session {
             bail!(
@@ -150,7 +150,7 @@ impl Rig {
         self.clear()?;
         let start = Instant::now();
         let session = self.submit(self.req.clone())?;
-        self.accept(session)?;
+        self.take_incoming(session)?;
         for layer in 0..layers {
             self.wait_layer(session, layer)?;
         }
@@ -169,7 +169,7 @@ impl Rig {
         self.clear()?;
         let start = Instant::now();
         let session = self.submit(self.req.clone().with_prefetch_depth(depth))?;
-        self.accept(session)?;
+        self.take_incoming(session)?;
         let (mut stall, mut computed) = (Duration::ZERO, Duration::ZERO);
         for layer in 0..layers {
             self.consume_layer(session, layer)?;

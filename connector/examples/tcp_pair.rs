@@ -6,7 +6,7 @@
 //! `cargo run -p connector --example tcp_pair`
 
 use backends::tcp::TcpConfig;
-use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const LAYERS: usize = 4;
@@ -15,7 +15,7 @@ const BLOCKS: usize = 32;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ns = namespace("llama-3-8b", 1, 16);
-    let mut cfg = ConnectorConfig::new(Role::Producer, ns);
+    let mut cfg = ConnectorConfig::new(KvRole::Producer, ns);
     (cfg.layers, cfg.block_bytes, cfg.store_blocks) = (LAYERS as u32, BLOCK_BYTES as u64, 64);
     // The producer serves lookups and loads on a control port; the consumer is told where.
     let listen = "127.0.0.1:0".parse()?;
@@ -26,7 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None,
     )?;
     let consumer = ConnectorConfig {
-        role: Role::Consumer,
+        role: KvRole::Consumer,
         store_blocks: 0,
         ..cfg
     };

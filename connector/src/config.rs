@@ -12,9 +12,11 @@ use crate::error::ConnectorError;
 use crate::keys::{ExtraKeyLayout, VllmHasher, root_hash};
 use crate::tp::TpRank;
 
-/// What an instance does with KV.
+/// What an instance does with KV (vLLM's `kv_role`: `kv_producer`, `kv_consumer`, `kv_both`). Not the
+/// engine's [`transfer_engine::Role`], which says which end of one session (sender or receiver) an event
+/// concerns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub enum KvRole {
     /// Saves KV (a prefill instance); never loads.
     Producer,
     /// Loads KV (a decode instance); never saves.
@@ -23,26 +25,26 @@ pub enum Role {
     Both,
 }
 
-impl Role {
+impl KvRole {
     /// Whether this role saves.
     #[must_use]
     pub fn saves(self) -> bool {
-        matches!(self, Role::Producer | Role::Both)
+        matches!(self, KvRole::Producer | KvRole::Both)
     }
 
     /// Whether this role loads.
     #[must_use]
     pub fn loads(self) -> bool {
-        matches!(self, Role::Consumer | Role::Both)
+        matches!(self, KvRole::Consumer | KvRole::Both)
     }
 
     /// The role's name.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
-            Role::Producer => "producer",
-            Role::Consumer => "consumer",
-            Role::Both => "both",
+            KvRole::Producer => "producer",
+            KvRole::Consumer => "consumer",
+            KvRole::Both => "both",
         }
     }
 }
@@ -51,7 +53,7 @@ impl Role {
 #[derive(Debug, Clone)]
 pub struct ConnectorConfig {
     /// Producer, consumer or both.
-    pub role: Role,
+    pub role: KvRole,
     /// Model id, weight version, block size (tokens) and dtype; keys live inside it.
     pub namespace: Namespace,
     /// `PYTHONHASHSEED` of the vLLM processes whose keys must match (`None`: unset, vLLM ≥ 0.29).
@@ -100,7 +102,7 @@ pub struct ConnectorConfig {
 impl ConnectorConfig {
     /// Defaults for `role` in `namespace`: 32 layers, 64 KiB blocks, a 1024-block store, prefetch 2.
     #[must_use]
-    pub fn new(role: Role, namespace: Namespace) -> ConnectorConfig {
+    pub fn new(role: KvRole, namespace: Namespace) -> ConnectorConfig {
         ConnectorConfig {
             role,
             namespace,

@@ -9,7 +9,7 @@ use backends::loopback::{CONSUMER, LoopbackPair};
 use policy::Namespace;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle};
 
-use crate::config::{ConnectorConfig, Role};
+use crate::config::{ConnectorConfig, KvRole};
 use crate::control::{self, ControlClient};
 use crate::data_plane::DataPlane;
 use crate::error::ConnectorError;
@@ -216,7 +216,7 @@ impl KvConnector {
         producer: ConnectorConfig,
         consumer: ConnectorConfig,
     ) -> Result<(KvConnector, KvConnector), ConnectorError> {
-        if producer.role != Role::Producer || consumer.role != Role::Consumer {
+        if producer.role != KvRole::Producer || consumer.role != KvRole::Consumer {
             return Err(ConnectorError::Config(
                 "a loopback pair is one producer and one consumer".into(),
             ));
@@ -246,7 +246,7 @@ impl KvConnector {
 
     /// The role.
     #[must_use]
-    pub fn role(&self) -> Role {
+    pub fn role(&self) -> KvRole {
         self.cfg.role
     }
 

@@ -307,7 +307,7 @@ impl DataPlane {
     /// Accepts incoming sessions on every transport forever (the connector tracks them by id), so their
     /// notices never pile up. Ends when the nodes shut down.
     pub(crate) async fn drain_incoming(self) {
-        let drain = |t: Arc<dyn Transport>| async move { while t.accept().await.is_ok() {} };
+        let drain = |t: Arc<dyn Transport>| async move { while t.next_incoming().await.is_ok() {} };
         match self.same_host {
             Some(s) => {
                 tokio::join!(drain(self.main), drain(s.transport));

@@ -29,7 +29,7 @@ impl KvConnector {
         engine_id: u32,
         lease: Lease,
     ) -> Result<(), ConnectorError> {
-        let addr = self.control_addr().ok_or(ConnectorError::Role {
+        let addr = self.control_addr().ok_or(ConnectorError::WrongRole {
             call: "announce",
             role: self.role().name(),
         })?;

@@ -12,7 +12,7 @@ pub enum ConnectorError {
     Config(String),
     /// The call is not allowed in this role (a producer never loads, a consumer never saves).
     #[error("{call} is not available to a {role} connector")]
-    Role {
+    WrongRole {
         /// The call.
         call: &'static str,
         /// The connector's role.

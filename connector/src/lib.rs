@@ -1,7 +1,7 @@
 //! The KV connector: what a serving engine embeds to share KV between instances, shaped after vLLM's v1
 //! KV connector so that a thin wrapper maps one of its calls to one call here.
 //!
-//! - Roles ([`Role`]): a producer (prefill) saves KV layer by layer into its local tier store
+//! - Roles ([`KvRole`]): a producer (prefill) saves KV layer by layer into its local tier store
 //!   ([`store::TierStore`], host memory under the policy crate's tier manager); a consumer (decode) asks it
 //!   how much of a prompt it holds and loads those blocks straight into its own KV caches, layer by layer,
 //!   over TCP ([`KvConnector::tcp`]) or in process ([`KvConnector::loopback_pair`]).
@@ -33,15 +33,15 @@
 //! [`KvConnector::tcp`] and give the consumer the producer's [`KvConnector::control_addr`]):
 //!
 //! ```
-//! use connector::{ConnectorConfig, KvConnector, KvRequest, Role, RequestExtras, namespace};
+//! use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
 //! use transfer_engine::MemoryRegion;
 //!
 //! let ns = namespace("llama-3-8b", 1, 16);
-//! let mut cfg = ConnectorConfig::new(Role::Producer, ns.clone());
+//! let mut cfg = ConnectorConfig::new(KvRole::Producer, ns.clone());
 //! (cfg.layers, cfg.block_bytes, cfg.store_blocks) = (4, 4096, 64);
 //! let (prefill, decode) = KvConnector::loopback_pair(
 //!     cfg.clone(),
-//!     ConnectorConfig { role: Role::Consumer, store_blocks: 0, ..cfg },
+//!     ConnectorConfig { role: KvRole::Consumer, store_blocks: 0, ..cfg },
 //! )?;
 //! let layer_bytes = 4096 * 32; // one layer of a 32-block KV pool
 //! let prefill_kv = MemoryRegion::from_vec((0..4 * layer_bytes).map(|i| (i % 251) as u8).collect());
@@ -102,7 +102,7 @@ pub mod store;
 pub mod tp;
 mod worker;
 
-pub use config::{ConnectorConfig, Role, namespace};
+pub use config::{ConnectorConfig, KvRole, namespace};
 pub use connector::KvConnector;
 pub use data_plane::{SameHostTransport, this_host};
 pub use error::ConnectorError;

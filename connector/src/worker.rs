@@ -246,7 +246,7 @@ impl KvConnector {
     /// the layer to loads already streaming those blocks to consumers.
     pub fn save_kv_layer(&self, layer: u32) -> Result<(), ConnectorError> {
         let Some(core) = &self.producer else {
-            return Err(ConnectorError::Role {
+            return Err(ConnectorError::WrongRole {
                 call: "save_kv_layer",
                 // A saving role without a store is the scheduler half alone.
                 role: if self.cfg.role.saves() {

@@ -7,7 +7,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{HANG_GUARD, Kv, begin_save, loopback_pair_with, request, tcp_pair};
-use connector::{ConnectorConfig, KvConnector, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -16,11 +16,11 @@ const KV: Kv = Kv {
     pool: 16,
 };
 
-fn config(role: Role, load_timeout: Duration) -> ConnectorConfig {
+fn config(role: KvRole, load_timeout: Duration) -> ConnectorConfig {
     config_with(role, load_timeout, true)
 }
 
-fn config_with(role: Role, load_timeout: Duration, async_loads: bool) -> ConnectorConfig {
+fn config_with(role: KvRole, load_timeout: Duration, async_loads: bool) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("m", 7, 16));
     (c.layers, c.block_bytes) = (KV.layers, KV.block);
     c.store_blocks = if role.saves() { 16 } else { 0 };
@@ -33,8 +33,8 @@ fn config_with(role: Role, load_timeout: Duration, async_loads: bool) -> Connect
 /// hang guard's time).
 fn loopback(load_timeout: Duration) -> (KvConnector, KvConnector) {
     KvConnector::loopback_pair(
-        config(Role::Producer, HANG_GUARD),
-        config(Role::Consumer, load_timeout),
+        config(KvRole::Producer, HANG_GUARD),
+        config(KvRole::Consumer, load_timeout),
     )
     .unwrap()
 }

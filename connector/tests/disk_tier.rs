@@ -5,7 +5,7 @@ mod common;
 
 use common::{Kv, begin_save, plan_load, wait_each_layer_and_check};
 use connector::disk::DiskConfig;
-use connector::{ConnectorConfig, KvConnector, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRole, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -15,11 +15,11 @@ const KV: Kv = Kv {
 };
 
 fn pair(dir: &std::path::Path) -> (KvConnector, KvConnector) {
-    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (KV.layers, KV.block, 4);
     p.disk = Some(DiskConfig::new(dir, 1 << 20));
     let c = ConnectorConfig {
-        role: Role::Consumer,
+        role: KvRole::Consumer,
         store_blocks: 0,
         disk: None,
         ..p.clone()
@@ -92,7 +92,7 @@ fn blocks_that_left_host_memory_load_from_disk_and_survive_a_restart() {
 
 #[test]
 fn a_consumer_with_a_disk_tier_is_refused() {
-    let mut c = ConnectorConfig::new(Role::Consumer, namespace("m", 7, 16));
+    let mut c = ConnectorConfig::new(KvRole::Consumer, namespace("m", 7, 16));
     c.disk = Some(DiskConfig::new(std::env::temp_dir(), 1 << 20));
     let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("disk tier belongs to a producer"), "{err}");

@@ -72,7 +72,7 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
 mod with_gpu {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
     use backends::tcp::TcpConfig;
-    use connector::{ConnectorConfig, KvConnector, Role};
+    use connector::{ConnectorConfig, KvConnector, KvRole};
     use transfer_engine::MemoryRegion;
 
     use super::common::{begin_save, plan_load, tcp_pair};
@@ -151,7 +151,7 @@ mod with_gpu {
         assert!(c.failed_blocks().is_empty());
     }
 
-    fn config(role: Role) -> ConnectorConfig {
+    fn config(role: KvRole) -> ConnectorConfig {
         let mut c = ConnectorConfig::new(role, connector::namespace("m", 7, 16));
         (c.layers, c.block_bytes) = (LAYERS, BLOCK);
         c.store_blocks = if role.saves() { 16 } else { 0 };
@@ -181,8 +181,13 @@ mod with_gpu {
         s.check(&dst, &[0, 1, 2], &[5, 6, 7], "tcp");
 
         // Both roles in one connector: a later request's blocks come back from its own store, host to GPU.
-        let both =
-            KvConnector::tcp(config(Role::Both), TcpConfig::with_engine_id(3), None, None).unwrap();
+        let both = KvConnector::tcp(
+            config(KvRole::Both),
+            TcpConfig::with_engine_id(3),
+            None,
+            None,
+        )
+        .unwrap();
         let kv = s.kv(true);
         both.register_kv_caches(kv.clone(), POOL).unwrap();
         save_then_load(&both, &both, &tokens);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{Kv, begin_save, loopback_pair, loopback_pair_with, plan_load, request, returns};
-use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -134,10 +134,10 @@ fn a_serving_engines_own_keys_are_used_as_they_are() {
 #[test]
 fn the_kv_bandwidth_cap_reaches_the_engine() {
     use transfer_engine::ShapingConfig;
-    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, 8);
     let c = ConnectorConfig {
-        role: Role::Consumer,
+        role: KvRole::Consumer,
         store_blocks: 0,
         ..p.clone()
     };

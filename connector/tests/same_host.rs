@@ -12,7 +12,7 @@ use std::time::Duration;
 use backends::shm::{ShmConfig, ShmNode};
 use backends::tcp::{TcpConfig, TcpNode};
 use common::{Kv, begin_save, fresh_socket, plan_load};
-use connector::{ConnectorConfig, KvConnector, Role, SameHostTransport, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRole, SameHostTransport, namespace};
 use policy::Namespace;
 use transfer_engine::MemoryRegion;
 
@@ -22,7 +22,7 @@ const KV: Kv = Kv {
     pool: 16,
 };
 
-fn config(role: Role) -> ConnectorConfig {
+fn config(role: KvRole) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
     (c.layers, c.block_bytes, c.prefetch_depth) = (KV.layers, KV.block, 1);
     c.store_blocks = if role.saves() { 32 } else { 0 };
@@ -76,7 +76,7 @@ fn a_consumer_on_this_host_is_served_over_shared_memory() {
 fn a_consumer_without_shm_is_served_over_tcp() {
     let p = mixed_producer();
     let c = KvConnector::tcp(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
         p.control_addr(),
@@ -91,7 +91,7 @@ fn a_consumer_on_another_host_is_served_over_tcp() {
     // The consumer's own runtime for its TCP node, kept until the connector is gone.
     let rt = tokio::runtime::Runtime::new().unwrap();
     let p = mixed_producer();
-    let cfg = config(Role::Consumer);
+    let cfg = config(KvRole::Consumer);
     let tcp = TcpConfig {
         namespace: Namespace {
             weight_version: 0,
@@ -113,7 +113,7 @@ fn a_same_host_endpoint_that_cannot_be_dialled_falls_back_to_tcp() {
     let p = mixed_producer();
     let socket = fresh_socket("gone");
     let c = KvConnector::tcp_with_shm(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         ShmConfig::new(2, Some(socket.clone())),
         None,

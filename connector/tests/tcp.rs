@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backends::tcp::TcpConfig;
 use common::{Kv, begin_save, plan_load, request, returns, tcp_pair, tcp_producer};
-use connector::{ConnectorConfig, KvConnector, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -19,7 +19,7 @@ const LAYERS: u32 = KV.layers;
 const BLOCK: u64 = KV.block;
 const POOL: u32 = KV.pool;
 
-fn config(role: Role) -> ConnectorConfig {
+fn config(role: KvRole) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
     (c.layers, c.block_bytes, c.prefetch_depth) = (LAYERS, BLOCK, 1);
     c.store_blocks = if role.saves() { 64 } else { 0 };
@@ -248,7 +248,7 @@ fn a_consumer_finds_its_producer_through_discovery() {
     });
     assert_eq!(Some(addr), p.control_addr());
     let c = KvConnector::tcp(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
         Some(addr),
@@ -265,8 +265,13 @@ fn a_consumer_finds_its_producer_through_discovery() {
 
 #[test]
 fn a_both_connector_loads_from_its_own_tier_store() {
-    let both =
-        KvConnector::tcp(config(Role::Both), TcpConfig::with_engine_id(3), None, None).unwrap();
+    let both = KvConnector::tcp(
+        config(KvRole::Both),
+        TcpConfig::with_engine_id(3),
+        None,
+        None,
+    )
+    .unwrap();
     let kv = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i % 249) as u8).collect());
     both.register_kv_caches(kv.clone(), POOL).unwrap();
     let tokens: Vec<u32> = (0..16 * 3 + 2).collect();
@@ -294,7 +299,7 @@ fn a_both_connector_loads_from_its_own_tier_store() {
 fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
     let (p, _) = pair();
     let c = KvConnector::tcp(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(5),
         None,
         None,
@@ -361,7 +366,7 @@ fn a_producer_that_never_answers_is_an_error_not_a_hang() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap();
     let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
-    let mut cfg = config(Role::Consumer);
+    let mut cfg = config(KvRole::Consumer);
     cfg.load_timeout = Duration::from_millis(300);
     let c = KvConnector::tcp(cfg, TcpConfig::with_engine_id(2), None, Some(addr)).unwrap();
     // The configured timeout is what ends the call (the error names it); the guard only catches a hang.

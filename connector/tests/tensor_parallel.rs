@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use backends::tcp::TcpConfig;
 use common::request;
 use connector::{
-    ConnectorConfig, ConnectorError, KvConnector, KvTransferParams, RequestExtras, Role, TpRank,
+    ConnectorConfig, ConnectorError, KvConnector, KvRole, KvTransferParams, RequestExtras, TpRank,
     namespace,
 };
 use transfer_engine::{BlockId, Dtype, KvHeads, KvKind, KvLayout, MemoryRegion, TensorView};
@@ -41,7 +41,7 @@ fn heads(mla: bool) -> KvHeads {
     }
 }
 
-fn config(role: Role, tp: TpRank, mla: bool) -> ConnectorConfig {
+fn config(role: KvRole, tp: TpRank, mla: bool) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("tp-model", 1, TOKENS));
     (c.layers, c.block_bytes, c.prefetch_depth) = (LAYERS, BLOCK, 1);
     c.store_blocks = if role.saves() { 32 } else { 0 };
@@ -211,7 +211,11 @@ fn tcp(cfg: ConnectorConfig, engine: u32, producer: Option<std::net::SocketAddr>
 fn tcp_producers(size: u32, mla: bool, first: u32) -> Vec<Rank> {
     (0..size)
         .map(|i| {
-            let c = tcp(config(Role::Producer, rank(i, size), mla), first + i, None);
+            let c = tcp(
+                config(KvRole::Producer, rank(i, size), mla),
+                first + i,
+                None,
+            );
             Rank::register(c, false, mla, i as u8 + 1)
         })
         .collect()
@@ -221,7 +225,11 @@ fn tcp_producers(size: u32, mla: bool, first: u32) -> Vec<Rank> {
 fn tcp_consumers(size: u32, mla: bool, first: u32) -> Vec<Rank> {
     (0..size)
         .map(|i| {
-            let c = tcp(config(Role::Consumer, rank(i, size), mla), first + i, None);
+            let c = tcp(
+                config(KvRole::Consumer, rank(i, size), mla),
+                first + i,
+                None,
+            );
             Rank::register(c, true, mla, 0x80 | i as u8)
         })
         .collect()
@@ -232,8 +240,8 @@ fn tp2_to_tp2_over_loopback_moves_each_rank_its_own_shard() {
     let (mut producers, mut consumers) = (Vec::new(), Vec::new());
     for i in 0..2 {
         let (p, c) = KvConnector::loopback_pair(
-            config(Role::Producer, rank(i, 2), false),
-            config(Role::Consumer, rank(i, 2), false),
+            config(KvRole::Producer, rank(i, 2), false),
+            config(KvRole::Consumer, rank(i, 2), false),
         )
         .unwrap();
         producers.push(Rank::register(p, false, false, i as u8 + 1));
@@ -279,8 +287,8 @@ fn tp2_to_tp2_over_tcp_moves_each_rank_its_own_shard() {
 #[test]
 fn tp2_to_tp1_is_refused_naming_both_sizes() {
     let refused = KvConnector::loopback_pair(
-        config(Role::Producer, rank(0, 2), false),
-        config(Role::Consumer, TpRank::SINGLE, false),
+        config(KvRole::Producer, rank(0, 2), false),
+        config(KvRole::Consumer, TpRank::SINGLE, false),
     )
     .unwrap_err();
     assert!(
@@ -311,7 +319,7 @@ fn a_consumer_rank_that_reaches_another_producer_rank_is_refused_and_recomputes(
     let producers = tcp_producers(2, false, 41);
     // Rank 1 of the consumer wrongly configured with the producer's rank 0 as its default.
     let c = tcp(
-        config(Role::Consumer, rank(1, 2), false),
+        config(KvRole::Consumer, rank(1, 2), false),
         51,
         producers[0].c.control_addr(),
     );
@@ -331,7 +339,7 @@ fn a_consumer_rank_that_reaches_another_producer_rank_is_refused_and_recomputes(
     // A plan that reaches the worker anyway (metadata made elsewhere) fails its load, loudly, and
     // hands every block back for recompute.
     let good = tcp(
-        config(Role::Consumer, rank(0, 2), false),
+        config(KvRole::Consumer, rank(0, 2), false),
         52,
         producers[0].c.control_addr(),
     );
@@ -400,7 +408,7 @@ fn mla_kv_moves_once_per_consumer_rank_whatever_the_sizes() {
 
 #[test]
 fn caches_of_other_heads_than_configured_are_refused() {
-    let c = tcp(config(Role::Consumer, TpRank::SINGLE, false), 101, None);
+    let c = tcp(config(KvRole::Consumer, TpRank::SINGLE, false), 101, None);
     // MLA caches under a K/V-together configuration.
     let e = c
         .register_kv_layout(MemoryRegion::zeroed(1 << 20), vllm_layout(false, true))
@@ -410,7 +418,7 @@ fn caches_of_other_heads_than_configured_are_refused() {
         "{e}"
     );
     // Too few layers.
-    let mut cfg = config(Role::Consumer, TpRank::SINGLE, false);
+    let mut cfg = config(KvRole::Consumer, TpRank::SINGLE, false);
     cfg.layers = LAYERS + 1;
     let c = tcp(cfg, 102, None);
     let e = c
@@ -422,10 +430,10 @@ fn caches_of_other_heads_than_configured_are_refused() {
 
 #[test]
 fn a_store_keeps_its_workers_arrangement_so_kv_apart_never_feeds_kv_together() {
-    let mut apart = config(Role::Producer, TpRank::SINGLE, false);
+    let mut apart = config(KvRole::Producer, TpRank::SINGLE, false);
     apart.heads.kind = KvKind::KvApart;
     let (p, c) =
-        KvConnector::loopback_pair(apart, config(Role::Consumer, TpRank::SINGLE, false)).unwrap();
+        KvConnector::loopback_pair(apart, config(KvRole::Consumer, TpRank::SINGLE, false)).unwrap();
     let bytes = (u64::from(LAYERS * POOL) * BLOCK) as usize;
     p.register_kv_caches(MemoryRegion::from_vec(vec![7; bytes]), POOL)
         .unwrap();

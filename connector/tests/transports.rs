@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Kv, begin_save, plan_load};
-use connector::{ConnectorConfig, KvConnector, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRole, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -17,7 +17,7 @@ const KV: Kv = Kv {
     pool: 32,
 };
 
-fn config(role: Role) -> ConnectorConfig {
+fn config(role: KvRole) -> ConnectorConfig {
     let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
     (c.layers, c.block_bytes, c.prefetch_depth) = (KV.layers, KV.block, 1);
     c.store_blocks = if role.saves() { 64 } else { 0 };
@@ -138,7 +138,7 @@ fn blocking_calls_work_from_async_code((p, c): (KvConnector, KvConnector)) {
     );
     // Built and dropped on a runtime's thread, neither blocks nor panics.
     rt.block_on(async {
-        let pair = KvConnector::loopback_pair(config(Role::Producer), config(Role::Consumer));
+        let pair = KvConnector::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer));
         drop(pair.unwrap());
     });
 }
@@ -170,7 +170,7 @@ macro_rules! over {
 }
 
 fn loopback() -> Option<(KvConnector, KvConnector)> {
-    Some(KvConnector::loopback_pair(config(Role::Producer), config(Role::Consumer)).unwrap())
+    Some(KvConnector::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer)).unwrap())
 }
 
 fn tcp() -> Option<(KvConnector, KvConnector)> {
@@ -202,8 +202,8 @@ fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnecto
         cfg.answer_timeout = Duration::from_secs(1);
         cfg
     };
-    let p = KvConnector::rdma(config(Role::Producer), node(1), None, None).unwrap();
-    let c = KvConnector::rdma(config(Role::Consumer), node(2), None, p.control_addr()).unwrap();
+    let p = KvConnector::rdma(config(KvRole::Producer), node(1), None, None).unwrap();
+    let c = KvConnector::rdma(config(KvRole::Consumer), node(2), None, p.control_addr()).unwrap();
     Some((p, c))
 }
 
@@ -214,9 +214,15 @@ fn shm() -> Option<(KvConnector, KvConnector)> {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let socket =
         std::env::temp_dir().join(format!("connector-shm-{}-{n}.sock", std::process::id()));
-    let p = KvConnector::shm(config(Role::Producer), ShmConfig::new(1, None), None, None).unwrap();
+    let p = KvConnector::shm(
+        config(KvRole::Producer),
+        ShmConfig::new(1, None),
+        None,
+        None,
+    )
+    .unwrap();
     let c = KvConnector::shm(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         ShmConfig::new(2, Some(socket)),
         None,
         p.control_addr(),

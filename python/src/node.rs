@@ -291,10 +291,14 @@ impl PyNode {
 
     /// The next incoming session, waiting at most `timeout` seconds.
     #[pyo3(signature = (timeout = 60.0))]
-    fn accept(&self, py: Python<'_>, timeout: f64) -> PyResult<PyIncoming> {
+    fn next_incoming(&self, py: Python<'_>, timeout: f64) -> PyResult<PyIncoming> {
         let transport = self.0.clone();
-        within(py, timeout, "accept", async move {
-            transport.accept().await.map(PyIncoming::from).map_err(err)
+        within(py, timeout, "next_incoming", async move {
+            transport
+                .next_incoming()
+                .await
+                .map(PyIncoming::from)
+                .map_err(err)
         })
     }
 

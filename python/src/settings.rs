@@ -1,6 +1,6 @@
 //! A connector's settings from Python: a dict of known keys, each checked, into a [`ConnectorConfig`].
 
-use connector::{ConnectorConfig, Role, TpRank, namespace};
+use connector::{ConnectorConfig, KvRole, TpRank, namespace};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -60,9 +60,9 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
         .map_err(|e| bad("role", e))?
         .as_deref()
     {
-        Some("producer") => Role::Producer,
-        Some("consumer") => Role::Consumer,
-        Some("both") => Role::Both,
+        Some("producer") => KvRole::Producer,
+        Some("consumer") => KvRole::Consumer,
+        Some("both") => KvRole::Both,
         other => {
             return Err(PyValueError::new_err(format!(
                 "connector setting \"role\" is {other:?}: use producer, consumer or both"

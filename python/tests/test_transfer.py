@@ -74,7 +74,7 @@ def test_blocks_land_pair_by_pair_layer_by_layer(pair):
     session = sender.submit(
         peer, src, dict(segments)["kv"], src_blocks=[1, 5, 9], dst_blocks=[12, 0, 3], prefetch_depth=1
     )
-    incoming = receiver.accept(timeout=30)
+    incoming = receiver.next_incoming(timeout=30)
     assert incoming.session == session and incoming.blocks == [12, 0, 3]
     assert incoming.layers == (0, LAYERS)
     for layer in range(LAYERS):
@@ -135,7 +135,7 @@ def test_bad_input_is_a_clear_exception():
     with pytest.raises(ValueError, match="unknown mode"):
         a.submit(b.engine_id, src, dst.handle, mode="fast")
     with pytest.raises(kt.KvTransferError, match="no answer within"):
-        b.accept(timeout=0.05)
+        b.next_incoming(timeout=0.05)
 
 
 def test_a_registered_buffer_cannot_be_resized():
@@ -160,7 +160,7 @@ def test_waits_release_the_gil():
     t = threading.Thread(target=tick)
     t.start()
     with pytest.raises(kt.KvTransferError):
-        b.accept(timeout=0.5)  # Rust waits half a second; Python threads keep running meanwhile.
+        b.next_incoming(timeout=0.5)  # Rust waits half a second; Python threads keep running meanwhile.
     stop.set()
     t.join()
     assert len(ticks) > 20, len(ticks)

@@ -49,7 +49,7 @@ fn the_engine_and_transport_settings_are_documented_with_their_defaults() {
 #[test]
 fn the_connector_policy_and_simulator_settings_are_documented_with_their_defaults() {
     use connector::disk::DiskConfig;
-    use connector::{ConnectorConfig, Role};
+    use connector::{ConnectorConfig, KvRole};
     use fabric_sim::{ContentionConfig, LinkConfig, OverlapConfig, ScenarioConfig};
     use policy::continuation::ContinuationConfig;
     use policy::continuation::survival::SurvivalConfig;
@@ -59,7 +59,7 @@ fn the_connector_policy_and_simulator_settings_are_documented_with_their_default
             "ConnectorConfig",
             format!(
                 "{:?}",
-                ConnectorConfig::new(Role::Producer, transfer_engine::Namespace::default())
+                ConnectorConfig::new(KvRole::Producer, transfer_engine::Namespace::default())
             ),
         ),
         (

@@ -4,7 +4,8 @@ use std::ops::Range;
 
 use crate::{BlockId, Counters, PeerId, RegionId, SessionId};
 
-/// Which end of a session an event concerns.
+/// Which end of a session an event concerns (not a connector's `KvRole`, which says whether an instance
+/// saves or loads KV).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
     /// The end pushing bytes.

@@ -100,7 +100,7 @@ pub use policy::{TrafficClass, TransferShape};
 pub use region::{AccessKey, RegionHandle, RegionId};
 pub use scheduler::ShapingConfig;
 pub use stats::Counters;
-pub use transmit::{Body, Lane, PayloadRef, PeerId, SessionId, TransferRequest, Transmit};
+pub use transmit::{Body, Channel, PayloadRef, PeerId, SessionId, TransferRequest, Transmit};
 pub use wire::{FrameKind, HEADER_LEN, Header, WireError};
 
 #[cfg(test)]

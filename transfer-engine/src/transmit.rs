@@ -185,9 +185,10 @@ impl TransferRequest {
     }
 }
 
-/// Which channel a transmit should ride.
+/// Which channel a transmit should ride: a hint to the driver (the TCP driver sends an exclusive unit on a
+/// lane, one connection, it holds for that unit alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lane {
+pub enum Channel {
     /// Any shared channel; packetized slices and control frames interleave here.
     Shared,
     /// A channel reserved for this unit for the time it takes (exclusive mode).
@@ -235,7 +236,7 @@ pub struct Transmit {
     /// What follows the header.
     pub body: Body,
     /// Channel hint.
-    pub lane: Lane,
+    pub channel: Channel,
     /// Traffic class, for the driver's shaping.
     pub class: TrafficClass,
 }

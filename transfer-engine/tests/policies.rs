@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use transfer_engine::policy::{ClassPolicy, ModePolicy, TransferShape};
 use transfer_engine::{
-    Body, Dtype, Engine, EngineConfig, KvLayout, Lane, MemoryRegion, PeerId, TrafficClass,
+    Body, Channel, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, TrafficClass,
     TransferMode, TransferRequest,
 };
 
@@ -34,12 +34,12 @@ impl ClassPolicy for ByLayers {
     }
 }
 
-/// The data transmits of one request from a fresh engine with the policies: (lane, class, payload bytes).
+/// The data transmits of one request from a fresh engine with the policies: (channel, class, payload bytes).
 fn data_frames(
     block_bytes: u64,
     layers: std::ops::Range<u32>,
     req_mode: Option<TransferMode>,
-) -> Vec<(Lane, TrafficClass, u32)> {
+) -> Vec<(Channel, TrafficClass, u32)> {
     let now = {
         #[expect(clippy::disallowed_methods, reason = "one real epoch for virtual time")]
         Instant::now()
@@ -75,7 +75,7 @@ fn data_frames(
         let mut moved = false;
         while let Some(mut t) = engine.poll_transmit(now) {
             if matches!(t.body, Body::Payload(_)) {
-                out.push((t.lane, t.class, t.header.length));
+                out.push((t.channel, t.class, t.header.length));
             }
             let bytes = engine.encode_transmit(&mut t).unwrap();
             other.handle_datagram(now, PeerId(1), &bytes).unwrap();
@@ -99,9 +99,10 @@ fn requests_without_a_mode_or_class_are_decided_by_the_policies() {
     let big = data_frames(64 << 10, 0..1, None);
     assert!(!big.is_empty());
     assert!(
-        big.iter().all(|&(lane, class, len)| lane == Lane::Exclusive
-            && class == TrafficClass::UrgentKv
-            && len == 64 << 10),
+        big.iter()
+            .all(|&(channel, class, len)| channel == Channel::Exclusive
+                && class == TrafficClass::UrgentKv
+                && len == 64 << 10),
         "{} frames, first {:?}",
         big.len(),
         big.first()
@@ -110,9 +111,11 @@ fn requests_without_a_mode_or_class_are_decided_by_the_policies() {
     let small = data_frames(16 << 10, 0..2, None);
     assert!(!small.is_empty());
     assert!(
-        small.iter().all(|&(lane, class, len)| lane == Lane::Shared
-            && class == TrafficClass::BulkKv
-            && len == 4096),
+        small
+            .iter()
+            .all(|&(channel, class, len)| channel == Channel::Shared
+                && class == TrafficClass::BulkKv
+                && len == 4096),
         "{} frames, first {:?}",
         small.len(),
         small.first()
@@ -126,6 +129,6 @@ fn requests_without_a_mode_or_class_are_decided_by_the_policies() {
     assert!(
         named
             .iter()
-            .all(|&(lane, _, len)| lane == Lane::Shared && len == 8192)
+            .all(|&(channel, _, len)| channel == Channel::Shared && len == 8192)
     );
 }

@@ -23,7 +23,7 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 fn layers_sessions_and_incoming_are_awaited_and_lost_layers_name_their_blocks() {
     let board = Board::default();
     board.observe(&incoming(7));
-    let got = block_on(board.accept()).unwrap();
+    let got = block_on(board.next_incoming()).unwrap();
     assert_eq!((got.session, got.layers), (SessionId(7), 2..4));
     board.observe(&Event::LayerComplete {
         session: SessionId(7),
@@ -77,7 +77,7 @@ fn a_waiter_wakes_when_its_layer_arrives_from_another_thread() {
     block_on(board.wait_layer(SessionId(9), 3)).unwrap();
     t.join().unwrap();
     board.close();
-    assert_eq!(block_on(board.accept()), Err(WaitError::Closed));
+    assert_eq!(block_on(board.next_incoming()), Err(WaitError::Closed));
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn a_closed_board_stays_closed_whatever_events_follow() {
     board.close();
     // A node being torn down may still hand its board the events of sessions it aborts.
     board.observe(&incoming(9));
-    assert_eq!(block_on(board.accept()), Err(WaitError::Closed));
+    assert_eq!(block_on(board.next_incoming()), Err(WaitError::Closed));
     assert_eq!(
         block_on(board.wait_announced(SessionId(9))),
         Err(WaitError::Closed)

@@ -195,10 +195,10 @@ impl Transport for LoopbackNode {
         })
     }
 
-    fn accept(&self) -> BoxFuture<'_, Result<IncomingSession, TransportError>> {
+    fn next_incoming(&self) -> BoxFuture<'_, Result<IncomingSession, TransportError>> {
         Box::pin(async move {
             self.only(Side::Consumer, "receive")?;
-            Ok(self.end().accept().await?)
+            Ok(self.end().next_incoming().await?)
         })
     }
 

@@ -1,6 +1,6 @@
 //! An RDMA node: one engine, its registered regions, one libfabric endpoint and the driver thread that
 //! owns it. The calls mirror [`crate::tcp::TcpNode`]'s: register caller memory, connect, submit and await
-//! transfers, accept incoming sessions, await them layer by layer, subscribe to events.
+//! transfers, take notices of incoming sessions, await them layer by layer, subscribe to events.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -337,9 +337,10 @@ impl RdmaNode {
         self.wait(id, limit).await
     }
 
-    /// The next incoming session nobody has accepted yet, waiting for one.
-    pub async fn accept(&self) -> Result<IncomingSession, RdmaError> {
-        Ok(self.shared.station.board.accept().await?)
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one.
+    pub async fn next_incoming(&self) -> Result<IncomingSession, RdmaError> {
+        Ok(self.shared.station.board.next_incoming().await?)
     }
 
     /// Waits until `layer` of receiving session `session` has arrived whole and verified.

@@ -315,9 +315,10 @@ impl ShmNode {
         self.wait(id, limit).await
     }
 
-    /// The next incoming session nobody has accepted yet, waiting for one.
-    pub async fn accept(&self) -> Result<IncomingSession, ShmError> {
-        Ok(self.shared.station.board.accept().await?)
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one.
+    pub async fn next_incoming(&self) -> Result<IncomingSession, ShmError> {
+        Ok(self.shared.station.board.next_incoming().await?)
     }
 
     /// Waits until `layer` of receiving session `session` has arrived whole and verified.

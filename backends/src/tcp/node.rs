@@ -336,9 +336,10 @@ impl TcpNode {
             })??)
     }
 
-    /// The next incoming session nobody has accepted yet, waiting for one: who sends it and where it lands.
-    pub async fn accept(&self) -> Result<IncomingSession, TcpError> {
-        Ok(self.state.ctx.station.board.accept().await?)
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one: who sends it and where it lands.
+    pub async fn next_incoming(&self) -> Result<IncomingSession, TcpError> {
+        Ok(self.state.ctx.station.board.next_incoming().await?)
     }
 
     /// Waits until `layer` of receiving session `session` has arrived whole and verified (an error names

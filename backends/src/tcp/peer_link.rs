@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use transfer_engine::{Lane, PeerId, Transmit};
+use transfer_engine::{Channel, PeerId, Transmit};
 
 use super::context::{Context, lock};
 use super::handshake::TOKEN_LEN;
@@ -200,7 +200,7 @@ impl PeerLink {
         let mut q = lock(&self.queue);
         let mut bytes = 0usize;
         while let Some(t) = q.front() {
-            let exclusive = t.lane == Lane::Exclusive;
+            let exclusive = t.channel == Channel::Exclusive;
             if !out.is_empty()
                 && (exclusive
                     || bytes + t.wire_len() > ctx.cfg.batch_bytes

@@ -79,8 +79,10 @@ macro_rules! forward_to_node {
             Box::pin(async move { Ok($node::wait(self, session, limit).await?) })
         }
 
-        fn accept(&self) -> BoxFuture<'_, Result<crate::board::IncomingSession, TransportError>> {
-            Box::pin(async move { Ok($node::accept(self).await?) })
+        fn next_incoming(
+            &self,
+        ) -> BoxFuture<'_, Result<crate::board::IncomingSession, TransportError>> {
+            Box::pin(async move { Ok($node::next_incoming(self).await?) })
         }
 
         fn wait_announced(

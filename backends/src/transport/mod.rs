@@ -2,10 +2,10 @@
 //!
 //! A transport is one engine with its I/O: it registers regions over the caller's memory, publishes them to
 //! peers as named [`Segment`]s, connects to peers by [`PeerAddress`], sends sessions (submit, layers
-//! written, cancel, wait with a time limit) and receives them (accept, wait for one to be announced, wait
-//! layer by layer while consuming layers, wait whole), and reports events, counters and shutdown. Loopback,
-//! TCP, RDMA and shm implement it with the same semantics, checked by one conformance suite
-//! (`backends/tests/conformance.rs`); a backend that cannot do something answers
+//! written, cancel, wait with a time limit) and receives them (take notice of the next incoming, wait for one
+//! to be announced, wait layer by layer while consuming layers, wait whole), and reports events, counters and
+//! shutdown. Loopback, TCP, RDMA and shm implement it with the same semantics, checked by one conformance
+//! suite (`backends/tests/conformance.rs`); a backend that cannot do something answers
 //! [`TransportError::Unsupported`], never a silent no-op.
 //!
 //! The trait is object safe: waits return boxed futures, so a caller may hold an `Arc<dyn Transport>` and
@@ -175,8 +175,9 @@ pub trait Transport: Send + Sync + Debug {
 
     // ---- receiving ----
 
-    /// The next incoming session nobody has accepted yet, waiting for one: who sends it and where it lands.
-    fn accept(&self) -> BoxFuture<'_, Result<IncomingSession, TransportError>>;
+    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
+    /// admitted it when its open arrived), waiting for one: who sends it and where it lands.
+    fn next_incoming(&self) -> BoxFuture<'_, Result<IncomingSession, TransportError>>;
 
     /// Waits until receiving session `session` is known here (its sender's first frame arrived, or it
     /// finished recently): a consumer told of a session by another channel may wait for it before

@@ -211,7 +211,7 @@ pub(super) fn receiver_main(args: &IpcReceiverArgs) -> anyhow::Result<()> {
     println!("LISTENING");
     let rt = runtime()?;
     loop {
-        let incoming = rt.block_on(node.accept())?;
+        let incoming = rt.block_on(node.next_incoming())?;
         let got = rt.block_on(node.wait_received(incoming.session))?;
         let crc = if args.gpu {
             gpu.plain_copy(&dst, 0, &check, 0, len)?;

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use backends::tcp::TcpConfig;
-use connector::{KvConnector, Role};
+use connector::{KvConnector, KvRole};
 
 use super::{PdArgs, config};
 
@@ -30,7 +30,7 @@ impl PdBackend {
 /// whose control address is `producer`.
 pub(super) fn connector(
     args: &PdArgs,
-    role: Role,
+    role: KvRole,
     engine_id: u32,
     producer: Option<SocketAddr>,
 ) -> anyhow::Result<KvConnector> {

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context, bail};
-use connector::{KvRequest, RequestExtras, Role};
+use connector::{KvRequest, KvRole, RequestExtras};
 use serde::{Deserialize, Serialize};
 use transfer_engine::MemoryRegion;
 
@@ -134,7 +134,7 @@ impl Drop for PrefillChild {
 
 /// The prefill instance: a producer connector; computes (simulated) and saves layer by layer.
 pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
-    let prefill = backend::connector(args, Role::Producer, 1, None)?;
+    let prefill = backend::connector(args, KvRole::Producer, 1, None)?;
     let pool = MemoryRegion::zeroed(pool_bytes(args) as usize);
     prefill.register_kv_caches(pool.clone(), pool_blocks(args))?;
     let control = prefill

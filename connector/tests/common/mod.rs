@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use connector::{ConnectorConfig, KvConnector, KvRequest, RequestExtras, Role, namespace};
+use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 /// KV caches of `layers` layers of `pool` blocks of `block` bytes, layer-major.
@@ -120,11 +120,11 @@ pub(crate) fn loopback_pair_with(
     store_blocks: u32,
     configure: impl FnOnce(&mut ConnectorConfig),
 ) -> (KvConnector, KvConnector) {
-    let mut p = ConnectorConfig::new(Role::Producer, namespace("m", 7, 16));
+    let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (kv.layers, kv.block, store_blocks);
     configure(&mut p);
     let c = ConnectorConfig {
-        role: Role::Consumer,
+        role: KvRole::Consumer,
         store_blocks: 0,
         ..p.clone()
     };
@@ -157,9 +157,9 @@ pub(crate) fn returns<T: Send + 'static, R: Send + 'static>(
 }
 
 /// A producer over TCP on this host (engine 1, dialing only), configured by `config`.
-pub(crate) fn tcp_producer(config: impl Fn(Role) -> ConnectorConfig) -> KvConnector {
+pub(crate) fn tcp_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
     KvConnector::tcp(
-        config(Role::Producer),
+        config(KvRole::Producer),
         TcpConfig {
             listen: None,
             ..TcpConfig::with_engine_id(1)
@@ -172,10 +172,10 @@ pub(crate) fn tcp_producer(config: impl Fn(Role) -> ConnectorConfig) -> KvConnec
 
 /// A producer and a consumer over TCP on this host, each configured by `config` for its role; the consumer
 /// knows the producer's control address.
-pub(crate) fn tcp_pair(config: impl Fn(Role) -> ConnectorConfig) -> (KvConnector, KvConnector) {
+pub(crate) fn tcp_pair(config: impl Fn(KvRole) -> ConnectorConfig) -> (KvConnector, KvConnector) {
     let producer = tcp_producer(&config);
     let consumer = KvConnector::tcp(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
         producer.control_addr(),
@@ -195,9 +195,9 @@ pub(crate) fn fresh_socket(tag: &str) -> std::path::PathBuf {
 /// A producer over TCP with the same-host backend beside it (engine 1, dialing only), configured by
 /// `config`.
 #[cfg(target_os = "linux")]
-pub(crate) fn tcp_with_shm_producer(config: impl Fn(Role) -> ConnectorConfig) -> KvConnector {
+pub(crate) fn tcp_with_shm_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
     KvConnector::tcp_with_shm(
-        config(Role::Producer),
+        config(KvRole::Producer),
         TcpConfig {
             listen: None,
             ..TcpConfig::with_engine_id(1)
@@ -213,12 +213,12 @@ pub(crate) fn tcp_with_shm_producer(config: impl Fn(Role) -> ConnectorConfig) ->
 /// on this host; the consumer's shm node listens and it knows the producer's control address.
 #[cfg(target_os = "linux")]
 pub(crate) fn tcp_with_shm_pair(
-    config: impl Fn(Role) -> ConnectorConfig,
+    config: impl Fn(KvRole) -> ConnectorConfig,
 ) -> (KvConnector, KvConnector) {
     use backends::shm::ShmConfig;
     let producer = tcp_with_shm_producer(&config);
     let consumer = KvConnector::tcp_with_shm(
-        config(Role::Consumer),
+        config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         ShmConfig::new(2, Some(fresh_socket("mixed"))),
         None,

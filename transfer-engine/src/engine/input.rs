@@ -9,7 +9,7 @@ use crate::receiver::{ReceiverSession, ReceiverSpec};
 use crate::transmit::{check_blocks, check_distinct};
 use crate::wire::control::{OpenRequest, decode_ranges};
 use crate::wire::{FrameKind, Header, WireError};
-use crate::{Body, Error, Event, Lane, MemoryRegion, PeerId, SessionId, TrafficClass, Transmit};
+use crate::{Body, Channel, Error, Event, MemoryRegion, PeerId, SessionId, TrafficClass, Transmit};
 
 use super::Engine;
 
@@ -265,7 +265,7 @@ impl Engine {
                         peer: from,
                         header: Header::new(FrameKind::CloseAck, key.1.0),
                         body: Body::Empty,
-                        lane: Lane::Shared,
+                        channel: Channel::Shared,
                         class: TrafficClass::Collective,
                     });
                 } else {
@@ -287,7 +287,7 @@ impl Engine {
             peer: to,
             header: h,
             body: Body::Control(reason),
-            lane: Lane::Shared,
+            channel: Channel::Shared,
             class: TrafficClass::Collective,
         });
     }

@@ -13,7 +13,7 @@ use crate::plan::{MAX_COALESCED_SLICES, Plan};
 use crate::wire::control::{encode_ranges, to_ranges};
 use crate::wire::{FrameKind, Header};
 use crate::{
-    BlockId, Body, Counters, Error, Event, KvLayout, Lane, PeerId, RegionId, Role, SessionId,
+    BlockId, Body, Channel, Counters, Error, Event, KvLayout, PeerId, RegionId, Role, SessionId,
     TrafficClass, Transmit,
 };
 
@@ -398,7 +398,7 @@ impl ReceiverSession {
             peer: self.spec.peer,
             header,
             body,
-            lane: Lane::Shared,
+            channel: Channel::Shared,
             class: TrafficClass::Collective,
         }
     }

@@ -13,7 +13,8 @@ use crate::plan::Plan;
 use crate::rtt::RttEstimator;
 use crate::wire::{FrameKind, Header, MAX_PAYLOAD};
 use crate::{
-    BlockId, Body, Counters, Lane, PayloadRef, PeerId, RegionId, SessionId, TrafficClass, Transmit,
+    BlockId, Body, Channel, Counters, PayloadRef, PeerId, RegionId, SessionId, TrafficClass,
+    Transmit,
 };
 
 /// Where a sender is in its life. Changes only through [`SenderSession::enter`].
@@ -214,7 +215,7 @@ impl SenderSession {
             peer: self.spec.peer,
             header,
             body,
-            lane: Lane::Shared,
+            channel: Channel::Shared,
             class: TrafficClass::Collective,
         }
     }
@@ -317,16 +318,16 @@ impl SenderSession {
                 .expect("the plan cuts units at every chunk boundary of the source layout"),
             len,
         };
-        let lane = if unit.exclusive {
-            Lane::Exclusive
+        let channel = if unit.exclusive {
+            Channel::Exclusive
         } else {
-            Lane::Shared
+            Channel::Shared
         };
         Transmit {
             peer: self.spec.peer,
             header,
             body: Body::Payload(payload),
-            lane,
+            channel,
             class: self.class(),
         }
     }

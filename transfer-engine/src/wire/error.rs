@@ -42,6 +42,9 @@ pub enum WireError {
         "reserved header bytes hold {0:#06x}, not zero: the peer speaks another protocol revision"
     )]
     Reserved(u16),
+    /// An ack or progress frame's consumer-blocked word (bytes 24..32) is neither 0 nor 1.
+    #[error("an ack or progress frame's consumer-blocked word is {0}, not 0 or 1")]
+    ConsumerFlag(u64),
     /// The declared payload is larger than allowed for its kind.
     #[error("payload of {length} bytes exceeds the limit of {limit} for this frame kind")]
     Oversized {

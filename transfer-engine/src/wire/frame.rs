@@ -52,6 +52,46 @@ mod tests {
         let encoded = h.encode();
         assert_eq!(Header::decode(&encoded).unwrap().encode(), encoded);
     }
+
+    /// Rewrites the word at byte 24 of `h`'s encoding and repairs the header checksum.
+    fn with_word_24(h: Header, word: u64) -> [u8; HEADER_LEN] {
+        let mut bytes = h.encode();
+        bytes[24..32].copy_from_slice(&word.to_le_bytes());
+        let hcrc = crate::crc32c(&bytes[..44]);
+        bytes[44..48].copy_from_slice(&hcrc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn the_word_at_24_is_an_offset_in_data_and_a_blocked_flag_in_acks_and_progress() {
+        for kind in [FrameKind::Ack, FrameKind::Progress] {
+            let mut h = Header::new(kind, 3);
+            h.set_consumer(4, true);
+            let bytes = h.encode();
+            assert_eq!(bytes[24..32], 1u64.to_le_bytes(), "{kind:?}");
+            let back = Header::decode(&bytes).unwrap();
+            assert_eq!((back.consumer(), back.offset), ((4, true), 0), "{kind:?}");
+            // An offset set on an ack does not reach the wire: the flag does.
+            h.offset = 77;
+            assert_eq!(Header::decode(&h.encode()).unwrap().offset, 0, "{kind:?}");
+            // Only 0 and 1 are flags.
+            assert_eq!(
+                Header::decode(&with_word_24(h, 2)),
+                Err(WireError::ConsumerFlag(2)),
+                "{kind:?}"
+            );
+        }
+        let mut data = Header::new(FrameKind::Data, 3);
+        (data.offset, data.consumer_blocked) = (1 << 40, true);
+        let back = Header::decode(&data.encode()).unwrap();
+        assert_eq!((back.offset, back.consumer_blocked), (1 << 40, false));
+        assert_eq!(
+            Header::decode(&with_word_24(Header::new(FrameKind::Close, 3), 2))
+                .unwrap()
+                .offset,
+            2
+        );
+    }
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = FrameKind> {
@@ -76,7 +116,8 @@ mod tests {
                     session,
                     layer,
                     block,
-                    offset,
+                    offset: if kind.reports_consumer() { 0 } else { offset },
+                    consumer_blocked: kind.reports_consumer() && offset & 1 == 1,
                     length: 0,
                     sequence,
                     crc,

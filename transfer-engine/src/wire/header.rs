@@ -33,7 +33,7 @@ pub enum FrameKind {
     Close,
     /// Receiver to sender: close received.
     CloseAck,
-    /// Receiver to sender: the consumer is about to compute `layer`; `offset` is 1 when it is blocked on it.
+    /// Receiver to sender: the consumer is about to compute `layer`, and whether it is blocked on it.
     Progress,
 }
 
@@ -51,9 +51,20 @@ impl FrameKind {
                 | FrameKind::Progress
         )
     }
+
+    /// Whether frames of this kind report the consumer (its layer and whether it is blocked): acks and
+    /// progress frames, whose header word at byte 24 is the blocked flag rather than a byte offset.
+    #[must_use]
+    pub fn reports_consumer(self) -> bool {
+        matches!(self, FrameKind::Ack | FrameKind::Progress)
+    }
 }
 
 /// A decoded frame header.
+///
+/// The eight bytes at 24 mean one of two things by kind, and each has its own field here: `offset` for
+/// every kind but acks and progress frames, `consumer_blocked` (0 or 1 on the wire) for those two.
+/// Encoding writes the one the kind uses; decoding fills it and leaves the other zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Header {
     /// What the frame is for.
@@ -62,14 +73,16 @@ pub struct Header {
     pub attempt: u16,
     /// The session.
     pub session: u64,
-    /// Layer of the unit (data frames).
+    /// Layer of the unit (data frames); the consumer's layer (acks and progress frames).
     pub layer: u32,
     /// Destination block of the unit's first byte (data frames).
     pub block: u32,
-    /// Byte offset of the unit within that block (data frames). Acks and progress frames carry 1 here
-    /// when the consumer is blocked on `layer` ([`Header::consumer`] reads it, [`Header::set_consumer`]
-    /// writes it).
+    /// Byte offset of the unit within that block (data frames; every kind but acks and progress frames
+    /// carries it on the wire).
     pub offset: u64,
+    /// Whether the consumer is blocked on `layer`, waiting for its bytes (acks and progress frames only:
+    /// see [`FrameKind::reports_consumer`]).
+    pub consumer_blocked: bool,
     /// Payload bytes following the header.
     pub length: u32,
     /// Unit index within the session (data: its first unit; nack).
@@ -89,6 +102,7 @@ impl Header {
             layer: 0,
             block: 0,
             offset: 0,
+            consumer_blocked: false,
             length: 0,
             sequence: 0,
             crc: 0,
@@ -106,7 +120,12 @@ impl Header {
         out[8..16].copy_from_slice(&self.session.to_le_bytes());
         out[16..20].copy_from_slice(&self.layer.to_le_bytes());
         out[20..24].copy_from_slice(&self.block.to_le_bytes());
-        out[24..32].copy_from_slice(&self.offset.to_le_bytes());
+        let word = if self.kind.reports_consumer() {
+            u64::from(self.consumer_blocked)
+        } else {
+            self.offset
+        };
+        out[24..32].copy_from_slice(&word.to_le_bytes());
         out[32..36].copy_from_slice(&self.length.to_le_bytes());
         out[36..40].copy_from_slice(&self.sequence.to_le_bytes());
         out[40..44].copy_from_slice(&self.crc.to_le_bytes());
@@ -143,13 +162,23 @@ impl Header {
         if u16_at(6) != 0 {
             return Err(WireError::Reserved(u16_at(6)));
         }
+        let word = u64_at(24);
+        let (offset, consumer_blocked) = if kind.reports_consumer() {
+            match word {
+                0 | 1 => (0, word == 1),
+                _ => return Err(WireError::ConsumerFlag(word)),
+            }
+        } else {
+            (word, false)
+        };
         let header = Header {
             kind,
             attempt: u16_at(4),
             session: u64_at(8),
             layer: u32_at(16),
             block: u32_at(20),
-            offset: u64_at(24),
+            offset,
+            consumer_blocked,
             length: u32_at(32),
             sequence: u32_at(36),
             crc: u32_at(40),
@@ -168,13 +197,13 @@ impl Header {
     /// on it (waiting for that layer's bytes).
     #[must_use]
     pub fn consumer(&self) -> (u32, bool) {
-        (self.layer, self.offset == 1)
+        (self.layer, self.consumer_blocked)
     }
 
     /// Acks and progress frames: records the consumer's layer and whether it is blocked on it.
     pub fn set_consumer(&mut self, layer: u32, blocked: bool) {
         self.layer = layer;
-        self.offset = u64::from(blocked);
+        self.consumer_blocked = blocked;
     }
 
     /// Largest payload allowed for this header's kind.

@@ -1,7 +1,7 @@
 //! The wire format: a fixed-size, versioned, self-checking header followed by the payload.
 //!
 //! ```text
-//!  0  magic   u16 = 0x4B56 (56 4B)    24  offset    u64  byte offset within the first block
+//!  0  magic   u16 = 0x4B56 (56 4B)    24  offset    u64  byte offset within the first block (*)
 //!  2  version u8  = 3                 32  length    u32  payload bytes that follow
 //!  3  kind    u8                      36  sequence  u32  unit index within the session
 //!  4  attempt u16 retransmit count    40  crc       u32  CRC-32C of the payload
@@ -10,6 +10,8 @@
 //! 16  layer   u32
 //! 20  block   u32
 //! ```
+//! (*) Acks and progress frames carry the consumer-blocked flag here instead, 0 or 1
+//! ([`Header::consumer_blocked`]).
 //! All integers are little-endian. The header checksum lets a receiver refuse a corrupted header before it
 //! places a single payload byte, so a flipped bit in `block` can never steer bytes into the wrong block.
 //! Decoding never panics: any byte string gives a header or a [`WireError`].
