@@ -40,10 +40,9 @@ fn start(
     host: HostMemoryAccess,
 ) -> Option<RdmaNode> {
     on_listed_provider(provider, domain, || {
-        RdmaNode::start(RdmaConfig {
-            host_memory: host,
-            ..config(id, provider, domain)
-        })
+        let mut cfg = config(id, provider, domain);
+        cfg.host_memory = host;
+        RdmaNode::start(cfg)
     })
 }
 

@@ -62,11 +62,9 @@ fn child_role() {
     let rt = runtime();
     // The mapping is kept for granted memory, so the count of units by cross-memory attach says which
     // source the sender used.
-    let node = ShmNode::start(ShmConfig {
-        copy_path: CopyPath::Mapping,
-        ..ShmConfig::new(2, Some(path.into()))
-    })
-    .unwrap();
+    let mut cfg = ShmConfig::new(2, Some(path.into()));
+    cfg.copy_path = CopyPath::Mapping;
+    let node = ShmNode::start(cfg).unwrap();
     let pool = MemoryRegion::zeroed(layout().total_bytes() as usize);
     let dst = node.register_kv_region(layout(), pool.clone()).unwrap();
     node.publish_segment("kv", dst).unwrap();
@@ -262,11 +260,9 @@ fn strangers_are_refused_with_a_reason_and_the_node_keeps_serving() {
     assert!(String::from_utf8_lossy(&answer).contains("unknown message tag 9"));
 
     // A node whose rule allows only another user refuses this process at once.
-    let picky = ShmNode::start(ShmConfig {
-        allowed: CredentialRule::Users(vec![nix::unistd::getuid().as_raw() + 1]),
-        ..ShmConfig::new(3, None)
-    })
-    .unwrap();
+    let mut cfg = ShmConfig::new(3, None);
+    cfg.allowed = CredentialRule::Users(vec![nix::unistd::getuid().as_raw() + 1]);
+    let picky = ShmNode::start(cfg).unwrap();
     let e = within(&rt, "the handshake", picky.connect(&path)).unwrap_err();
     assert!(e.to_string().contains("not allowed"), "{e}");
 

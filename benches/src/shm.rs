@@ -131,10 +131,8 @@ pub(crate) fn run_shm(
     fill(&mut kv);
     let want = transfer_engine::crc32c(&kv);
     let limit_gbps = placed_memcpy_limit(&kv, (layout, layout), iterations);
-    let cfg = ShmConfig {
-        checksum,
-        ..ShmConfig::new(1, None)
-    };
+    let mut cfg = ShmConfig::new(1, None);
+    cfg.checksum = checksum;
     let node = ShmNode::start(cfg)?;
     let src = node.register_kv_region(layout, source_memory(&node, kv, private)?)?;
     let rt = runtime()?;
@@ -191,11 +189,9 @@ pub(crate) fn receiver_main(args: &ReceiverArgs) -> anyhow::Result<()> {
     )?;
     // Each row measures the path it names: granted shared memory by its mapping (`shm`), private memory
     // by cross-memory attach (`shm-cma`); a serving node would measure and keep the faster.
-    let cfg = ShmConfig {
-        checksum: !args.no_checksum,
-        copy_path: backends::shm::CopyPath::Mapping,
-        ..ShmConfig::new(2, Some(args.socket.clone()))
-    };
+    let mut cfg = ShmConfig::new(2, Some(args.socket.clone()));
+    cfg.checksum = !args.no_checksum;
+    cfg.copy_path = backends::shm::CopyPath::Mapping;
     let node = ShmNode::start(cfg)?;
     let pool = MemoryRegion::zeroed(kv_len(layout)?);
     pool.fill_with(|_, b| b.fill(0))?;

@@ -20,10 +20,8 @@ use crate::shm::{cpu_seconds, runtime, source_memory};
 /// Serves one KV region on `--socket` until `--seconds` pass (or forever), printing a line per session.
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
-    let cfg = ShmConfig {
-        checksum: !args.no_checksum,
-        ..ShmConfig::new(args.engine_id, Some(args.socket.clone()))
-    };
+    let mut cfg = ShmConfig::new(args.engine_id, Some(args.socket.clone()));
+    cfg.checksum = !args.no_checksum;
     let node =
         ShmNode::start(cfg).with_context(|| format!("listening on {}", args.socket.display()))?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
@@ -74,10 +72,8 @@ impl ServedNode for ShmNode {
 /// receiver's CPU time is the server's own, so that column is absent here).
 pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
-    let cfg = ShmConfig {
-        checksum: !args.no_checksum,
-        ..ShmConfig::new(args.engine_id, None)
-    };
+    let mut cfg = ShmConfig::new(args.engine_id, None);
+    cfg.checksum = !args.no_checksum;
     let node = ShmNode::start(cfg)?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let mut kv = vec![0u8; crate::buffers::kv_len(layout)?];

@@ -40,6 +40,7 @@ pub enum DecayClock {
 /// preferring the widest margin over LRU and scale-free settings over wall-clock constants; see
 /// `policy/FIGURES.md`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct HeatConfig {
     /// The decay clock and half-life.
     pub clock: DecayClock,

@@ -74,6 +74,7 @@ pub use shared::{NodeStats, PeerInfo};
 
 /// Settings of one RDMA node.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RdmaConfig {
     /// The engine's settings; `engine.engine_id` is the node's identity in messages.
     pub engine: EngineConfig,

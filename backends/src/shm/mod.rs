@@ -113,6 +113,7 @@ pub fn shm_engine_config(engine_id: u32) -> EngineConfig {
 
 /// Settings of one same-host node.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ShmConfig {
     /// The engine's settings; `engine.engine_id` is the node's identity in hellos.
     pub engine: EngineConfig,

@@ -62,10 +62,9 @@ struct Row {
 }
 
 fn config(dir: &Path) -> DiskConfig {
-    DiskConfig {
-        queue_blocks: 16,
-        ..DiskConfig::new(dir, CAPACITY_BLOCKS * FORMAT.record_bytes())
-    }
+    let mut cfg = DiskConfig::new(dir, CAPACITY_BLOCKS * FORMAT.record_bytes());
+    cfg.queue_blocks = 16;
+    cfg
 }
 
 fn key(run: u64, i: u64) -> ScopedKey {

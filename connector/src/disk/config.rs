@@ -6,6 +6,7 @@ use super::DiskIo;
 
 /// How a disk tier is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskConfig {
     /// The tier's own directory (created if missing); reopening it recovers what it holds.
     pub dir: PathBuf,

@@ -34,6 +34,7 @@ pub const BLOCK_TOKENS: u64 = 512;
 
 /// Settings; [`Default`] is the evaluated policy, the switches exist for the ablation.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct ContinuationConfig {
     /// Learning of the return-time distributions.
     pub survival: SurvivalConfig,

@@ -110,6 +110,7 @@ impl Class {
 
 /// Learning settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SurvivalConfig {
     /// Requests' worth of weight a class's estimate gives its parent level's (shrinkage).
     pub prior: f64,

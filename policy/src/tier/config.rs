@@ -30,6 +30,7 @@ impl TierCapacities {
 
 /// Tier manager configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct TierConfig {
     /// Capacities per tier.
     pub capacities: TierCapacities,
