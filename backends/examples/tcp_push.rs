@@ -34,10 +34,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn serve(listen: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
-    let node = TcpNode::start(TcpConfig {
-        listen: Some(listen),
-        serve_bytes: 4 * layout()?.total_bytes(),
-        ..TcpConfig::with_engine_id(2)
+    let node = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.listen = Some(listen);
+        cfg.serve_bytes = 4 * layout()?.total_bytes();
+        cfg
     })
     .await?;
     println!("serving on {}", node.local_addr().ok_or("no listener")?);
@@ -58,9 +59,10 @@ async fn serve(listen: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn push(server: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let layout = layout()?;
-    let node = TcpNode::start(TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(1)
+    let node = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(1);
+        cfg.listen = None;
+        cfg
     })
     .await?;
     let kv = (0..layout.total_bytes() as usize).map(pattern).collect();

@@ -40,7 +40,9 @@
 //! decode.publish_segment("kv", dst)?;
 //!
 //! // Prefill: hands over the buffer its KV was computed into, and connects.
-//! let prefill = TcpNode::start(TcpConfig { listen: None, ..TcpConfig::with_engine_id(1) }).await?;
+//! let mut cfg = TcpConfig::with_engine_id(1);
+//! cfg.listen = None; // dials only
+//! let prefill = TcpNode::start(cfg).await?;
 //! let src = prefill.register_kv_region(layout, MemoryRegion::from_vec(vec![7; bytes]))?;
 //! let peer = prefill.connect(decode.local_addr().unwrap(), None).await?;
 //! let dst = *peer.segment("kv").unwrap();

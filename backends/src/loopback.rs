@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use transfer_engine::{
-    Backoff, Counters, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle,
-    RegionId, SessionId, ShapingConfig, TransferRequest,
+    Counters, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId,
+    SessionId, ShapingConfig, TransferRequest,
 };
 
 use crate::board::{IncomingSession, Outcome, Received, WaitError};
@@ -56,16 +56,9 @@ const CHANNEL_FRAMES: usize = 256;
 /// scheduling hiccup on a busy machine does not turn into a burst of pointless resends.
 #[must_use]
 pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
-    let defaults = EngineConfig::default();
-    EngineConfig {
-        engine_id,
-        backoff: Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-            ..defaults.backoff
-        },
-        ..defaults
-    }
+    let mut cfg = EngineConfig::with_engine_id(engine_id);
+    (cfg.backoff.base, cfg.backoff.max) = (Duration::from_millis(100), Duration::from_secs(2));
+    cfg
 }
 
 /// Errors of the loopback driver (the engines' refusals of frames are recorded, not raised).
@@ -318,13 +311,11 @@ impl LoopbackPair {
     /// A pair with engine ids 1 and 2 and [`loopback_engine_config`]'s timing.
     #[must_use]
     pub fn with_defaults() -> Self {
-        Self::new(
-            loopback_engine_config(1),
-            EngineConfig {
-                rng_seed: 1,
-                ..loopback_engine_config(2)
-            },
-        )
+        Self::new(loopback_engine_config(1), {
+            let mut cfg = loopback_engine_config(2);
+            cfg.rng_seed = 1;
+            cfg
+        })
     }
 
     /// The sending end.

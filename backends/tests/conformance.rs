@@ -502,9 +502,10 @@ fn tcp() -> Option<Pair> {
     use backends::tcp::{TcpConfig, TcpNode};
     let rt = runtime();
     let (sender, receiver) = rt.block_on(async {
-        let sender = TcpNode::start(TcpConfig {
-            listen: None,
-            ..TcpConfig::with_engine_id(1)
+        let sender = TcpNode::start({
+            let mut cfg = TcpConfig::with_engine_id(1);
+            cfg.listen = None;
+            cfg
         })
         .await
         .unwrap();

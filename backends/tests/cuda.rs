@@ -409,9 +409,10 @@ fn tcp_lanes_stage_gpu_regions_on_both_ends_byte_identical() {
         let layout = KvLayout::new(2, 8, 2 << 20, 16, Dtype::Bf16).unwrap();
         let len = layout.total_bytes() as usize;
         let data = pattern(len, 11);
-        let cfg = |id| TcpConfig {
-            stage_bytes: 1 << 20,
-            ..TcpConfig::with_engine_id(id)
+        let cfg = |id| {
+            let mut cfg = TcpConfig::with_engine_id(id);
+            cfg.stage_bytes = 1 << 20;
+            cfg
         };
         let tx = TcpNode::start(cfg(1)).await.unwrap();
         let rx = TcpNode::start(cfg(2)).await.unwrap();

@@ -27,9 +27,10 @@ use transfer_engine::{
 /// The frames an engine would send to open a session into `dst` and push its slices (payloads as given
 /// by the engine's own region, which is zeros).
 fn attack_frames(dst: RegionHandle, slice: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let mut e = Engine::new(EngineConfig {
-        engine_id: 66,
-        ..EngineConfig::default()
+    let mut e = Engine::new({
+        let mut cfg = EngineConfig::default();
+        cfg.engine_id = 66;
+        cfg
     });
     let src = e
         .register_kv_region(
@@ -210,10 +211,11 @@ async fn a_hello_naming_a_third_host_is_never_dialed_there() {
     let back = server.peer_addr(PeerId(50)).unwrap();
     assert_eq!(back, "127.0.0.1:7400".parse().unwrap());
     // And not at all when dial-back is off.
-    let quiet = TcpNode::start(TcpConfig {
-        dial_back: false,
-        serve_bytes: 64 << 20,
-        ..TcpConfig::with_engine_id(3)
+    let quiet = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(3);
+        cfg.dial_back = false;
+        cfg.serve_bytes = 64 << 20;
+        cfg
     })
     .await
     .unwrap();
@@ -268,10 +270,11 @@ async fn a_peer_that_stops_reading_loses_its_lane_and_its_queue() {
         tokio::time::sleep(Duration::from_secs(30)).await;
         drop(s);
     });
-    let sender = TcpNode::start(TcpConfig {
-        listen: None,
-        stall_timeout: Duration::from_millis(500),
-        ..TcpConfig::with_engine_id(1)
+    let sender = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(1);
+        cfg.listen = None;
+        cfg.stall_timeout = Duration::from_millis(500);
+        cfg
     })
     .await
     .unwrap();
@@ -407,10 +410,11 @@ async fn a_flood_of_control_frames_that_never_reads_delays_no_one_and_holds_boun
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
-    let server = server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        max_connections_per_address: 4,
-        ..TcpConfig::with_engine_id(2)
+    let server = server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.max_connections_per_address = 4;
+        cfg
     })
     .await;
     let addr = server.local_addr().unwrap();
@@ -438,10 +442,11 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
     }
     drop(held);
     // The node-wide lane limit is answered with its reason too.
-    let small = TcpNode::start(TcpConfig {
-        serve_bytes: 64 << 20,
-        max_lanes: 2,
-        ..TcpConfig::with_engine_id(3)
+    let small = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(3);
+        cfg.serve_bytes = 64 << 20;
+        cfg.max_lanes = 2;
+        cfg
     })
     .await
     .unwrap();
@@ -458,11 +463,12 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
-    let server = server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        max_connections_per_address: 1,
-        max_pending_refusals: 2,
-        ..TcpConfig::with_engine_id(2)
+    let server = server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.max_connections_per_address = 1;
+        cfg.max_pending_refusals = 2;
+        cfg
     })
     .await;
     let addr = server.local_addr().unwrap();
@@ -504,10 +510,11 @@ async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_is_live() {
     let idle = Duration::from_millis(300);
-    let server = server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        inbound_idle_timeout: Some(idle),
-        ..TcpConfig::with_engine_id(2)
+    let server = server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.inbound_idle_timeout = Some(idle);
+        cfg
     })
     .await;
     let addr = server.local_addr().unwrap();
@@ -537,11 +544,12 @@ async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_send_nothing_hold_no_handshake_turn() {
-    let server = server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        handshake_timeout: Duration::from_secs(4),
-        max_connections_per_address: 512,
-        ..TcpConfig::with_engine_id(2)
+    let server = server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.handshake_timeout = Duration::from_secs(4);
+        cfg.max_connections_per_address = 512;
+        cfg
     })
     .await;
     let addr = server.local_addr().unwrap();
@@ -560,10 +568,11 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_open_handshakes_hold_no_turn_a_real_client_needs() {
-    let server = server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        max_connections_per_address: 512,
-        ..TcpConfig::with_engine_id(2)
+    let server = server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.max_connections_per_address = 512;
+        cfg
     })
     .await;
     let addr = server.local_addr().unwrap();

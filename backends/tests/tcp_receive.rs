@@ -32,9 +32,10 @@ async fn nodes(
     MemoryRegion,
     TransferRequest,
 ) {
-    let tx = TcpNode::start(TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(1)
+    let tx = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(1);
+        cfg.listen = None;
+        cfg
     })
     .await
     .unwrap();
@@ -202,10 +203,11 @@ async fn layers_go_out_as_the_producer_writes_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it() {
     let hold = Duration::from_secs(2);
-    let tx = TcpNode::start(TcpConfig {
-        listen: None,
-        unreachable_hold: hold,
-        ..TcpConfig::with_engine_id(1)
+    let tx = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(1);
+        cfg.listen = None;
+        cfg.unreachable_hold = hold;
+        cfg
     })
     .await
     .unwrap();

@@ -15,11 +15,10 @@ use transfer_engine::{Dtype, KvLayout, MemoryRegion, RegionHandle, TransferMode,
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn config(id: u32, staged: bool, stage_bytes: usize) -> TcpConfig {
-    TcpConfig {
-        stage_host_memory: staged,
-        stage_bytes,
-        ..TcpConfig::with_engine_id(id)
-    }
+    let mut cfg = TcpConfig::with_engine_id(id);
+    cfg.stage_host_memory = staged;
+    cfg.stage_bytes = stage_bytes;
+    cfg
 }
 
 /// A sender and a receiver with a filled source region and an empty destination of `layout`, connected.

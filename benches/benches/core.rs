@@ -59,10 +59,11 @@ fn crc(c: &mut Criterion) {
 fn run_state_machines(slices: u32, reverse: bool) -> u64 {
     let block_bytes = 65536u64;
     let layout = KvLayout::new(1, slices, block_bytes, 16, Dtype::F16).unwrap();
-    let cfg = |id| EngineConfig {
-        engine_id: id,
-        window_bytes: u64::MAX,
-        ..EngineConfig::default()
+    let cfg = |id| {
+        let mut cfg = EngineConfig::default();
+        cfg.engine_id = id;
+        cfg.window_bytes = u64::MAX;
+        cfg
     };
     let (mut a, mut b) = (Engine::new(cfg(1)), Engine::new(cfg(2)));
     let src = a.register_kv_region(layout, zeroed(layout)).unwrap();
@@ -157,20 +158,20 @@ fn scheduler(c: &mut Criterion) {
     g.throughput(Throughput::Elements(u64::from(sessions * 256)));
     g.bench_function("eight_sessions_three_classes_capped", |b| {
         b.iter(|| {
-            let cfg = EngineConfig {
-                engine_id: 1,
-                window_bytes: u64::MAX,
-                ..EngineConfig::default()
-            };
+            let mut cfg = EngineConfig::default();
+            cfg.engine_id = 1;
+            cfg.window_bytes = u64::MAX;
             let mut a = Engine::new(cfg);
-            a.set_shaping(ShapingConfig {
-                link_bytes_per_sec: Some(25_000_000_000),
-                ..ShapingConfig::default()
+            a.set_shaping({
+                let mut cfg = ShapingConfig::default();
+                cfg.link_bytes_per_sec = Some(25_000_000_000);
+                cfg
             })
             .unwrap();
-            let mut b = Engine::new(EngineConfig {
-                engine_id: 2,
-                ..EngineConfig::default()
+            let mut b = Engine::new({
+                let mut cfg = EngineConfig::default();
+                cfg.engine_id = 2;
+                cfg
             });
             let mut now = Instant::now();
             for i in 0..sessions {

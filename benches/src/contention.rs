@@ -204,27 +204,29 @@ fn config(args: &ContentionArgs, seed: u64) -> anyhow::Result<ContentionConfig> 
     let Some(mtu) = mtu else {
         bail!("--mtu must be between 1 byte and 4 GiB");
     };
-    Ok(ContentionConfig {
-        seed,
-        link: LinkConfig {
-            bandwidth: (args.link_gbit * 1e9 / 8.0) as u64,
-            ..LinkConfig::default()
-        },
-        collective: CollectiveFlow {
+    Ok({
+        let mut cfg = ContentionConfig::default();
+        cfg.seed = seed;
+        cfg.link = {
+            let mut cfg = LinkConfig::default();
+            cfg.bandwidth = (args.link_gbit * 1e9 / 8.0) as u64;
+            cfg
+        };
+        cfg.collective = CollectiveFlow {
             op_bytes: args.collective_bytes,
             packet_bytes: args.collective_packet_bytes,
             period: Duration::from_micros(args.collective_period_us),
             start: Duration::ZERO,
             ops: args.ops_alone.max(1),
-        },
-        layers,
-        blocks: (args.kv_bytes / per_block_row) as u32,
-        block_bytes,
-        kv_share: args.kv_share,
-        priority: QueueDiscipline::Priority {
+        };
+        cfg.layers = layers;
+        cfg.blocks = (args.kv_bytes / per_block_row) as u32;
+        cfg.block_bytes = block_bytes;
+        cfg.kv_share = args.kv_share;
+        cfg.priority = QueueDiscipline::Priority {
             mtu,
             max_starvation: Duration::from_micros(args.max_starvation_us),
-        },
-        ..ContentionConfig::default()
+        };
+        cfg
     })
 }

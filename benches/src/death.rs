@@ -60,10 +60,8 @@ fn one_run(args: &PeerDeathArgs, run: usize) -> anyhow::Result<DeathRow> {
     let serve_bytes = layout.total_bytes().to_string();
     let mut server = ServeProcess::start(&["--engine-id", "2", "--serve-bytes", &serve_bytes])?;
     let addr = server.addr;
-    let cfg = TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(1)
-    };
+    let mut cfg = TcpConfig::with_engine_id(1);
+    cfg.listen = None;
     let unreachable_after = cfg.unreachable_after;
     let node = BlockingNode::start(cfg)?;
     let src = node.kv_region(layout)?;

@@ -171,19 +171,17 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     if args.backend != NetBackend::Tcp {
         bail!("serve over RDMA or shm runs through `rdma_net::serve` or `shm_net::serve`");
     }
-    let cfg = TcpConfig {
-        listen: Some(args.listen),
-        secret: args.secret.as_deref().map(Secret::from),
-        serve_bytes: args.serve_bytes,
-        max_lanes_per_peer: args.lanes.max(1),
-        stall_timeout: Duration::from_millis(args.stall_ms),
-        inbound_idle_timeout: Some(Duration::from_millis(args.idle_ms)),
-        handshake_timeout: Duration::from_millis(args.handshake_ms),
-        max_connections_per_address: args.connections_per_address,
-        max_peers_per_address: args.peers_per_address,
-        serve_bytes_per_address: args.serve_bytes_per_address,
-        ..TcpConfig::with_engine_id(args.engine_id)
-    };
+    let mut cfg = TcpConfig::with_engine_id(args.engine_id);
+    cfg.listen = Some(args.listen);
+    cfg.secret = args.secret.as_deref().map(Secret::from);
+    cfg.serve_bytes = args.serve_bytes;
+    cfg.max_lanes_per_peer = args.lanes.max(1);
+    cfg.stall_timeout = Duration::from_millis(args.stall_ms);
+    cfg.inbound_idle_timeout = Some(Duration::from_millis(args.idle_ms));
+    cfg.handshake_timeout = Duration::from_millis(args.handshake_ms);
+    cfg.max_connections_per_address = args.connections_per_address;
+    cfg.max_peers_per_address = args.peers_per_address;
+    cfg.serve_bytes_per_address = args.serve_bytes_per_address;
     let node = BlockingNode::start(cfg).context("starting the server")?;
     let addr = node.node().local_addr().context("no listener")?;
     println!(
@@ -397,12 +395,10 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
         .peer
         .context("--peer (the address a `te-bench serve` listens on) is required over TCP")?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
-    let cfg = TcpConfig {
-        listen: None,
-        secret: args.secret.as_deref().map(Secret::from),
-        max_lanes_per_peer: args.lanes.max(1),
-        ..TcpConfig::with_engine_id(args.engine_id)
-    };
+    let mut cfg = TcpConfig::with_engine_id(args.engine_id);
+    cfg.listen = None;
+    cfg.secret = args.secret.as_deref().map(Secret::from);
+    cfg.max_lanes_per_peer = args.lanes.max(1);
     let node = BlockingNode::start(cfg)?;
     let src = node.kv_region(layout)?;
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.

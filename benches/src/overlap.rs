@@ -123,27 +123,24 @@ pub(crate) fn main(args: &OverlapArgs) -> anyhow::Result<()> {
     if !args.link_gbit.is_finite() || args.link_gbit <= 0.0 {
         bail!("--link-gbit must be a positive number of Gbit/s, such as 200");
     }
-    let base = OverlapConfig {
-        seed,
-        layers: args.layers,
-        layer_bytes: args.layer_bytes,
-        block_bytes: args.block_bytes,
-        layer_compute: Duration::from_micros(layer_compute_us),
-        link: LinkConfig {
-            bandwidth: (args.link_gbit * 1e9 / 8.0) as u64,
-            ..LinkConfig::default()
-        },
-        ..OverlapConfig::default()
+    let mut base = OverlapConfig::default();
+    base.seed = seed;
+    base.layers = args.layers;
+    base.layer_bytes = args.layer_bytes;
+    base.block_bytes = args.block_bytes;
+    base.layer_compute = Duration::from_micros(layer_compute_us);
+    base.link = {
+        let mut cfg = LinkConfig::default();
+        cfg.bandwidth = (args.link_gbit * 1e9 / 8.0) as u64;
+        cfg
     };
     let (transfer, intact) = base
         .transfer_time(Instant::now())
         .with_context(|| format!("overlap transfer with seed {seed}"))?;
     let mut rows = Vec::new();
     for &depth in &args.prefetch_depth {
-        let cfg = OverlapConfig {
-            prefetch_depth: depth,
-            ..base.clone()
-        };
+        let mut cfg = base.clone();
+        cfg.prefetch_depth = depth;
         let report = cfg
             .report(transfer, intact, Instant::now())
             .with_context(|| format!("overlap at depth {depth} with seed {seed}"))?;

@@ -114,27 +114,23 @@ pub(crate) fn main(args: &SimArgs) -> anyhow::Result<()> {
     if args.layers == 0 || args.blocks == 0 || args.block_bytes == 0 {
         bail!("--layers, --blocks and --block-bytes must be at least 1");
     }
-    let faults = FaultSpec {
-        loss: args.loss,
-        burst_loss: args.burst_loss,
-        corrupt: args.corrupt,
-        duplicate: args.duplicate,
-        reorder: args.reorder,
-        jitter: Duration::from_micros(args.jitter_us),
-        partition: args
-            .partition_ms
-            .map(|(start, end)| (Duration::from_millis(start), end.map(Duration::from_millis))),
-        ..FaultSpec::default()
-    };
-    let cfg = ScenarioConfig {
-        seed,
-        layers: args.layers,
-        blocks: args.blocks,
-        block_bytes: args.block_bytes,
-        mode: args.mode.mode(),
-        faults,
-        ..ScenarioConfig::default()
-    };
+    let mut faults = FaultSpec::default();
+    faults.loss = args.loss;
+    faults.burst_loss = args.burst_loss;
+    faults.corrupt = args.corrupt;
+    faults.duplicate = args.duplicate;
+    faults.reorder = args.reorder;
+    faults.jitter = Duration::from_micros(args.jitter_us);
+    faults.partition = args
+        .partition_ms
+        .map(|(start, end)| (Duration::from_millis(start), end.map(Duration::from_millis)));
+    let mut cfg = ScenarioConfig::default();
+    cfg.seed = seed;
+    cfg.layers = args.layers;
+    cfg.blocks = args.blocks;
+    cfg.block_bytes = args.block_bytes;
+    cfg.mode = args.mode.mode();
+    cfg.faults = faults;
     let report = Scenario::new(cfg)
         .run(Instant::now())
         .with_context(|| format!("simulation with seed {seed}"))?;

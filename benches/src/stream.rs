@@ -47,13 +47,11 @@ impl Rig {
         let (backend, req) = match backend {
             "tcp" => {
                 let rx = BlockingNode::start(TcpConfig::with_engine_id(2))?;
-                let tx = BlockingNode::start_beside(
-                    &rx,
-                    TcpConfig {
-                        listen: None,
-                        ..TcpConfig::with_engine_id(1)
-                    },
-                )?;
+                let tx = BlockingNode::start_beside(&rx, {
+                    let mut cfg = TcpConfig::with_engine_id(1);
+                    cfg.listen = None;
+                    cfg
+                })?;
                 let s = tx.register_kv_region(layout, src.clone())?;
                 let d = rx.register_kv_region(layout, dst.clone())?;
                 let addr = rx.node().local_addr().context("no listener")?;

@@ -38,15 +38,14 @@ pub(crate) fn run_tcp(
     iterations: usize,
     staged: bool,
 ) -> anyhow::Result<TcpRun> {
-    let receiver = BlockingNode::start(TcpConfig {
-        stage_host_memory: staged,
-        ..TcpConfig::with_engine_id(2)
+    let receiver = BlockingNode::start({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.stage_host_memory = staged;
+        cfg
     })?;
-    let sender_cfg = TcpConfig {
-        listen: None,
-        stage_host_memory: staged,
-        ..TcpConfig::with_engine_id(1)
-    };
+    let mut sender_cfg = TcpConfig::with_engine_id(1);
+    sender_cfg.listen = None;
+    sender_cfg.stage_host_memory = staged;
     let lanes = sender_cfg.max_lanes_per_peer;
     let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
     let (layout, dst_layout) = layouts;

@@ -25,11 +25,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(listen),
         None,
     )?;
-    let consumer = ConnectorConfig {
-        role: KvRole::Consumer,
-        store_blocks: 0,
-        ..cfg
-    };
+    let mut consumer = cfg;
+    consumer.role = KvRole::Consumer;
+    consumer.store_blocks = 0;
     let decode = KvConnector::tcp(
         consumer,
         TcpConfig::with_engine_id(2),

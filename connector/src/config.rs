@@ -51,6 +51,7 @@ impl KvRole {
 
 /// A connector's settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ConnectorConfig {
     /// Producer, consumer or both.
     pub role: KvRole,

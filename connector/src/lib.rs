@@ -39,10 +39,9 @@
 //! let ns = namespace("llama-3-8b", 1, 16);
 //! let mut cfg = ConnectorConfig::new(KvRole::Producer, ns.clone());
 //! (cfg.layers, cfg.block_bytes, cfg.store_blocks) = (4, 4096, 64);
-//! let (prefill, decode) = KvConnector::loopback_pair(
-//!     cfg.clone(),
-//!     ConnectorConfig { role: KvRole::Consumer, store_blocks: 0, ..cfg },
-//! )?;
+//! let mut consumer = cfg.clone();
+//! (consumer.role, consumer.store_blocks) = (KvRole::Consumer, 0);
+//! let (prefill, decode) = KvConnector::loopback_pair(cfg, consumer)?;
 //! let layer_bytes = 4096 * 32; // one layer of a 32-block KV pool
 //! let prefill_kv = MemoryRegion::from_vec((0..4 * layer_bytes).map(|i| (i % 251) as u8).collect());
 //! let decode_kv = MemoryRegion::zeroed(4 * layer_bytes);

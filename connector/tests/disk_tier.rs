@@ -18,12 +18,10 @@ fn pair(dir: &std::path::Path) -> (KvConnector, KvConnector) {
     let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (KV.layers, KV.block, 4);
     p.disk = Some(DiskConfig::new(dir, 1 << 20));
-    let c = ConnectorConfig {
-        role: KvRole::Consumer,
-        store_blocks: 0,
-        disk: None,
-        ..p.clone()
-    };
+    let mut c = p.clone();
+    c.role = KvRole::Consumer;
+    c.store_blocks = 0;
+    c.disk = None;
     KvConnector::loopback_pair(p, c).unwrap()
 }
 

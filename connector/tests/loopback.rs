@@ -136,29 +136,22 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
     use transfer_engine::ShapingConfig;
     let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (LAYERS, BLOCK, 8);
-    let c = ConnectorConfig {
-        role: KvRole::Consumer,
-        store_blocks: 0,
-        ..p.clone()
-    };
+    let mut c = p.clone();
+    c.role = KvRole::Consumer;
+    c.store_blocks = 0;
     // A cap the engine accepts: a 10 Gb/s link, KV at most 40% of it.
-    let cap = ShapingConfig {
-        link_bytes_per_sec: Some(1_250_000_000),
-        ..ShapingConfig::default()
-    };
-    let capped = ConnectorConfig {
-        shaping: Some(cap.clone()),
-        ..p.clone()
-    };
+    let mut cap = ShapingConfig::default();
+    cap.link_bytes_per_sec = Some(1_250_000_000);
+    let mut capped = p.clone();
+    capped.shaping = Some(cap.clone());
     assert!(KvConnector::loopback_pair(capped, c.clone()).is_ok());
     // One it refuses (KV share above the whole link) fails the connector with the engine's reason.
-    let bad = ConnectorConfig {
-        shaping: Some(ShapingConfig {
-            kv_share: 1.5,
-            ..cap
-        }),
-        ..p
-    };
+    let mut bad = p;
+    bad.shaping = Some({
+        let mut cfg = cap;
+        cfg.kv_share = 1.5;
+        cfg
+    });
     let Err(err) = KvConnector::loopback_pair(bad, c) else {
         panic!("a KV share of 1.5 was accepted");
     };

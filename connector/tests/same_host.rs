@@ -92,12 +92,10 @@ fn a_consumer_on_another_host_is_served_over_tcp() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let p = mixed_producer();
     let cfg = config(KvRole::Consumer);
-    let tcp = TcpConfig {
-        namespace: Namespace {
-            weight_version: 0,
-            ..cfg.namespace.clone()
-        },
-        ..TcpConfig::with_engine_id(2)
+    let mut tcp = TcpConfig::with_engine_id(2);
+    tcp.namespace = Namespace {
+        weight_version: 0,
+        ..cfg.namespace.clone()
     };
     let main = Arc::new(rt.block_on(TcpNode::start(tcp)).unwrap());
     let shm = ShmNode::start(ShmConfig::new(2, Some(fresh_socket("elsewhere")))).unwrap();

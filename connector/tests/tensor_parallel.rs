@@ -200,10 +200,8 @@ fn assert_loaded_from(dst: &Rank, src: &Rank, blocks: usize) {
 
 fn tcp(cfg: ConnectorConfig, engine: u32, producer: Option<std::net::SocketAddr>) -> KvConnector {
     let listen = cfg.role.loads();
-    let tcp = TcpConfig {
-        listen: listen.then(|| "127.0.0.1:0".parse().unwrap()),
-        ..TcpConfig::with_engine_id(engine)
-    };
+    let mut tcp = TcpConfig::with_engine_id(engine);
+    tcp.listen = listen.then(|| "127.0.0.1:0".parse().unwrap());
     KvConnector::tcp(cfg, tcp, None, producer).unwrap()
 }
 

@@ -11,17 +11,16 @@ use transfer_engine::TransferMode;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed = seed_from_env(7)?;
-    let cfg = ScenarioConfig {
-        seed,
-        mode: TransferMode::packetized(),
-        faults: FaultSpec {
-            loss: 0.05,
-            corrupt: 0.01,
-            reorder: 0.05,
-            reorder_hold: Duration::from_micros(200),
-            ..FaultSpec::default()
-        },
-        ..ScenarioConfig::default()
+    let mut cfg = ScenarioConfig::default();
+    cfg.seed = seed;
+    cfg.mode = TransferMode::packetized();
+    cfg.faults = {
+        let mut cfg = FaultSpec::default();
+        cfg.loss = 0.05;
+        cfg.corrupt = 0.01;
+        cfg.reorder = 0.05;
+        cfg.reorder_hold = Duration::from_micros(200);
+        cfg
     };
     // An example is a driver: it reads the clock once and passes it in.
     #[allow(clippy::disallowed_methods)]

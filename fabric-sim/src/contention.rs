@@ -61,6 +61,7 @@ impl Sharing {
 
 /// A contention run's settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ContentionConfig {
     /// Seed of every generator (engines' access keys and jitter).
     pub seed: u64,
@@ -158,11 +159,9 @@ impl ContentionConfig {
             (Duration::MAX, None)
         } else {
             if sharing.capped() {
-                let shaping = ShapingConfig {
-                    link_bytes_per_sec: Some(self.link.bandwidth),
-                    kv_share: self.kv_share,
-                    ..ShapingConfig::default()
-                };
+                let mut shaping = ShapingConfig::default();
+                shaping.link_bytes_per_sec = Some(self.link.bandwidth);
+                shaping.kv_share = self.kv_share;
                 pair.sim.node_mut(a).engine_mut().set_shaping(shaping)?;
             }
             pair.submit(self.mode, None)?;

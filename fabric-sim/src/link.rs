@@ -13,6 +13,7 @@ use crate::qdisc::{Enqueue, PriorityQueue, QueueDiscipline};
 
 /// How a link behaves before any fault rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LinkConfig {
     /// Serialization rate, in bytes per second (must be non-zero).
     pub bandwidth: u64,

@@ -17,6 +17,7 @@ use crate::pair::{Consumer, Pair, Want};
 
 /// An overlap run's settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct OverlapConfig {
     /// Seed of every generator.
     pub seed: u64,

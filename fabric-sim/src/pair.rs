@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use transfer_engine::{
-    Dtype, EngineConfig, Event, KvLayout, RegionHandle, SessionId, TransferMode, TransferRequest,
+    Dtype, Event, KvLayout, RegionHandle, SessionId, TransferMode, TransferRequest,
 };
 
 use crate::link::LinkConfig;
@@ -34,15 +34,17 @@ impl Pair {
     ) -> Result<Self, SimError> {
         let mut sim = Sim::new(epoch, seed);
         let engine = ScenarioConfig::engine_defaults(deadline);
-        let a = sim.add_node(EngineConfig {
-            engine_id: 1,
-            rng_seed: mix(seed, 1),
-            ..engine.clone()
+        let a = sim.add_node({
+            let mut cfg = engine.clone();
+            cfg.engine_id = 1;
+            cfg.rng_seed = mix(seed, 1);
+            cfg
         });
-        let b = sim.add_node(EngineConfig {
-            engine_id: 2,
-            rng_seed: mix(seed, 2),
-            ..engine
+        let b = sim.add_node({
+            let mut cfg = engine;
+            cfg.engine_id = 2;
+            cfg.rng_seed = mix(seed, 2);
+            cfg
         });
         sim.connect(a, b, link);
         let (layers, blocks, block_bytes) = layout;

@@ -211,14 +211,7 @@ struct World {
 fuzz_target!(|data: &[u8]| {
     let mut inp = Input { data, pos: 0 };
     let s = setup(&mut inp);
-    let cfg = |id, seed| EngineConfig {
-        engine_id: id,
-        rng_seed: seed,
-        max_retries: s.max_retries,
-        deadline: s.deadline,
-        coalesce_bytes: s.coalesce_bytes,
-        ..EngineConfig::default()
-    };
+    let cfg = |id, seed| { let mut cfg = EngineConfig::default(); cfg.engine_id = id; cfg.rng_seed = seed; cfg.max_retries = s.max_retries; cfg.deadline = s.deadline; cfg.coalesce_bytes = s.coalesce_bytes; cfg };
     let seed = u64::from(inp.u8());
     let (mut a, mut b) = (Engine::new(cfg(1, seed)), Engine::new(cfg(2, seed + 1)));
     let src_mem = MemoryRegion::zeroed(s.src_layout.total_bytes() as usize);

@@ -35,9 +35,10 @@ fn control_addrs(
 
 /// The TCP node of engine `engine_id` listening on `listen`, as `Connector.tcp*` set it up.
 fn tcp_config(engine_id: u32, listen: Option<String>) -> PyResult<TcpConfig> {
-    Ok(TcpConfig {
-        listen: addr("listen", listen)?,
-        ..TcpConfig::with_engine_id(engine_id)
+    Ok({
+        let mut cfg = TcpConfig::with_engine_id(engine_id);
+        cfg.listen = addr("listen", listen)?;
+        cfg
     })
 }
 

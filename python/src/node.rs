@@ -136,10 +136,8 @@ impl PyNode {
             .map(|a| a.parse())
             .transpose()
             .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("listen: {e}")))?;
-        let cfg = TcpConfig {
-            listen,
-            ..TcpConfig::with_engine_id(engine_id)
-        };
+        let mut cfg = TcpConfig::with_engine_id(engine_id);
+        cfg.listen = listen;
         let node = block_on(py, TcpNode::start(cfg)).map_err(err)?;
         Ok(PyNode(Arc::new(node)))
     }

@@ -101,11 +101,12 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
     if rate > 0 {
         // A cap on KV alone (no collectives share this engine), with a burst of a tenth of a second
         // (at least 256 KiB, at most the engine's default 16 MiB).
-        cfg.shaping = Some(ShapingConfig {
-            link_bytes_per_sec: Some(rate),
-            kv_share: 1.0,
-            burst_bytes: (rate / 10).clamp(256 << 10, 16 << 20),
-            ..ShapingConfig::default()
+        cfg.shaping = Some({
+            let mut cfg = ShapingConfig::default();
+            cfg.link_bytes_per_sec = Some(rate);
+            cfg.kv_share = 1.0;
+            cfg.burst_bytes = (rate / 10).clamp(256 << 10, 16 << 20);
+            cfg
         });
     }
     if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {

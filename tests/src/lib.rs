@@ -36,11 +36,10 @@ pub fn seed(default: u64) -> u64 {
 /// deadline; tests add faults.
 #[must_use]
 pub fn scenario(seed: u64, mode: TransferMode) -> ScenarioConfig {
-    ScenarioConfig {
-        seed,
-        mode,
-        ..ScenarioConfig::default()
-    }
+    let mut cfg = ScenarioConfig::default();
+    cfg.seed = seed;
+    cfg.mode = mode;
+    cfg
 }
 
 /// Runs a scenario. Prints the seed and the report to stderr (shown when the test fails) so any failure

@@ -36,22 +36,19 @@ fn faults() -> impl Strategy<Value = FaultSpec> {
                 (hold, jitter),
                 part,
             )| {
-                FaultSpec {
-                    loss,
-                    burst_loss: burst,
-                    corrupt,
-                    corrupt_header,
-                    duplicate,
-                    reorder,
-                    reorder_hold: Duration::from_micros(hold),
-                    jitter: Duration::from_micros(jitter),
-                    partition: part.map(|(start, len)| {
-                        (
-                            Duration::from_micros(start),
-                            len.map(|l| Duration::from_micros(start + l)),
-                        )
-                    }),
-                }
+                let mut f = FaultSpec::default();
+                (f.loss, f.burst_loss) = (loss, burst);
+                (f.corrupt, f.corrupt_header) = (corrupt, corrupt_header);
+                (f.duplicate, f.reorder) = (duplicate, reorder);
+                f.reorder_hold = Duration::from_micros(hold);
+                f.jitter = Duration::from_micros(jitter);
+                f.partition = part.map(|(start, len)| {
+                    (
+                        Duration::from_micros(start),
+                        len.map(|l| Duration::from_micros(start + l)),
+                    )
+                });
+                f
             },
         )
 }

@@ -13,12 +13,11 @@ use tests::seed;
 /// 128 MiB of KV (4 layers x 128 blocks x 256 KiB) beside the decode all-reduce, on the default 200 Gb/s
 /// link.
 fn contention(seed: u64) -> ContentionConfig {
-    ContentionConfig {
-        seed,
-        layers: 4,
-        collective: CollectiveFlow::all_reduce(40),
-        ..ContentionConfig::default()
-    }
+    let mut cfg = ContentionConfig::default();
+    cfg.seed = seed;
+    cfg.layers = 4;
+    cfg.collective = CollectiveFlow::all_reduce(40);
+    cfg
 }
 
 fn run(cfg: &ContentionConfig, sharing: Sharing) -> ContentionReport {
@@ -81,28 +80,27 @@ fn the_kv_cap_holds_on_the_wire_after_its_burst() {
 #[test]
 fn bulk_kv_still_progresses_under_constant_collective_load() {
     let starvation = Duration::from_micros(200);
-    let cfg = ContentionConfig {
-        seed: seed(43),
-        // 4 MiB of KV in 64 slices of 64 KiB.
-        layers: 1,
-        blocks: 16,
-        // A collective offering 33 GB/s to a 25 GB/s link: it alone would keep the link busy for ever.
-        collective: CollectiveFlow {
-            op_bytes: 1 << 20,
-            period: Duration::from_micros(32),
-            ..CollectiveFlow::all_reduce(0)
-        },
-        // Four KV frames queued at a time, so none waits near the engine's 1 ms retransmit floor.
-        link: LinkConfig {
-            bandwidth: 25_000_000_000,
-            queue_bytes: 256 << 10,
-            ..LinkConfig::default()
-        },
-        priority: QueueDiscipline::Priority {
-            mtu: 4096,
-            max_starvation: starvation,
-        },
-        ..ContentionConfig::default()
+    let mut cfg = ContentionConfig::default();
+    cfg.seed = seed(43);
+    // 4 MiB of KV in 64 slices of 64 KiB.
+    cfg.layers = 1;
+    cfg.blocks = 16;
+    // A collective offering 33 GB/s to a 25 GB/s link: it alone would keep the link busy for ever.
+    cfg.collective = CollectiveFlow {
+        op_bytes: 1 << 20,
+        period: Duration::from_micros(32),
+        ..CollectiveFlow::all_reduce(0)
+    };
+    // Four KV frames queued at a time, so none waits near the engine's 1 ms retransmit floor.
+    cfg.link = {
+        let mut cfg = LinkConfig::default();
+        cfg.bandwidth = 25_000_000_000;
+        cfg.queue_bytes = 256 << 10;
+        cfg
+    };
+    cfg.priority = QueueDiscipline::Priority {
+        mtu: 4096,
+        max_starvation: starvation,
     };
     let s = cfg.seed;
     let r = run(&cfg, Sharing::PriorityUncapped);
@@ -126,14 +124,13 @@ fn bulk_kv_still_progresses_under_constant_collective_load() {
 /// 8 layers of 4 MiB (168 us each at 25 GB/s) and 170 us of compute a layer: transfer and compute balanced,
 /// the case that needs the pipeline most.
 fn overlap(seed: u64, depth: u32) -> OverlapConfig {
-    OverlapConfig {
-        seed,
-        layers: 8,
-        layer_bytes: 4 << 20,
-        layer_compute: Duration::from_micros(170),
-        prefetch_depth: depth,
-        ..OverlapConfig::default()
-    }
+    let mut cfg = OverlapConfig::default();
+    cfg.seed = seed;
+    cfg.layers = 8;
+    cfg.layer_bytes = 4 << 20;
+    cfg.layer_compute = Duration::from_micros(170);
+    cfg.prefetch_depth = depth;
+    cfg
 }
 
 #[test]

@@ -13,10 +13,11 @@ use transfer_engine::{
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let engine = |id| {
-        Engine::new(EngineConfig {
-            engine_id: id,
-            rng_seed: u64::from(id),
-            ..EngineConfig::default()
+        Engine::new({
+            let mut cfg = EngineConfig::default();
+            cfg.engine_id = id;
+            cfg.rng_seed = u64::from(id);
+            cfg
         })
     };
     let (mut prefill, mut decode) = (engine(1), engine(2));

@@ -6,6 +6,7 @@ use rand::Rng;
 
 /// Retransmit delay schedule: `base * 2^attempt`, capped at `max`, plus up to `jitter` of itself at random.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Backoff {
     /// Delay before the first retransmit.
     pub base: Duration,
@@ -13,6 +14,14 @@ pub struct Backoff {
     pub max: Duration,
     /// Fraction of the delay added at random (0.0..=1.0), so retransmits of many units spread out.
     pub jitter: f64,
+}
+
+impl Backoff {
+    /// A schedule from `base` doubling up to `max`, with `jitter` (0.0..=1.0) of each delay at random.
+    #[must_use]
+    pub fn new(base: Duration, max: Duration, jitter: f64) -> Self {
+        Self { base, max, jitter }
+    }
 }
 
 impl Default for Backoff {

@@ -8,6 +8,7 @@ use std::time::Instant;
 /// place in the window to first sends, and goes out again when the budget allows; the session deadline
 /// hands its blocks back for recompute if that never happens. Loss can never snowball into a storm.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RetransmitBudget {
     /// Retransmits allowed with no first transmissions to earn them, and the most saved up.
     pub burst: f64,

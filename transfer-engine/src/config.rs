@@ -10,6 +10,7 @@ use crate::{Backoff, Event, RegionId, RetransmitBudget, TrafficClass, TransferMo
 
 /// Engine settings. Time and randomness come from outside: `rng_seed` seeds every random choice.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EngineConfig {
     /// This engine's id; session ids start with it, so engines that talk must have distinct ids.
     pub engine_id: u32,
@@ -40,6 +41,17 @@ pub struct EngineConfig {
     /// Most sessions one peer may have open towards this engine at once; more opens are refused (each
     /// holds receiver state proportional to its plan).
     pub max_incoming_per_peer: usize,
+}
+
+impl EngineConfig {
+    /// The defaults, for engine `engine_id`.
+    #[must_use]
+    pub fn with_engine_id(engine_id: u32) -> Self {
+        Self {
+            engine_id,
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for EngineConfig {

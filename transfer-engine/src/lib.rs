@@ -23,8 +23,8 @@
 //!                       TransferMode, TransferRequest};
 //!
 //! // Two engines (a prefill producer and a decode consumer), each over memory it was handed.
-//! let (mut prefill, mut decode) = (Engine::new(EngineConfig { engine_id: 1, ..Default::default() }),
-//!                                  Engine::new(EngineConfig { engine_id: 2, ..Default::default() }));
+//! let (mut prefill, mut decode) = (Engine::new(EngineConfig::with_engine_id(1)),
+//!                                  Engine::new(EngineConfig::with_engine_id(2)));
 //! let layout = KvLayout::new(4, 16, 64 << 10, 16, Dtype::Bf16)?; // 4 layers x 16 blocks x 64 KiB
 //! let kv = vec![7u8; layout.total_bytes() as usize]; // the producer's KV pool
 //! let src = prefill.register_kv_region(layout, MemoryRegion::from_vec(kv))?;

@@ -8,6 +8,7 @@ use crate::{Error, TrafficClass};
 
 /// Shaping settings; all of them can be changed at run time with [`crate::Engine::set_shaping`].
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ShapingConfig {
     /// The link's bandwidth in bytes per second; `None` leaves KV unshaped.
     pub link_bytes_per_sec: Option<u64>,

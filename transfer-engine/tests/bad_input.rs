@@ -19,9 +19,10 @@ fn pair_with_good_transfer() -> (
     transfer_engine::RegionHandle,
 ) {
     // A small window keeps the good transfer in flight across many steps.
-    let small_window = |id| transfer_engine::EngineConfig {
-        window_bytes: 8192,
-        ..common::config(id)
+    let small_window = |id| {
+        let mut cfg = common::config(id);
+        cfg.window_bytes = 8192;
+        cfg
     };
     let mut pair = Pair::with_configs(small_window(1), small_window(2));
     let (src, dst) = pair.regions(layout(4, 8, 8192), 42);

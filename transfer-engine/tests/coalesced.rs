@@ -11,10 +11,9 @@ use transfer_engine::wire::FrameKind;
 use transfer_engine::{EngineConfig, Event, RegionHandle, TransferMode, TransferRequest};
 
 fn coalescing(engine_id: u32) -> EngineConfig {
-    EngineConfig {
-        coalesce_bytes: 6 * 1024,
-        ..config(engine_id)
-    }
+    let mut cfg = config(engine_id);
+    cfg.coalesce_bytes = 6 * 1024;
+    cfg
 }
 
 /// Moves every block of `src` into `dst` in 2 KiB slices, and runs the pair until it is done.

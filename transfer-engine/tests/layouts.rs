@@ -127,10 +127,9 @@ fn mode() -> impl Strategy<Value = TransferMode> {
 }
 
 fn engine(id: u32, coalesce: bool) -> EngineConfig {
-    EngineConfig {
-        coalesce_bytes: if coalesce { 4096 } else { 0 },
-        ..config(id)
-    }
+    let mut cfg = config(id);
+    cfg.coalesce_bytes = if coalesce { 4096 } else { 0 };
+    cfg
 }
 
 proptest! {

@@ -45,9 +45,10 @@ fn data_frames(
         Instant::now()
     };
     let mut engine = Engine::with_policies(
-        EngineConfig {
-            engine_id: 1,
-            ..Default::default()
+        {
+            let mut cfg = EngineConfig::default();
+            cfg.engine_id = 1;
+            cfg
         },
         Box::new(BySize),
         Box::new(ByLayers),
@@ -58,9 +59,10 @@ fn data_frames(
         .register_kv_region(layout, MemoryRegion::zeroed(bytes))
         .unwrap();
     // The destination handle as a peer would publish it: same layout, another engine's region.
-    let mut other = Engine::new(EngineConfig {
-        engine_id: 2,
-        ..Default::default()
+    let mut other = Engine::new({
+        let mut cfg = EngineConfig::default();
+        cfg.engine_id = 2;
+        cfg
     });
     let dst = other
         .register_kv_region(layout, MemoryRegion::zeroed(bytes))

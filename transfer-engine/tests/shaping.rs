@@ -12,12 +12,11 @@ use transfer_engine::{
 };
 
 fn shaped(link: u64, kv_share: f64) -> ShapingConfig {
-    ShapingConfig {
-        link_bytes_per_sec: Some(link),
-        kv_share,
-        burst_bytes: 1 << 20,
-        ..ShapingConfig::default()
-    }
+    let mut cfg = ShapingConfig::default();
+    cfg.link_bytes_per_sec = Some(link);
+    cfg.kv_share = kv_share;
+    cfg.burst_bytes = 1 << 20;
+    cfg
 }
 
 fn data_bytes_of(pair: &Pair, session: SessionId) -> Vec<(Duration, u64)> {

@@ -104,11 +104,10 @@ pub const SHM_WINDOW_BYTES: u64 = 16 << 20;
 /// peer (same engine id) does not reuse the ids its earlier life used with the same node.
 #[must_use]
 pub fn shm_engine_config(engine_id: u32) -> EngineConfig {
-    EngineConfig {
-        window_bytes: SHM_WINDOW_BYTES,
-        rng_seed: crate::fresh_seed(u64::from(engine_id) ^ u64::from(std::process::id()) << 32),
-        ..crate::loopback::loopback_engine_config(engine_id)
-    }
+    let mut cfg = crate::loopback::loopback_engine_config(engine_id);
+    cfg.window_bytes = SHM_WINDOW_BYTES;
+    cfg.rng_seed = crate::fresh_seed(u64::from(engine_id) ^ u64::from(std::process::id()) << 32);
+    cfg
 }
 
 /// Settings of one same-host node.

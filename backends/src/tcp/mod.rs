@@ -98,6 +98,7 @@ pub use transfer_engine::Namespace;
 
 /// Settings of one TCP node.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TcpConfig {
     /// The engine's settings; `engine.engine_id` is the node's identity on the wire.
     pub engine: EngineConfig,
@@ -268,17 +269,13 @@ pub const TCP_COALESCE_BYTES: u32 = writer::FOLD_BYTES as u32;
 /// keeps.
 #[must_use]
 pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
-    EngineConfig {
-        engine_id,
-        rng_seed: crate::fresh_seed(u64::from(engine_id)),
-        backoff: transfer_engine::Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(2),
-            jitter: 0.25,
-        },
-        coalesce_bytes: TCP_COALESCE_BYTES,
-        ..EngineConfig::default()
-    }
+    let mut cfg = EngineConfig::default();
+    cfg.engine_id = engine_id;
+    cfg.rng_seed = crate::fresh_seed(u64::from(engine_id));
+    cfg.backoff =
+        transfer_engine::Backoff::new(Duration::from_millis(100), Duration::from_secs(2), 0.25);
+    cfg.coalesce_bytes = TCP_COALESCE_BYTES;
+    cfg
 }
 
 /// Errors of the TCP backend.

@@ -21,6 +21,7 @@ use super::TcpConfig;
 /// Linux; 4 MiB on the development VM), and keeps twice the figure it grants. A receive buffer is best set
 /// before connecting; set after, as here, it may not change the window scale the handshake agreed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SocketBuffers {
     /// `SO_SNDBUF` of lanes whose peer is on this host (a loopback address). Default: 512 KiB.
     pub same_host_send: Option<usize>,

@@ -20,11 +20,12 @@ pub(crate) fn layout() -> KvLayout {
 /// A server (engine 2) that serves 64 MiB of regions, drops a stalled lane after 0.5 s and a reply
 /// queue past 1 MiB.
 pub(crate) async fn server() -> TcpNode {
-    server_with(TcpConfig {
-        serve_bytes: 64 << 20,
-        stall_timeout: Duration::from_millis(500),
-        peer_queue_bytes: 1 << 20,
-        ..TcpConfig::with_engine_id(2)
+    server_with({
+        let mut cfg = TcpConfig::with_engine_id(2);
+        cfg.serve_bytes = 64 << 20;
+        cfg.stall_timeout = Duration::from_millis(500);
+        cfg.peer_queue_bytes = 1 << 20;
+        cfg
     })
     .await
 }
@@ -39,9 +40,10 @@ pub(crate) async fn good_client(
     addr: SocketAddr,
     id: u32,
 ) -> (TcpNode, RegionHandle, RegionHandle, PeerId) {
-    let node = TcpNode::start(TcpConfig {
-        listen: None,
-        ..TcpConfig::with_engine_id(id)
+    let node = TcpNode::start({
+        let mut cfg = TcpConfig::with_engine_id(id);
+        cfg.listen = None;
+        cfg
     })
     .await
     .unwrap();

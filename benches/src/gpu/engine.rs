@@ -70,13 +70,11 @@ impl Ends {
             }
             "tcp" => {
                 let receiver = BlockingNode::start(TcpConfig::with_engine_id(2))?;
-                let sender = BlockingNode::start_beside(
-                    &receiver,
-                    TcpConfig {
-                        listen: None,
-                        ..TcpConfig::with_engine_id(1)
-                    },
-                )?;
+                let sender = BlockingNode::start_beside(&receiver, {
+                    let mut cfg = TcpConfig::with_engine_id(1);
+                    cfg.listen = None;
+                    cfg
+                })?;
                 let s = sender.node().register_kv_region(layout, src.clone())?;
                 let d = receiver.node().register_kv_region(layout, dst.clone())?;
                 let addr = receiver

@@ -37,11 +37,9 @@ pub(super) fn connector(
     let cfg = config(args, role);
     match args.backend {
         PdBackend::Tcp => {
-            let tcp = TcpConfig {
-                // A producer only dials; a consumer listens for it on loopback.
-                listen: role.loads().then(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-                ..TcpConfig::with_engine_id(engine_id)
-            };
+            let mut tcp = TcpConfig::with_engine_id(engine_id);
+            // A producer only dials; a consumer listens for it on loopback.
+            tcp.listen = role.loads().then(|| SocketAddr::from(([127, 0, 0, 1], 0)));
             Ok(KvConnector::tcp(cfg, tcp, None, producer)?)
         }
         #[cfg(feature = "rdma")]

@@ -123,11 +123,9 @@ pub(crate) fn loopback_pair_with(
     let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (kv.layers, kv.block, store_blocks);
     configure(&mut p);
-    let c = ConnectorConfig {
-        role: KvRole::Consumer,
-        store_blocks: 0,
-        ..p.clone()
-    };
+    let mut c = p.clone();
+    c.role = KvRole::Consumer;
+    c.store_blocks = 0;
     KvConnector::loopback_pair(p, c).unwrap()
 }
 
@@ -160,9 +158,10 @@ pub(crate) fn returns<T: Send + 'static, R: Send + 'static>(
 pub(crate) fn tcp_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
     KvConnector::tcp(
         config(KvRole::Producer),
-        TcpConfig {
-            listen: None,
-            ..TcpConfig::with_engine_id(1)
+        {
+            let mut cfg = TcpConfig::with_engine_id(1);
+            cfg.listen = None;
+            cfg
         },
         None,
         None,
@@ -198,9 +197,10 @@ pub(crate) fn fresh_socket(tag: &str) -> std::path::PathBuf {
 pub(crate) fn tcp_with_shm_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
     KvConnector::tcp_with_shm(
         config(KvRole::Producer),
-        TcpConfig {
-            listen: None,
-            ..TcpConfig::with_engine_id(1)
+        {
+            let mut cfg = TcpConfig::with_engine_id(1);
+            cfg.listen = None;
+            cfg
         },
         backends::shm::ShmConfig::new(1, None),
         None,

@@ -17,6 +17,7 @@ pub const BURST_SLOT: Duration = Duration::from_micros(5);
 /// Faults applied to both directions of the link (data one way, acknowledgements the other), in the
 /// order of the fields. Probabilities are per packet (per frame: a frame is one packet here).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[non_exhaustive]
 pub struct FaultSpec {
     /// Random loss probability.
     pub loss: f64,
@@ -111,6 +112,7 @@ pub struct CrashPlan {
 
 /// Everything a scenario run depends on. One value (seed included) gives one run, exactly.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ScenarioConfig {
     /// Seed of every generator: faults, engines, background traffic.
     pub seed: u64,
@@ -174,17 +176,12 @@ impl ScenarioConfig {
     /// the default engine-wide budget.
     #[must_use]
     pub fn engine_defaults(deadline: Duration) -> EngineConfig {
-        EngineConfig {
-            backoff: Backoff {
-                base: Duration::from_millis(1),
-                max: Duration::from_millis(100),
-                jitter: 0.25,
-            },
-            max_retries: 8,
-            deadline,
-            retransmit_budget: RetransmitBudget::default(),
-            ..EngineConfig::default()
-        }
+        let mut cfg = EngineConfig::default();
+        cfg.backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(100), 0.25);
+        cfg.max_retries = 8;
+        cfg.deadline = deadline;
+        cfg.retransmit_budget = RetransmitBudget::default();
+        cfg
     }
 
     /// Sets the deadline, and the run limit to four times it.

@@ -8,9 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use transfer_engine::{
-    BlockId, Dtype, EngineConfig, Event, KvLayout, RegionId, Role, TransferRequest,
-};
+use transfer_engine::{BlockId, Dtype, Event, KvLayout, RegionId, Role, TransferRequest};
 
 use crate::SimError;
 use crate::link::LinkConfig;
@@ -137,15 +135,17 @@ impl Scenario {
         let mut sim = Sim::new(epoch, cfg.seed);
         let mut engine = cfg.engine.clone();
         engine.deadline = cfg.deadline;
-        let a = sim.add_node(EngineConfig {
-            engine_id: 1,
-            rng_seed: crate::mix(cfg.seed, 1),
-            ..engine.clone()
+        let a = sim.add_node({
+            let mut config = engine.clone();
+            config.engine_id = 1;
+            config.rng_seed = crate::mix(cfg.seed, 1);
+            config
         });
-        let b = sim.add_node(EngineConfig {
-            engine_id: 2,
-            rng_seed: crate::mix(cfg.seed, 2),
-            ..engine
+        let b = sim.add_node({
+            let mut config = engine;
+            config.engine_id = 2;
+            config.rng_seed = crate::mix(cfg.seed, 2);
+            config
         });
         let link = LinkConfig {
             queue_bytes: cfg.link.queue_bytes.max(cfg.largest_frame()),

@@ -42,11 +42,10 @@ pub struct Pair {
 }
 
 pub fn config(engine_id: u32) -> EngineConfig {
-    EngineConfig {
-        engine_id,
-        rng_seed: u64::from(engine_id),
-        ..EngineConfig::default()
-    }
+    let mut cfg = EngineConfig::default();
+    cfg.engine_id = engine_id;
+    cfg.rng_seed = u64::from(engine_id);
+    cfg
 }
 
 pub fn layout(layers: u32, blocks: u32, block_bytes: u64) -> KvLayout {
