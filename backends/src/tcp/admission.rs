@@ -22,7 +22,7 @@ use transfer_engine::{PeerId, TokenBucket};
 use super::context::lock;
 use super::handshake::{self, Message};
 
-/// A control-frame budget shared by the inbound lanes of one address.
+/// A budget (of control frames, or of Data payload bytes) shared by the inbound lanes of one address.
 pub(crate) type SharedBudget = Arc<Mutex<TokenBucket>>;
 
 /// Connections held per address.
@@ -32,6 +32,8 @@ pub(crate) struct Admission {
     turns_per_address: usize,
     /// Control frames an address's inbound lanes together hand the engine per second (0: unlimited).
     control_per_sec: u64,
+    /// Data payload bytes an address's inbound lanes together hand the engine per second (0: unlimited).
+    data_per_sec: u64,
 }
 
 /// What one address holds.
@@ -44,6 +46,8 @@ struct Held {
     turns: Arc<Semaphore>,
     /// Its lanes' control-frame budget.
     control: Option<SharedBudget>,
+    /// Its lanes' Data byte budget.
+    data: Option<SharedBudget>,
 }
 
 /// One connection of an address, released when dropped.
@@ -57,12 +61,14 @@ pub(crate) struct ConnectionSlot {
 
 impl Admission {
     /// Admission where each address has `turns_per_address` handshake turns, and its lanes together
-    /// hand the engine `control_per_sec` control frames a second (0: unlimited).
-    pub(crate) fn new(turns_per_address: usize, control_per_sec: u64) -> Self {
+    /// hand the engine `control_per_sec` control frames and `data_per_sec` Data payload bytes a second
+    /// (0: unlimited).
+    pub(crate) fn new(turns_per_address: usize, control_per_sec: u64, data_per_sec: u64) -> Self {
         Self {
             by_address: Mutex::default(),
             turns_per_address: turns_per_address.max(1),
             control_per_sec,
+            data_per_sec,
         }
     }
 
@@ -78,6 +84,7 @@ impl Admission {
             peers: HashMap::new(),
             turns: Arc::new(Semaphore::new(self.turns_per_address)),
             control: control_budget(self.control_per_sec).map(|b| Arc::new(Mutex::new(b))),
+            data: data_budget(self.data_per_sec).map(|b| Arc::new(Mutex::new(b))),
         });
         if h.connections >= limit {
             let n = h.connections;
@@ -109,12 +116,28 @@ pub(crate) fn control_budget(per_sec: u64) -> Option<TokenBucket> {
     TokenBucket::new(per_sec, (per_sec / 10).max(64), 1).ok()
 }
 
+/// A Data byte budget of `per_sec` payload bytes a second, in bursts of a tenth of that (at least 1 MiB),
+/// metered in 4 KiB cells; `None` for unlimited.
+pub(crate) fn data_budget(per_sec: u64) -> Option<TokenBucket> {
+    if per_sec == 0 {
+        return None;
+    }
+    TokenBucket::new(per_sec, (per_sec / 10).max(1 << 20), 4096).ok()
+}
+
 impl ConnectionSlot {
     /// The control-frame budget its address's lanes share, if the node limits one.
     pub(crate) fn control_budget(&self) -> Option<SharedBudget> {
         lock(&self.admission.by_address)
             .get(&self.ip)
             .and_then(|h| h.control.clone())
+    }
+
+    /// The Data byte budget its address's lanes share, if the node limits one.
+    pub(crate) fn data_budget(&self) -> Option<SharedBudget> {
+        lock(&self.admission.by_address)
+            .get(&self.ip)
+            .and_then(|h| h.data.clone())
     }
 
     /// Binds the connection to engine `peer`, unless its address already has `limit` other engines
@@ -201,7 +224,7 @@ mod tests {
 
     #[test]
     fn an_address_holds_at_most_its_limit_and_slots_return_when_dropped() {
-        let admission = Arc::new(Admission::new(1, 0));
+        let admission = Arc::new(Admission::new(1, 0, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let first = admission.admit(a, 2).unwrap();
         let _second = admission.admit(a, 2).unwrap();
@@ -217,7 +240,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_address_holding_its_handshake_turns_holds_no_one_elses() {
-        let admission = Arc::new(Admission::new(1, 0));
+        let admission = Arc::new(Admission::new(1, 0, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let (first, second) = (
             admission.admit(a, 8).unwrap(),
@@ -241,7 +264,7 @@ mod tests {
 
     #[test]
     fn an_address_connects_at_most_its_limit_of_engines_and_each_returns_with_its_last_slot() {
-        let admission = Arc::new(Admission::new(1, 0));
+        let admission = Arc::new(Admission::new(1, 0, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let mut first = admission.admit(a, 8).unwrap();
         first.join(PeerId(1), 2).unwrap();
@@ -266,7 +289,7 @@ mod tests {
 
     #[test]
     fn the_slots_of_one_address_share_one_control_budget_and_another_address_has_its_own() {
-        let admission = Arc::new(Admission::new(1, 1000));
+        let admission = Arc::new(Admission::new(1, 1000, 0));
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let (first, second) = (
             admission.admit(a, 8).unwrap(),
@@ -288,7 +311,29 @@ mod tests {
                 .ready_at(now)
                 .is_none()
         );
-        let unlimited = Arc::new(Admission::new(1, 0));
+        let unlimited = Arc::new(Admission::new(1, 0, 0));
         assert!(unlimited.admit(a, 8).unwrap().control_budget().is_none());
+    }
+
+    #[test]
+    fn the_slots_of_one_address_share_one_data_budget_and_another_address_has_its_own() {
+        let admission = Arc::new(Admission::new(1, 0, 10 << 20));
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (first, second, other) = (
+            admission.admit(a, 8).unwrap(),
+            admission.admit(a, 8).unwrap(),
+            admission.admit(b, 8).unwrap(),
+        );
+        let shared = first.data_budget().unwrap();
+        assert!(Arc::ptr_eq(&shared, &second.data_budget().unwrap()));
+        assert!(!Arc::ptr_eq(&shared, &other.data_budget().unwrap()));
+        // A burst of a tenth of a second (1 MiB here), then the address waits; the other does not.
+        let now = std::time::Instant::now();
+        lock(&shared).charge(now, 3 << 20);
+        assert!(lock(&shared).ready_at(now).is_some());
+        assert!(lock(&other.data_budget().unwrap()).ready_at(now).is_none());
+        assert!(first.control_budget().is_none());
+        let unlimited = Arc::new(Admission::new(1, 0, 0));
+        assert!(unlimited.admit(a, 8).unwrap().data_budget().is_none());
     }
 }

@@ -25,6 +25,7 @@ pub(crate) struct LaneCounters {
     pub(crate) unroutable: AtomicU64,
     pub(crate) control_dropped: AtomicU64,
     pub(crate) control_frames_throttled: AtomicU64,
+    pub(crate) data_frames_throttled: AtomicU64,
 }
 
 /// The lane tasks' view of their node.

@@ -87,6 +87,7 @@ pub(crate) fn start(
         goodbye: Mutex::new(None),
         last_rx: Mutex::new(Instant::now()),
         address_budget: slot.as_ref().and_then(|s| s.control_budget()),
+        address_data_budget: slot.as_ref().and_then(|s| s.data_budget()),
     });
     let (rd, wr) = stream.into_split();
     let mut lanes = lock(&link.lanes);

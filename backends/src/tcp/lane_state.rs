@@ -19,6 +19,9 @@ pub(crate) struct LaneState {
     /// The control-frame budget its peer's address shares among its inbound lanes (`None`: a lane this
     /// node dialed, or no per-address limit).
     pub(crate) address_budget: Option<super::admission::SharedBudget>,
+    /// The Data byte budget its peer's address shares among its inbound lanes (`None`: a lane this node
+    /// dialed, or no per-address limit).
+    pub(crate) address_data_budget: Option<super::admission::SharedBudget>,
 }
 
 impl LaneState {

@@ -36,7 +36,8 @@
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
 //!   frames a second, and the inbound lanes of one IP address together at most
 //!   [`TcpConfig::control_frames_per_sec_per_address`] (then stops reading, so TCP holds the sender
-//!   back), and the engine queues at most
+//!   back); with [`TcpConfig::data_bytes_per_sec_per_address`], an address's lanes together read at
+//!   most that many payload bytes a second; and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
 //!
 //! # Memory a node can be made to hold
@@ -165,6 +166,12 @@ pub struct TcpConfig {
     /// Control frames the inbound lanes of one IP address together hand the engine per second, on top
     /// of each lane's own budget, so a peer opening many lanes cannot multiply its flood. 0: unlimited.
     pub control_frames_per_sec_per_address: u64,
+    /// Payload bytes of Data frames the inbound lanes of one IP address together hand the engine per
+    /// second, in bursts of a tenth of that (at least 1 MiB); beyond it their readers wait, so TCP holds
+    /// the sender back and the address holds that share of the node's receiving, whatever its peers
+    /// send. 0 (the default): unlimited, each lane reads as fast as it can. On a node that receives from
+    /// addresses it does not trust, set it to the share of the NIC one address may take.
+    pub data_bytes_per_sec_per_address: u64,
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
     /// Most handshake checks in progress at once; more connections wait for a turn (within the
@@ -229,6 +236,7 @@ impl Default for TcpConfig {
             peer_queue_bytes: 8 << 20,
             control_frames_per_sec: 100_000,
             control_frames_per_sec_per_address: 400_000,
+            data_bytes_per_sec_per_address: 0,
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,

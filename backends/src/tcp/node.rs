@@ -51,6 +51,9 @@ pub struct NodeStats {
     /// Times a lane's reader waited because its peer sent control frames beyond
     /// `TcpConfig::control_frames_per_sec`.
     pub control_frames_throttled: u64,
+    /// Times a lane's reader waited because its peer's address sent Data payload beyond
+    /// `TcpConfig::data_bytes_per_sec_per_address`.
+    pub data_frames_throttled: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
@@ -148,6 +151,7 @@ impl TcpNode {
             incoming_dropped: self.state.ctx.station.board.incoming_dropped(),
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
             control_frames_throttled: c.control_frames_throttled.load(Ordering::Relaxed),
+            data_frames_throttled: c.data_frames_throttled.load(Ordering::Relaxed),
             queued_bytes: self.state.ctx.total_queued.load(Ordering::Relaxed),
             staged_bytes_sent: self.state.ctx.staged.sent.load(Ordering::Relaxed),
             staged_bytes_received: self.state.ctx.staged.received.load(Ordering::Relaxed),

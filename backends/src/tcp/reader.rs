@@ -3,12 +3,12 @@
 
 use std::io::{self, IoSliceMut};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::net::tcp::OwnedReadHalf;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
-use transfer_engine::{Error, MemoryRegion, PeerId};
+use transfer_engine::{Error, MemoryRegion, PeerId, TokenBucket};
 
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
@@ -60,6 +60,20 @@ fn fatal(e: &Error) -> bool {
     )
 }
 
+/// Charges `amount` to `bucket`: when the reader may go on, if it must wait.
+fn charge(bucket: &mut TokenBucket, now: Instant, amount: u64) -> Option<Instant> {
+    bucket.charge(now, amount);
+    bucket.ready_at(now)
+}
+
+/// Waits until `until` (if any), counted in `throttled`.
+async fn hold(until: Option<Instant>, throttled: &AtomicU64) {
+    if let Some(at) = until {
+        throttled.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
 /// Reads frames until the lane ends; returns why.
 async fn read_loop(
     ctx: &Context,
@@ -100,29 +114,25 @@ async fn read_loop(
             return Some(CloseReason::from_error(&e));
         }
         have = 0;
-        *lock(&lane.last_rx) = Instant::now();
+        let now = Instant::now();
+        *lock(&lane.last_rx) = now;
         let header = match Header::decode(&hdr) {
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
         if header.kind != FrameKind::Data {
             // The lane's own budget, then its address's (shared by the address's inbound lanes).
-            let now = Instant::now();
-            let mut wait = budget.as_mut().and_then(|b| {
-                b.charge(now, 1);
-                b.ready_at(now)
-            });
-            if let Some(shared) = &lane.address_budget {
-                let mut b = lock(shared);
-                b.charge(now, 1);
-                wait = wait.max(b.ready_at(now));
-            }
-            if let Some(at) = wait {
-                ctx.counters
-                    .control_frames_throttled
-                    .fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep_until(at.into()).await;
-            }
+            let own = budget.as_mut().and_then(|b| charge(b, now, 1));
+            let shared = lane
+                .address_budget
+                .as_ref()
+                .and_then(|b| charge(&mut lock(b), now, 1));
+            hold(own.max(shared), &ctx.counters.control_frames_throttled).await;
+        } else if let Some(shared) = &lane.address_data_budget {
+            // The payload is charged before it is read: the wait holds it in the socket, and TCP the
+            // sender, until the address's share allows it.
+            let wait = charge(&mut lock(shared), now, u64::from(header.length));
+            hold(wait, &ctx.counters.data_frames_throttled).await;
         }
         // A resend of a unit held unplaced is placed only once that frame is handed on (and then
         // discarded, as a duplicate).

@@ -36,6 +36,7 @@ impl NodeState {
         let admission = super::admission::Admission::new(
             ctx.cfg.max_handshakes_per_address,
             ctx.cfg.control_frames_per_sec_per_address,
+            ctx.cfg.data_bytes_per_sec_per_address,
         );
         Self {
             ctx: Arc::new(ctx),

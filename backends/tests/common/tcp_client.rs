@@ -6,9 +6,13 @@ use std::time::Duration;
 
 use backends::tcp::handshake::{self, Hello, TOKEN_LEN};
 use backends::tcp::{Namespace, TcpConfig, TcpNode};
+use std::time::Instant;
 use tokio::net::TcpStream;
+
+use transfer_engine::wire::{FrameKind, Header};
 use transfer_engine::{
-    Dtype, KvLayout, MemoryRegion, PeerId, RegionHandle, TransferMode, TransferRequest,
+    Body, Dtype, Engine, EngineConfig, KvLayout, MemoryRegion, PeerId, RegionHandle, TransferMode,
+    TransferRequest,
 };
 
 pub(crate) const LIMIT: Duration = Duration::from_secs(60);
@@ -128,4 +132,42 @@ pub(crate) async fn honest_handshake(
     let mut hello = Hello::new(60, Namespace::default()).unwrap();
     hello.want = Some(layout());
     handshake::dial(&mut s, &hello, None, None, limit).await
+}
+
+/// The frames an engine would send to open a session into `dst` and push its slices (payloads as given
+/// by the engine's own region, which is zeros).
+pub(crate) fn attack_frames(dst: RegionHandle, slice: u32) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut e = Engine::new({
+        let mut cfg = EngineConfig::default();
+        cfg.engine_id = 66;
+        cfg
+    });
+    let src = e
+        .register_kv_region(
+            layout(),
+            MemoryRegion::zeroed(layout().total_bytes() as usize),
+        )
+        .unwrap();
+    let now = Instant::now();
+    let req = TransferRequest::whole(PeerId(2), &src, &dst)
+        .unwrap()
+        .with_mode(TransferMode::Packetized { slice_bytes: slice });
+    let session = e.submit(now, req).unwrap();
+    let (mut open, mut data) = (Vec::new(), Vec::new());
+    if let Some(t) = e.poll_transmit(now)
+        && let Body::Control(p) = &t.body
+    {
+        open = transfer_engine::wire::encode_frame(&t.header, p);
+    }
+    // As if the server had answered the open: the engine then sends its slices.
+    let mut ack = Header::new(FrameKind::OpenAck, session.0);
+    ack.crc = transfer_engine::crc32c(&[]);
+    e.handle_frame(now, PeerId(2), &ack, &[]).unwrap();
+    while let Some(mut t) = e.poll_transmit(now) {
+        if matches!(t.body, Body::Payload(_)) {
+            data.push(e.encode_transmit(&mut t).unwrap());
+        }
+    }
+    assert!(!open.is_empty() && !data.is_empty());
+    (open, data)
 }
