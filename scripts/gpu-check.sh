@@ -11,12 +11,18 @@
 #     checksums, acks) on the loopback backend and on TCP (GPU regions staged on both ends), beside cuMemcpy;
 #  6. moves 1 GiB GPU to GPU, GPU to host and host to GPU between two processes through the same-host
 #     backend's CUDA IPC path (one device copy per unit), checked by the receiving process, beside a plain
-#     cuMemcpy of the same route (on one GPU, what cuMemcpyPeer does).
+#     cuMemcpy of the same route (on one GPU, what cuMemcpyPeer does);
+#  7. measures the CPU's checksum passes over pinned and pageable memory (the bound of the checksummed
+#     routes above);
+#  8. runs the Python package's GPU tests (python/tests/test_cuda.py: torch CUDA tensors as regions on
+#     every backend and as a connector's KV caches) with the package built with --features cuda, where
+#     python3 has torch (it is installed into a temporary folder; nothing else is).
 #
 # Usage:
 #   scripts/gpu-check.sh                 build here, then run (needs cargo and the crates, or a network)
 #   scripts/gpu-check.sh --build-only    build only, into target/gpu-check/ (for a GPU machine without cargo
-#                                        or network: carry that folder there and use --prebuilt)
+#                                        or network: carry that folder there and use --prebuilt); the
+#                                        Python wheel is built with the maturin of scripts/python-env.sh
 #   scripts/gpu-check.sh --prebuilt DIR  run DIR/te-bench and the DIR/*tests binaries without building
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +58,10 @@ if [[ $mode != prebuilt ]]; then
   cp "$connector_tests" "$dir/connector-gpu-tests"
   # Small enough to carry to a GPU machine that has no cargo or no network (about 10 MB stripped).
   if command -v strip >/dev/null; then strip "$dir/te-bench" "$dir/cuda-tests" "$dir/connector-gpu-tests"; fi
+  step "the Python package with --features cuda (an abi3 wheel)"
+  pyenv=$(bash scripts/python-env.sh)
+  rm -f "$dir"/kv_transfer-*.whl
+  (cd python && "$pyenv/bin/maturin" build --release --features cuda --strip -o "../$dir" >&2)
   [[ $mode == build ]] && { echo "built: $dir/te-bench $dir/cuda-tests $dir/connector-gpu-tests" >&2; exit 0; }
 fi
 
@@ -90,6 +100,22 @@ run "engine, tcp" 30 "$dir/te-bench" gpu --engine tcp --bytes 1GiB --blocks 256K
 
 step "1 GiB between two processes through CUDA IPC (shm backend) beside a plain cuMemcpy (JSON lines)"
 run "engine, shm (CUDA IPC)" 60 "$dir/te-bench" gpu --engine shm --bytes 1GiB --blocks 256KiB,4MiB,64MiB --repeats 3 --json
+
+step "the CPU's checksum passes over pinned and pageable memory (JSON lines)"
+run "CPU limits" 60 "$dir/te-bench" gpu --cpu-limits --bytes 1GiB --blocks 256KiB,4MiB --repeats 3 --json
+
+step "the Python package's GPU tests (torch CUDA tensors)"
+wheel=$(ls "$dir"/kv_transfer-*.whl 2>/dev/null | tail -n 1 || true)
+if [[ -z $wheel ]]; then
+  echo "no kv_transfer wheel in $dir (rebuild with --build-only)" >&2; failed+=("Python GPU tests (no wheel)")
+elif ! python3 -c 'import torch, pytest, numpy; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "not run: python3 here lacks torch with CUDA, pytest or numpy" >&2; failed+=("Python GPU tests (no torch)")
+else
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel" >&2
+  PYTHONPATH=$site timeout 120 python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_cuda.py >&2 ||
+    failed+=("Python GPU tests (exit $?)")
+fi
 
 if (( ${#failed[@]} )); then
   printf 'FAILED: %s\n' "${failed[@]}" >&2

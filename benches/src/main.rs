@@ -113,6 +113,7 @@ const TCP_ONLY_SERVE_FLAGS: &[&str] = &[
     "connections_per_address",
     "peers_per_address",
     "serve_bytes_per_address",
+    "data_bytes_per_sec_per_address",
 ];
 
 /// Refuses `te-bench serve` flags the chosen backend would ignore, naming them.

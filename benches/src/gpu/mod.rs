@@ -3,10 +3,14 @@
 //! `cuMemcpy` of the same bytes measured in the same run (feature `cuda`; needs a GPU and its driver).
 //! With `--tcp`: TCP sends staged through double buffers beside sends from plain host memory. With
 //! `--engine loopback|tcp`: the same routes through the transfer engine's sessions on that backend; with
-//! `--engine shm`, between two processes through the same-host backend's CUDA IPC path.
+//! `--engine shm`, between two processes through the same-host backend's CUDA IPC path. With
+//! `--cpu-limits`: the CPU's checksum passes over pinned and pageable memory, which bound the checksummed
+//! routes.
 
 #[cfg(feature = "cuda")]
 mod copies;
+#[cfg(feature = "cuda")]
+mod cpu_limits;
 #[cfg(feature = "cuda")]
 mod engine;
 #[cfg(feature = "cuda")]
@@ -46,6 +50,10 @@ pub(crate) struct GpuArgs {
     /// unit) instead of the bare copy engine.
     #[arg(long)]
     engine: Option<String>,
+    /// Measure the CPU's checksum and copy-and-checksum passes over pinned and pageable memory at each
+    /// block size (the bound of every checksummed GPU route) instead of GPU copies.
+    #[arg(long, conflicts_with_all = ["tcp", "engine"])]
+    cpu_limits: bool,
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
@@ -67,6 +75,9 @@ pub(crate) fn main(args: &GpuArgs) -> anyhow::Result<()> {
 
 #[cfg(feature = "cuda")]
 fn copies_main(args: &GpuArgs) -> anyhow::Result<()> {
+    if args.cpu_limits {
+        return cpu_limits::main(args);
+    }
     match args.engine.as_deref() {
         Some("shm") => ipc::main(args),
         Some(backend) => engine::main(args, backend),
