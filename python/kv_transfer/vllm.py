@@ -53,6 +53,14 @@ first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this conve
 - ``peers`` (``[]``): control addresses (``"host:port"``, a ``kv_producer`` or ``kv_both`` instance's
   ``kv_ip:kv_port``) a consumer or ``kv_both`` instance asks for the longest stored prefix of each prompt
   whose request names no producer: cross-instance prefix reuse;
+- ``discovery`` (``[]``: none): etcd endpoints (``"host:port"``) where instances find each other instead
+  of (or beside) ``peers``: a ``kv_producer`` or ``kv_both`` instance announces its control address
+  there under its namespace (model, weight version, block size, dtype), and a ``kv_consumer`` or
+  ``kv_both`` instance asks every instance announced in its own namespace, as it asks ``peers``; a build
+  with feature ``etcd`` (``MATURIN_PEP517_ARGS="--features etcd"``); an etcd that cannot be reached at
+  start-up fails it;
+- ``discovery_ttl`` (``10.0``): seconds an announcement outlives its instance (renewed every third of
+  that while it runs);
 - ``disk_path`` (``""``: none) and ``disk_bytes`` (``0``): a disk tier below a producer's host store, in
   ``disk_path/rank<r>`` for each worker (one directory per instance: two instances must not share one),
   at most ``disk_bytes`` per worker; blocks leaving host memory are written there, lookups and loads cover
@@ -67,7 +75,12 @@ cannot arrive intact, within ``load_timeout`` or at all, is reported by ``get_bl
 for vLLM to recompute (``kv_load_failure_policy="recompute"``), and a load given up on never writes
 another byte into vLLM's blocks. Workers report ``KvTransferStats`` (``get_kv_connector_stats``), which
 vLLM logs as "KV Transfer metrics": loads, bytes, recomputed and saved blocks, and the seconds its steps
-spent in the connector's calls. Not built yet: CUDA KV caches, tensor parallelism proven under vLLM.
+spent in the connector's calls.
+
+KV caches in GPU memory (vLLM on a GPU) are registered in place like host ones, in a build with GPU
+support (``"cuda" in kv_transfer.FEATURES``; ``kv_buffer_device`` is ignored: the caches are used where
+vLLM put them). The engine copies them on its own CUDA stream; ``save_kv_layer`` first waits for the
+stream that computed the layer. Not built yet: tensor parallelism proven under vLLM.
 """
 
 from __future__ import annotations
@@ -78,7 +91,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -87,7 +100,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from . import Connector, ConnectorMetadata, KvLayout, KvTransferError
+from . import Connector, ConnectorMetadata, KvLayout, KvTransferError, Registry
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +116,8 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "async_loads": False,
     "kv_bandwidth_gbps": 0.0,
     "peers": [],
+    "discovery": [],
+    "discovery_ttl": 10.0,
     "backend": "tcp",
     "rdma_provider": "auto-local",
     "rdma_domain": "",
@@ -176,9 +191,12 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
         )
     opts = dict(EXTRA_CONFIG)
     opts.update(extra)
-    peers = opts["peers"]
-    if not isinstance(peers, (list, tuple)) or not all(isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in peers):
-        raise ValueError(f"kv_connector_extra_config['peers'] = {peers!r} is not a list of 'host:port' strings")
+    for key in ("peers", "discovery"):
+        addrs = opts[key]
+        if not isinstance(addrs, (list, tuple)) or not all(
+            isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in addrs
+        ):
+            raise ValueError(f"kv_connector_extra_config[{key!r}] = {addrs!r} is not a list of 'host:port' strings")
     if opts["backend"] not in ("tcp", "shm", "rdma"):
         raise ValueError(f"kv_connector_extra_config['backend'] = {opts['backend']!r}: use 'tcp', 'shm' or 'rdma'")
     if bool(opts["disk_path"]) != (int(opts["disk_bytes"] or 0) > 0):
@@ -190,7 +208,7 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
             f"kv_connector_extra_config['shm_same_host'] goes with backend 'tcp' (shm beside it), not {opts['backend']!r}"
         )
     for key, default in EXTRA_CONFIG.items():
-        if key == "peers":
+        if key in ("peers", "discovery"):
             continue
         if isinstance(default, bool):
             if not isinstance(opts[key], bool):
@@ -202,6 +220,19 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
         except (TypeError, ValueError):
             raise ValueError(f"kv_connector_extra_config[{key!r}] = {opts[key]!r} is not a {kind.__name__}")
     return opts
+
+
+def _stream_sync(device: Any) -> Optional[Callable[[], None]]:
+    """For GPU KV caches, a call that waits for the current stream of their device (the kernels that
+    wrote them); ``None`` for host caches."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    def sync() -> None:
+        torch.cuda.current_stream(device).synchronize()
+
+    return sync
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -229,6 +260,7 @@ class KvTransferConnector(KVConnectorBase_V1):
         self._layers: List[str] = []
         self._index: Dict[str, int] = {}
         self._worker: Optional[Connector] = None
+        self._sync: Optional[Callable[[], None]] = None
         self._scheduler: Optional[Connector] = None
         # Scheduler side: requests waiting for an asynchronous load, since when; loads seen to finish.
         self._async_waiting: Dict[str, float] = {}
@@ -240,9 +272,16 @@ class KvTransferConnector(KVConnectorBase_V1):
         self._wait_seconds = 0.0
         self._calls = 0
         self._reported: Dict[str, float] = {}
+        # Discovery: the registry, the announcement a worker of rank 0 keeps (its lease), and what the
+        # scheduler last found there (and when).
+        self._registry: Optional[Registry] = None
+        self._lease: Optional[int] = None
+        self._found: Tuple[float, List[str]] = (0.0, [])
         if role == KVConnectorRole.SCHEDULER:
             layers, block_bytes = self._cache_shape(kv_cache_config)
             self._scheduler = Connector.scheduler(self._settings(layers, block_bytes, 0, {}))
+            if self._role != "producer":
+                self._registry = self._connect_registry()
 
     # ---- settings ----
 
@@ -282,6 +321,53 @@ class KvTransferConnector(KVConnectorBase_V1):
     def _control(self, rank: int) -> str:
         return f"{self._opts['kv_ip']}:{self._port + rank}"
 
+    # ---- discovery ----
+
+    def _namespace_key(self) -> str:
+        """What an instance announces itself under: only instances that could share KV find each other."""
+        return (
+            f"kv-transfer model={self._model} weights={self._opts['weight_version']} "
+            f"block={self._block_size} dtype={self._dtype}"
+        )
+
+    def _connect_registry(self) -> Optional[Registry]:
+        endpoints = list(self._opts["discovery"])
+        if not endpoints:
+            return None
+        try:
+            return Registry.etcd(endpoints)
+        except KvTransferError as e:
+            raise ValueError(f"kv_connector_extra_config['discovery'] = {endpoints!r}: {e}") from e
+
+    def _announce(self, rank: int) -> None:
+        """A worker of rank 0 that serves KV announces its control address."""
+        if self._role == "consumer" or rank != 0:
+            return
+        self._registry = self._connect_registry()
+        if self._registry is not None:
+            control = self._control(0)
+            engine_id = zlib.crc32(control.encode()) & 0x7FFFFFFF
+            self._lease = self._registry.announce(
+                engine_id, control, self._namespace_key(), self._opts["discovery_ttl"]
+            )
+
+    def _peer_list(self) -> List[str]:
+        """``peers``, then the instances announced in this namespace (looked up at most once a second),
+        this instance apart."""
+        peers = list(self._opts["peers"])
+        if self._registry is None:
+            return peers
+        at, found = self._found
+        now = time.monotonic()
+        if now - at >= 1.0:
+            own = self._control(0) if self._role != "consumer" else None
+            try:
+                found = self._registry.producers(self._namespace_key(), own)
+            except KvTransferError as e:
+                logger.warning("kv_transfer: discovery did not answer (using what it said last): %s", e)
+            self._found = (now, found)
+        return peers + [p for p in found if p not in peers]
+
     # ---- scheduler side ----
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[int, bool]:
@@ -293,8 +379,10 @@ class KvTransferConnector(KVConnectorBase_V1):
                 producer["ranks"] = list(params["ranks"])
         assert self._scheduler is not None
         tokens = list(request.prompt_token_ids)
-        if producer is None and self._opts["peers"] and self._role != "producer":
-            producer = self._best_peer(request.request_id, tokens, num_computed_tokens)
+        if producer is None and self._role != "producer":
+            peers = self._peer_list()
+            if peers:
+                producer = self._best_peer(request.request_id, tokens, num_computed_tokens, peers)
         try:
             n, load_async = self._scheduler.get_num_new_matched_tokens(
                 request.request_id, tokens, num_computed_tokens, producer
@@ -309,11 +397,13 @@ class KvTransferConnector(KVConnectorBase_V1):
             return 0, False
         return n, load_async
 
-    def _best_peer(self, request_id: str, tokens: List[int], num_computed: int) -> Optional[Dict[str, Any]]:
+    def _best_peer(
+        self, request_id: str, tokens: List[int], num_computed: int, peers: List[str]
+    ) -> Optional[Dict[str, Any]]:
         """The peer holding the longest prefix of ``tokens`` (``None`` if none holds any)."""
         assert self._scheduler is not None
         best, best_n = None, 0
-        for peer in self._opts["peers"]:
+        for peer in peers:
             try:
                 n, _ = self._scheduler.get_num_new_matched_tokens(request_id, tokens, num_computed, {"producer": peer})
             except KvTransferError as e:
@@ -378,10 +468,13 @@ class KvTransferConnector(KVConnectorBase_V1):
         names = sorted(kv_caches, key=lambda n: kv_caches[n].storage_offset())
         first = kv_caches[names[0]]
         storage = first.untyped_storage()
+        device = first.device
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{names[0]}: KV caches on {device} are not supported (cpu or cuda)")
         for n in names:
             t = kv_caches[n]
-            if t.device.type != "cpu":
-                raise ValueError(f"{n}: KV caches on {t.device} are not supported by this build (cpu only)")
+            if t.device != device:
+                raise ValueError(f"{n}: KV caches on {t.device} beside others on {device}")
             if t.untyped_storage().data_ptr() != storage.data_ptr():
                 raise ValueError(f"{n}: the KV caches are not views over one buffer")
             if t.dim() != 4:
@@ -406,9 +499,15 @@ class KvTransferConnector(KVConnectorBase_V1):
             conn = Connector.tcp_with_shm(settings, engine_id, listen=listen, socket=socket, control_listen=control)
         else:
             conn = Connector.tcp(settings, engine_id, listen=listen, control_listen=control)
-        conn._register_kv_caches(storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout)
+        ordinal = int(device.index or 0) if device.type == "cuda" else None
+        conn._register_kv_caches(
+            storage.data_ptr(), storage.nbytes(), (storage, kv_caches), layout=layout, device=ordinal
+        )
+        # GPU caches are read on the engine's own stream: a save first waits for the kernels that wrote them.
+        self._sync = _stream_sync(device)
         self._layers, self._index = names, {n: i for i, n in enumerate(names)}
         self._worker = conn
+        self._announce(rank)
 
     def _shm_socket(self, engine_id: int) -> Optional[str]:
         """The Unix socket a worker that loads listens on for same-host producers (none for a producer)."""
@@ -454,6 +553,8 @@ class KvTransferConnector(KVConnectorBase_V1):
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         if self._role != "consumer":
             t = time.perf_counter()
+            if self._sync is not None:
+                self._sync()
             self._require_worker("save_kv_layer").save_kv_layer(self._index[layer_name])
             self._spent(t)
 
@@ -507,5 +608,11 @@ class KvTransferConnector(KVConnectorBase_V1):
         return KvTransferStats(data=dict(data) if data else {})
 
     def shutdown(self) -> None:
+        if self._registry is not None and self._lease is not None:
+            try:
+                self._registry.withdraw(self._lease)
+            except KvTransferError as e:
+                logger.warning("kv_transfer: the announcement was not withdrawn (it expires): %s", e)
+            self._lease = None
         self._worker = None
         self._scheduler = None

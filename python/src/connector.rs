@@ -199,8 +199,9 @@ impl PyConnector {
     }
 
     /// Registers the worker's KV caches in place (use `kv_transfer.register_kv_caches`, which takes any
-    /// writable buffer): `layout` as the engine placed them, or `blocks` blocks per layer layer-major.
-    #[pyo3(signature = (address, nbytes, keepalive, layout = None, blocks = None))]
+    /// writable buffer or CUDA array): `layout` as the engine placed them, or `blocks` blocks per layer
+    /// layer-major; `device` is the CUDA ordinal of GPU KV caches, `None` for host memory.
+    #[pyo3(signature = (address, nbytes, keepalive, layout = None, blocks = None, device = None))]
     fn _register_kv_caches(
         &self,
         address: usize,
@@ -208,8 +209,9 @@ impl PyConnector {
         keepalive: Py<PyAny>,
         layout: Option<PyKvLayout>,
         blocks: Option<u32>,
+        device: Option<u32>,
     ) -> PyResult<()> {
-        let memory = buffer::region(address, nbytes, keepalive)?;
+        let memory = buffer::region(address, nbytes, keepalive, device)?;
         match (layout, blocks) {
             (Some(l), None) => self.0.register_kv_layout(memory, l.0),
             (None, Some(b)) => self.0.register_kv_caches(memory, b),

@@ -9,6 +9,7 @@ mod buffer;
 mod connector;
 mod layout;
 mod node;
+mod registry;
 mod settings;
 
 use std::future::Future;
@@ -74,10 +75,22 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     KvTransferError::new_err(e.to_string())
 }
 
+/// The optional features this build has (`cuda`: GPU memory; `rdma`: libfabric nodes and connectors;
+/// `etcd`: a registry of producers).
+const FEATURES: &[&str] = &[
+    #[cfg(feature = "cuda")]
+    "cuda",
+    #[cfg(feature = "rdma")]
+    "rdma",
+    #[cfg(feature = "etcd")]
+    "etcd",
+];
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("KvTransferError", m.py().get_type::<KvTransferError>())?;
+    m.add("FEATURES", FEATURES.to_vec())?;
     m.add_class::<layout::PyKvLayout>()?;
     m.add_class::<node::PyNode>()?;
     m.add_class::<node::PyRegion>()?;
@@ -86,5 +99,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::PyIncoming>()?;
     m.add_class::<connector::PyConnector>()?;
     m.add_class::<connector::PyConnectorMetadata>()?;
+    m.add_class::<registry::PyRegistry>()?;
     Ok(())
 }

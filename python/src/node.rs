@@ -174,15 +174,18 @@ impl PyNode {
     }
 
     /// Registers `nbytes` at `address` in place (use `kv_transfer.register`, which takes any writable
-    /// buffer and keeps it exported while the region lives).
+    /// buffer or CUDA array and keeps it alive while the region lives); `device` is the CUDA ordinal of
+    /// GPU memory, `None` for host memory.
+    #[pyo3(signature = (layout, address, nbytes, keepalive, device = None))]
     fn _register(
         &self,
         layout: &PyKvLayout,
         address: usize,
         nbytes: usize,
         keepalive: Py<PyAny>,
+        device: Option<u32>,
     ) -> PyResult<PyRegion> {
-        let memory = buffer::region(address, nbytes, keepalive)?;
+        let memory = buffer::region(address, nbytes, keepalive, device)?;
         self.register_memory(layout, memory)
     }
 

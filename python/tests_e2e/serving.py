@@ -33,7 +33,7 @@ def free_port():
 class Server:
     """One ``vllm serve`` process, its output in a log file."""
 
-    def __init__(self, model, kv=None, args=()):
+    def __init__(self, model, kv=None, args=(), env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="kvt-serve-", suffix=".log", delete=False)
@@ -48,7 +48,7 @@ class Server:
         if kv:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
         cmd += list(args)
-        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+        env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", **(env or {}))
         self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self, limit=600):

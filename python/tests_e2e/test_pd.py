@@ -3,8 +3,9 @@ Llama on CPU, every instance in its own processes): the decode returns exactly t
 instance without a connector returns, with the chosen tokens' logprobs equal to float32 rounding, while it
 computes only the prompt's tail (vLLM's own counter shows the rest was loaded); a producer gone before
 the decode, or another weight version, costs only recompute; an instance reuses the prefixes another
-computed, found through its peers."""
+computed, found through its peers or through an etcd registry."""
 
+import contextlib
 import json
 import os
 import queue
@@ -17,6 +18,9 @@ import time
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from etcd_server import etcd_server  # noqa: E402 (the package tests' throwaway etcd)
+
 INSTANCE = os.path.join(HERE, "instance.py")
 BLOCK = 32
 # Several lengths: partial last blocks, an exact multiple of the block, two prompts sharing a prefix.
@@ -186,10 +190,22 @@ def test_a_producer_gone_or_new_weights_cost_only_recompute(model, reference):
         producer.close()
 
 
-def test_an_instance_reuses_the_prefixes_a_peer_computed(model, reference):
-    port = free_port()
-    first = Instance(model, "both", port)
-    second = Instance(model, "both", free_port(), 0, f"127.0.0.1:{port}")
+@pytest.mark.parametrize("found_by", ["peers", "discovery"])
+def test_an_instance_reuses_the_prefixes_a_peer_computed(model, reference, found_by):
+    with contextlib.ExitStack() as stack:
+        if found_by == "peers":
+            port = free_port()
+            first = Instance(model, "both", port)
+            second = Instance(model, "both", free_port(), 0, f"127.0.0.1:{port}")
+        else:
+            # Both announce themselves in an etcd and each asks every other instance of its namespace.
+            extra = {"discovery": [stack.enter_context(etcd_server())]}
+            first = Instance(model, "both", free_port(), extra=extra)
+            second = Instance(model, "both", free_port(), extra=extra)
+        reuse_the_first_instances_prefixes(first, second, reference)
+
+
+def reuse_the_first_instances_prefixes(first, second, reference):
     try:
         # The first computes every prompt (no peer of its own) and keeps their KV in its tier store.
         before = first.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]

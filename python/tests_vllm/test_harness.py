@@ -139,6 +139,11 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
         _options({"shm_same_host": True, "backend": "rdma"})
     assert _options({"shm_same_host": True})["shm_same_host"] is True
     assert _options({})["kv_ip"] == "127.0.0.1"
+    with pytest.raises(ValueError, match="'discovery'.*'host:port'"):
+        _options({"discovery": "127.0.0.1:2379"})
+    with pytest.raises(ValueError, match="discovery_ttl"):
+        _options({"discovery_ttl": "long"})
+    assert _options({"discovery": ["127.0.0.1:2379"]})["discovery"] == ["127.0.0.1:2379"]
 
 
 def test_a_disk_tier_takes_a_directory_and_a_size_together():
