@@ -1,6 +1,7 @@
-//! The per-address Data byte budget (`TcpConfig::data_bytes_per_sec_per_address`): an address that
-//! floods Data frames is read at its share and no faster, while another address's transfer, under its own
-//! budget, completes at once beside it.
+//! The Data byte budgets per address (`TcpConfig::data_bytes_per_sec_per_address`) and per peer
+//! (`TcpConfig::data_bytes_per_sec_per_peer`): an address, or a peer, that floods Data frames is read at
+//! its share and no faster, while another address's (or another peer's) transfer, under its own budget,
+//! completes at once beside it.
 
 mod common;
 
@@ -18,19 +19,31 @@ const SHARE: u64 = 8_000_000;
 /// charged, nacked and dropped; the lane stays).
 const FLOOD_FRAMES: usize = 384;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_not_held_behind_it() {
+/// What a flood beside an honest transfer showed.
+struct Flooded {
+    /// How long the honest client's 1 MiB transfer took.
+    honest: Duration,
+    /// How long the flooder took to write its flood.
+    flooding: Duration,
+    stats: backends::tcp::NodeStats,
+}
+
+/// Floods a server configured by `budget` with Data from engine 66 on address `from`, and times an honest
+/// client (engine 9, on 127.0.0.1) beside it.
+async fn flood_beside_an_honest_client(
+    budget: impl FnOnce(&mut TcpConfig),
+    from: IpAddr,
+) -> Flooded {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
         cfg.serve_bytes = 64 << 20;
-        cfg.data_bytes_per_sec_per_address = SHARE;
+        budget(&mut cfg);
         cfg
     })
     .await;
     let addr = server.local_addr().unwrap();
-    let stranger = IpAddr::from([127, 0, 0, 2]);
     let (mut s, admitted) =
-        common::tcp_client::handshake_from(stranger, addr, 66, [0; TOKEN_LEN], None).await;
+        common::tcp_client::handshake_from(from, addr, 66, [0; TOKEN_LEN], None).await;
     let (dst, _) = admitted.unwrap();
     let (open, data) = attack_frames(dst, 64 << 10);
     s.write_all(&open).await.unwrap();
@@ -47,8 +60,6 @@ async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_no
         s.write_all(&flood).await.unwrap();
         (started.elapsed(), s)
     });
-    // A client on 127.0.0.1 moves its 1 MiB while the flood is held back: its address's budget is its
-    // own, so it does not queue behind the flooder's debt (seconds of it).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (node, src, dst, peer) = good_client(addr, 9).await;
     let started = Instant::now();
@@ -59,18 +70,54 @@ async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_no
     println!(
         "honest 1 MiB in {honest:?}; flood of {flood_bytes} bytes written in {flooding:?}; {stats:?}"
     );
-    // At 8 MB/s, 24 MiB take 3.1 s; a burst of 1 MiB and the sockets' buffers (a few MiB) come off that.
+    drop(s);
+    Flooded {
+        honest,
+        flooding,
+        stats,
+    }
+}
+
+/// The flood was held to its share (at 8 MB/s, 24 MiB take 3.1 s; a burst of 1 MiB and the sockets'
+/// buffers, a few MiB, come off that), and the honest client was not held behind it: its budget is its
+/// own, so it does not queue behind the flooder's debt (seconds of it).
+fn assert_held_to_its_share(f: &Flooded) {
+    let Flooded {
+        honest,
+        flooding,
+        stats,
+    } = f;
     assert!(
-        flooding >= Duration::from_millis(1200),
-        "the flood was written in {flooding:?}: not held to its address's share"
+        *flooding >= Duration::from_millis(1200),
+        "the flood was written in {flooding:?}: not held to its share"
     );
     assert!(stats.data_frames_throttled > 0, "{stats:?}");
     assert!(stats.engine.checksum_failures > 0, "{stats:?}");
     assert!(
-        honest < Duration::from_secs(1),
+        *honest < Duration::from_secs(1),
         "the honest client took {honest:?} beside the flood"
     );
-    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_not_held_behind_it() {
+    let flooded = flood_beside_an_honest_client(
+        |cfg| cfg.data_bytes_per_sec_per_address = SHARE,
+        IpAddr::from([127, 0, 0, 2]),
+    )
+    .await;
+    assert_held_to_its_share(&flooded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_flooding_data_is_read_at_its_share_and_another_peer_of_its_address_is_not_held_behind_it()
+ {
+    let flooded = flood_beside_an_honest_client(
+        |cfg| cfg.data_bytes_per_sec_per_peer = SHARE,
+        IpAddr::from([127, 0, 0, 1]),
+    )
+    .await;
+    assert_held_to_its_share(&flooded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,6 +129,7 @@ async fn without_a_data_budget_no_reader_waits() {
     })
     .await;
     assert_eq!(TcpConfig::default().data_bytes_per_sec_per_address, 0);
+    assert_eq!(TcpConfig::default().data_bytes_per_sec_per_peer, 0);
     let addr = server.local_addr().unwrap();
     let (node, src, dst, peer) = good_client(addr, 9).await;
     for _ in 0..8 {

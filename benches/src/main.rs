@@ -114,6 +114,7 @@ const TCP_ONLY_SERVE_FLAGS: &[&str] = &[
     "peers_per_address",
     "serve_bytes_per_address",
     "data_bytes_per_sec_per_address",
+    "data_bytes_per_sec_per_peer",
 ];
 
 /// Refuses `te-bench serve` flags the chosen backend would ignore, naming them.

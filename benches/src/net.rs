@@ -81,6 +81,10 @@ pub(crate) struct ServeArgs {
     /// 500MiB; default 0: unlimited; TcpConfig::data_bytes_per_sec_per_address).
     #[arg(long, value_parser = parse_size, default_value = "0")]
     data_bytes_per_sec_per_address: u64,
+    /// Data payload bytes a second the lanes of one peer (engine id) together are read at, with a unit
+    /// (default 0: unlimited; TcpConfig::data_bytes_per_sec_per_peer).
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    data_bytes_per_sec_per_peer: u64,
     /// Stop after this many seconds; 0 serves until killed.
     #[arg(long, default_value_t = 0)]
     pub(crate) seconds: u64,
@@ -187,6 +191,7 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     cfg.max_peers_per_address = args.peers_per_address;
     cfg.serve_bytes_per_address = args.serve_bytes_per_address;
     cfg.data_bytes_per_sec_per_address = args.data_bytes_per_sec_per_address;
+    cfg.data_bytes_per_sec_per_peer = args.data_bytes_per_sec_per_peer;
     let node = BlockingNode::start(cfg).context("starting the server")?;
     let addr = node.node().local_addr().context("no listener")?;
     println!(

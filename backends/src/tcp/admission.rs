@@ -17,13 +17,11 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use transfer_engine::{PeerId, TokenBucket};
+use transfer_engine::PeerId;
 
+use super::budget::{SharedBudget, control_budget, data_budget};
 use super::context::lock;
 use super::handshake::{self, Message};
-
-/// A budget (of control frames, or of Data payload bytes) shared by the inbound lanes of one address.
-pub(crate) type SharedBudget = Arc<Mutex<TokenBucket>>;
 
 /// Connections held per address.
 #[derive(Debug)]
@@ -105,24 +103,6 @@ impl Admission {
     fn held(&self, ip: IpAddr) -> usize {
         lock(&self.by_address).get(&ip).map_or(0, |h| h.connections)
     }
-}
-
-/// A control-frame budget of `per_sec` frames a second, in bursts of a tenth of that (at least 64);
-/// `None` for unlimited. A lane's own budget and its address's are both this shape.
-pub(crate) fn control_budget(per_sec: u64) -> Option<TokenBucket> {
-    if per_sec == 0 {
-        return None;
-    }
-    TokenBucket::new(per_sec, (per_sec / 10).max(64), 1).ok()
-}
-
-/// A Data byte budget of `per_sec` payload bytes a second, in bursts of a tenth of that (at least 1 MiB),
-/// metered in 4 KiB cells; `None` for unlimited.
-pub(crate) fn data_budget(per_sec: u64) -> Option<TokenBucket> {
-    if per_sec == 0 {
-        return None;
-    }
-    TokenBucket::new(per_sec, (per_sec / 10).max(1 << 20), 4096).ok()
 }
 
 impl ConnectionSlot {

@@ -18,10 +18,10 @@ pub(crate) struct LaneState {
     pub(crate) last_rx: Mutex<Instant>,
     /// The control-frame budget its peer's address shares among its inbound lanes (`None`: a lane this
     /// node dialed, or no per-address limit).
-    pub(crate) address_budget: Option<super::admission::SharedBudget>,
+    pub(crate) address_budget: Option<super::budget::SharedBudget>,
     /// The Data byte budget its peer's address shares among its inbound lanes (`None`: a lane this node
     /// dialed, or no per-address limit).
-    pub(crate) address_data_budget: Option<super::admission::SharedBudget>,
+    pub(crate) address_data_budget: Option<super::budget::SharedBudget>,
 }
 
 impl LaneState {

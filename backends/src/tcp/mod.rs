@@ -36,8 +36,9 @@
 //! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
 //!   frames a second, and the inbound lanes of one IP address together at most
 //!   [`TcpConfig::control_frames_per_sec_per_address`] (then stops reading, so TCP holds the sender
-//!   back); with [`TcpConfig::data_bytes_per_sec_per_address`], an address's lanes together read at
-//!   most that many payload bytes a second; and the engine queues at most
+//!   back); with [`TcpConfig::data_bytes_per_sec_per_address`] and
+//!   [`TcpConfig::data_bytes_per_sec_per_peer`], an address's lanes and a peer's together read at most
+//!   that many payload bytes a second; and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
 //!
 //! # Memory a node can be made to hold
@@ -63,6 +64,7 @@ mod accept;
 mod admission;
 mod as_transport;
 mod blocking;
+mod budget;
 mod context;
 mod driver;
 pub mod handshake;
@@ -172,6 +174,11 @@ pub struct TcpConfig {
     /// send. 0 (the default): unlimited, each lane reads as fast as it can. On a node that receives from
     /// addresses it does not trust, set it to the share of the NIC one address may take.
     pub data_bytes_per_sec_per_address: u64,
+    /// Payload bytes of Data frames the lanes of one peer (one engine id, inbound and outbound lanes
+    /// together) hand the engine per second, in the same bursts; beyond it their readers wait. With
+    /// [`TcpConfig::data_bytes_per_sec_per_address`] it bounds what each engine of an address may take
+    /// of that address's share. 0 (the default): unlimited.
+    pub data_bytes_per_sec_per_peer: u64,
     /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
     pub max_lanes: usize,
     /// Most handshake checks in progress at once; more connections wait for a turn (within the
@@ -237,6 +244,7 @@ impl Default for TcpConfig {
             control_frames_per_sec: 100_000,
             control_frames_per_sec_per_address: 400_000,
             data_bytes_per_sec_per_address: 0,
+            data_bytes_per_sec_per_peer: 0,
             dial_back: true,
             max_lanes: 256,
             max_handshakes: 64,

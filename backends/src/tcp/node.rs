@@ -51,8 +51,8 @@ pub struct NodeStats {
     /// Times a lane's reader waited because its peer sent control frames beyond
     /// `TcpConfig::control_frames_per_sec`.
     pub control_frames_throttled: u64,
-    /// Times a lane's reader waited because its peer's address sent Data payload beyond
-    /// `TcpConfig::data_bytes_per_sec_per_address`.
+    /// Times a lane's reader waited because its peer, or its peer's address, sent Data payload beyond
+    /// `TcpConfig::data_bytes_per_sec_per_peer` or `TcpConfig::data_bytes_per_sec_per_address`.
     pub data_frames_throttled: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).

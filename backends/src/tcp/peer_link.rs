@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
-use transfer_engine::{Channel, PeerId, Transmit};
+use transfer_engine::{Channel, PeerId, TokenBucket, Transmit};
 
 use super::context::{Context, lock};
 use super::handshake::TOKEN_LEN;
@@ -33,6 +33,8 @@ pub(crate) struct PeerLink {
     token: Mutex<Option<[u8; TOKEN_LEN]>>,
     /// When it last lost its last lane.
     last_lane_closed: Mutex<Option<Instant>>,
+    /// The Data byte budget its lanes share (`TcpConfig::data_bytes_per_sec_per_peer`; `None`: unlimited).
+    data_budget: Option<Mutex<TokenBucket>>,
 }
 
 struct DialState {
@@ -62,7 +64,7 @@ pub(crate) struct LaneHandle {
 }
 
 impl PeerLink {
-    pub(crate) fn new(peer: PeerId) -> Self {
+    pub(crate) fn new(peer: PeerId, data_bytes_per_sec: u64) -> Self {
         Self {
             peer,
             queue: Mutex::new(VecDeque::new()),
@@ -80,7 +82,13 @@ impl PeerLink {
             reach: Mutex::new(Reach::default()),
             token: Mutex::new(None),
             last_lane_closed: Mutex::new(None),
+            data_budget: super::budget::data_budget(data_bytes_per_sec).map(Mutex::new),
         }
+    }
+
+    /// The Data byte budget the peer's lanes share, if the node limits one.
+    pub(crate) fn data_budget(&self) -> Option<&Mutex<TokenBucket>> {
+        self.data_budget.as_ref()
     }
 
     /// The connection group's token, if a handshake with the peer completed.
@@ -274,7 +282,7 @@ mod tests {
             dial_window: Duration::from_secs(10),
             ..TcpConfig::default()
         });
-        let link = PeerLink::new(PeerId(7));
+        let link = PeerLink::new(PeerId(7), 0);
         link.set_addr("127.0.0.1:9".parse().unwrap());
         let t0 = Instant::now();
         for i in 0..3 {

@@ -3,13 +3,14 @@
 
 use std::io::{self, IoSliceMut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::net::tcp::OwnedReadHalf;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
-use transfer_engine::{Error, MemoryRegion, PeerId, TokenBucket};
+use transfer_engine::{Error, MemoryRegion, PeerId};
 
+use super::budget::ReaderBudgets;
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
@@ -60,20 +61,6 @@ fn fatal(e: &Error) -> bool {
     )
 }
 
-/// Charges `amount` to `bucket`: when the reader may go on, if it must wait.
-fn charge(bucket: &mut TokenBucket, now: Instant, amount: u64) -> Option<Instant> {
-    bucket.charge(now, amount);
-    bucket.ready_at(now)
-}
-
-/// Waits until `until` (if any), counted in `throttled`.
-async fn hold(until: Option<Instant>, throttled: &AtomicU64) {
-    if let Some(at) = until {
-        throttled.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep_until(at.into()).await;
-    }
-}
-
 /// Reads frames until the lane ends; returns why.
 async fn read_loop(
     ctx: &Context,
@@ -91,7 +78,7 @@ async fn read_loop(
     let mut stagers = LaneStagers::new(&ctx.staged);
     // A staged frame whose device copy may still be in flight: handed on once it has completed.
     let mut unplaced: Option<Unplaced> = None;
-    let mut budget = super::admission::control_budget(ctx.cfg.control_frames_per_sec);
+    let mut budgets = ReaderBudgets::new(ctx, link, lane);
     loop {
         if unplaced.is_some() && have < HEADER_LEN {
             // The lane may wait for bytes now: hand on the staged frame first.
@@ -120,20 +107,7 @@ async fn read_loop(
             Ok(h) => h,
             Err(e) => return Some(refuse(ctx, lane, peer, None, &Error::Wire(e))),
         };
-        if header.kind != FrameKind::Data {
-            // The lane's own budget, then its address's (shared by the address's inbound lanes).
-            let own = budget.as_mut().and_then(|b| charge(b, now, 1));
-            let shared = lane
-                .address_budget
-                .as_ref()
-                .and_then(|b| charge(&mut lock(b), now, 1));
-            hold(own.max(shared), &ctx.counters.control_frames_throttled).await;
-        } else if let Some(shared) = &lane.address_data_budget {
-            // The payload is charged before it is read: the wait holds it in the socket, and TCP the
-            // sender, until the address's share allows it.
-            let wait = charge(&mut lock(shared), now, u64::from(header.length));
-            hold(wait, &ctx.counters.data_frames_throttled).await;
-        }
+        budgets.admit(&header, now).await;
         // A resend of a unit held unplaced is placed only once that frame is handed on (and then
         // discarded, as a duplicate).
         if header.kind == FrameKind::Data

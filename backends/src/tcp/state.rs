@@ -69,7 +69,12 @@ impl NodeState {
     pub(crate) fn link(&self, peer: PeerId) -> Arc<PeerLink> {
         lock(&self.links)
             .entry(peer)
-            .or_insert_with(|| Arc::new(PeerLink::new(peer)))
+            .or_insert_with(|| {
+                Arc::new(PeerLink::new(
+                    peer,
+                    self.ctx.cfg.data_bytes_per_sec_per_peer,
+                ))
+            })
             .clone()
     }
 
