@@ -9,7 +9,9 @@
 //! - `takeover`: once every honest client has a session running, handshakes claiming the engine id of
 //!   each honest client still running, and Close frames for its sessions whenever one is admitted;
 //! - `half-open`: 100 connections that send the first bytes of a Hello and then nothing, each replaced
-//!   when the server closes it.
+//!   when the server closes it;
+//! - `data-flood`: a lane served a region of its own that floods it with Data frames whose payload
+//!   checksums fail, never reading the answers (see [`super::data_flood`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,6 +38,7 @@ pub(crate) enum AttackKind {
     Lanes,
     Takeover,
     HalfOpen,
+    DataFlood,
 }
 
 impl AttackKind {
@@ -46,27 +49,28 @@ impl AttackKind {
             Self::Lanes => "lanes",
             Self::Takeover => "takeover",
             Self::HalfOpen => "half-open",
+            Self::DataFlood => "data-flood",
         }
     }
 }
 
 /// What an attacker did, counted as it went.
 #[derive(Default)]
-struct Tally {
+pub(super) struct Tally {
     /// Lanes or connections the server accepted.
-    admitted: AtomicU64,
+    pub(super) admitted: AtomicU64,
     /// Handshakes it refused.
     refused: AtomicU64,
     /// Connections the server closed under the attacker.
-    closed: AtomicU64,
+    pub(super) closed: AtomicU64,
     /// Frames written.
-    frames: AtomicU64,
+    pub(super) frames: AtomicU64,
     /// The first refusal's reason.
     reason: std::sync::Mutex<Option<String>>,
 }
 
 impl Tally {
-    fn refuse(&self, why: String) {
+    pub(super) fn refuse(&self, why: String) {
         self.refused.fetch_add(1, Ordering::Relaxed);
         self.reason.lock().unwrap().get_or_insert(why);
     }
@@ -82,7 +86,7 @@ pub(crate) struct Attack {
 
 /// The attacker's own address: another host, as far as the server's per-address limits can tell.
 const ATTACKER_IP: [u8; 4] = [127, 0, 0, 2];
-const LIMIT: Duration = Duration::from_secs(5);
+pub(super) const LIMIT: Duration = Duration::from_secs(5);
 
 impl Attack {
     /// Starts `kind` against `server`; `victims` are the honest clients still running.
@@ -104,6 +108,9 @@ impl Attack {
             AttackKind::Lanes => drop(runtime.spawn(lanes(server, s, t))),
             AttackKind::Takeover => drop(runtime.spawn(takeover(server, victims, s, t))),
             AttackKind::HalfOpen => drop(runtime.spawn(half_open(server, s, t))),
+            AttackKind::DataFlood => {
+                drop(runtime.spawn(super::data_flood::data_flood(server, s, t)))
+            }
         }
         let attack = Self {
             kind,
@@ -122,7 +129,7 @@ impl Attack {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let ready = || match self.kind {
             AttackKind::None => true,
-            AttackKind::Flood => n(&t.frames) > 0,
+            AttackKind::Flood | AttackKind::DataFlood => n(&t.frames) > 0,
             AttackKind::Lanes => n(&t.refused) > 0,
             AttackKind::Takeover => n(&t.admitted) + n(&t.refused) > 0,
             AttackKind::HalfOpen => n(&t.admitted) >= 100,
@@ -144,7 +151,7 @@ impl Attack {
         let reason = t.reason.lock().unwrap().clone();
         let mut s = match self.kind {
             AttackKind::None => return String::new(),
-            AttackKind::Flood => format!(
+            AttackKind::Flood | AttackKind::DataFlood => format!(
                 "{} frames on {} lanes, {} closed by the server",
                 n(&t.frames),
                 n(&t.admitted),
@@ -167,7 +174,7 @@ impl Attack {
 }
 
 /// A connection to `server` from the attacker's address.
-async fn connect(server: SocketAddr) -> std::io::Result<TcpStream> {
+pub(super) async fn connect(server: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = TcpSocket::new_v4()?;
     socket.bind(SocketAddr::from((ATTACKER_IP, 0)))?;
     socket.connect(server).await

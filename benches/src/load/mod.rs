@@ -6,6 +6,7 @@
 //! (and one fresh server) per attacker.
 
 mod attack;
+mod data_flood;
 
 use std::io::BufRead;
 use std::process::{Command, Stdio};
@@ -37,6 +38,10 @@ pub(crate) struct LoadArgs {
     /// Runs to make, one per attacker beside the honest clients (`none`: alone), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     attackers: Vec<AttackKind>,
+    /// A flag for every server this starts (repeatable), e.g.
+    /// `--serve-flag=--data-bytes-per-sec-per-peer=200MiB`.
+    #[arg(long = "serve-flag", allow_hyphen_values = true)]
+    serve_flags: Vec<String>,
     /// Print one JSON object per run instead of a table.
     #[arg(long)]
     json: bool,
@@ -154,8 +159,13 @@ fn run(
 ) -> anyhow::Result<LoadRow> {
     let exe = std::env::current_exe()?;
     let served = layout.total_bytes() * u64::from(args.clients);
-    let served_arg = served.to_string();
-    let mut server = ServeProcess::start(&[
+    // A data flood is served a region of its own beside the clients'.
+    let attacker_region = match kind {
+        AttackKind::DataFlood => data_flood::region_layout().total_bytes(),
+        _ => 0,
+    };
+    let served_arg = (served + attacker_region).to_string();
+    let mut serve_args = vec![
         "--verify",
         "--engine-id",
         "2",
@@ -163,14 +173,27 @@ fn run(
         &served_arg,
         "--lanes",
         "2",
-    ])?;
+    ];
+    serve_args.extend(args.serve_flags.iter().map(String::as_str));
+    let mut server = ServeProcess::start(&serve_args)?;
     let addr = server.addr;
     let out = server.stdout.take().context("no stdout")?;
     // The server's report lines, read as they come (a full pipe would stall it).
     let lines = Arc::new(ServerLines::default());
     let counts = lines.clone();
+    let victims = 100..100 + args.clients;
+    let honest = victims.clone();
     std::thread::spawn(move || {
         for line in out.lines().map_while(Result::ok) {
+            let engine = line
+                .split(" from engine ")
+                .nth(1)
+                .and_then(|e| e.split(':').next())
+                .and_then(|e| e.parse::<u32>().ok());
+            if engine.is_some_and(|e| !honest.contains(&e)) {
+                // An attacker's session: not one of the honest transfers counted here.
+                continue;
+            }
             if line.contains(": verified") {
                 counts.verified.fetch_add(1, Ordering::Relaxed);
             } else if line.contains("MISMATCH") || line.contains("not checked") {
@@ -181,13 +204,11 @@ fn run(
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 counts.first_unverified.lock().unwrap().get_or_insert(line);
-            } else if let Some(e) = line.split(" from engine ").nth(1) {
-                let id = e.split(':').next().and_then(|e| e.parse::<u32>().ok());
-                counts.engines.lock().unwrap().extend(id);
+            } else {
+                counts.engines.lock().unwrap().extend(engine);
             }
         }
     });
-    let victims = 100..100 + args.clients;
     // The honest clients still running: a takeover claims only those (a departed client's id is free to
     // claim, and its served region goes with it).
     let running: attack::Running = Arc::new(std::sync::Mutex::new(victims.clone().collect()));
