@@ -26,6 +26,7 @@ pub(crate) struct LaneCounters {
     pub(crate) control_dropped: AtomicU64,
     pub(crate) control_frames_throttled: AtomicU64,
     pub(crate) data_frames_throttled: AtomicU64,
+    pub(crate) peers_forgotten: AtomicU64,
 }
 
 /// The lane tasks' view of their node.

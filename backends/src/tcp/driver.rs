@@ -12,12 +12,20 @@ use super::peer_link::PeerLink;
 use super::reach;
 use super::state::NodeState;
 
+/// How often the driver looks for strangers to forget.
+const FORGET_EVERY: Duration = Duration::from_secs(1);
+
 /// Runs until the node shuts down.
 pub(crate) async fn drive(node: Arc<NodeState>) {
     let mut stop = node.shutdown.subscribe();
+    let mut last_forget = Instant::now();
     loop {
         let next = step(&node);
         ensure_lanes(&node);
+        if last_forget.elapsed() >= FORGET_EVERY {
+            last_forget = Instant::now();
+            super::forget::forget_idle_strangers(&node, last_forget);
+        }
         let nap = next.map_or(Duration::from_millis(50), |t| {
             t.saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(50))

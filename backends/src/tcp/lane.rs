@@ -52,6 +52,7 @@ pub(crate) async fn dial(
         .inspect_err(|e| node.ctx.log(format!("dialing {addr}: {e}")))?;
     let peer = PeerId(u64::from(accepted.peer.engine_id));
     let link = node.link(peer);
+    link.pin();
     link.set_addr(addr);
     super::accept::join_group(node, &link, accepted.token);
     start(node, &link, stream, true, None);

@@ -57,6 +57,9 @@
 //!   proportion to its plan (a few bytes per slice; a plan covers at most its region once, since
 //!   destination blocks are distinct);
 //! - per peer at most [`transfer_engine::MAX_REPLIES_PER_PEER`] queued answers to refused frames;
+//! - a link (a few hundred bytes) per peer: those this node's user named, and strangers connected now or
+//!   within [`TcpConfig::forget_peer_after`] (then forgotten), so engine ids cycled by strangers do not
+//!   accumulate;
 //! - the board's bounded retention (65,536 events behind a subscriber, 4,096 finished sessions per role,
 //!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
 
@@ -67,6 +70,7 @@ mod blocking;
 mod budget;
 mod context;
 mod driver;
+mod forget;
 pub mod handshake;
 mod lane;
 mod lane_state;
@@ -122,6 +126,11 @@ pub struct TcpConfig {
     /// that peer, is closed (`None`: never), so a peer that connects and then says nothing does not hold
     /// a lane forever. Longer than `idle_timeout` by default: an honest dialer closes its idle lanes first.
     pub inbound_idle_timeout: Option<Duration>,
+    /// A peer that connected here (one this node's user never dialed, added or sent a transfer to), with
+    /// no lane, nothing queued and no session for this long (and at least `served_region_grace`), is
+    /// forgotten with any region served to it, so strangers cycling through engine ids cannot grow the
+    /// node's memory without bound. When it connects again it is a new connection group.
+    pub forget_peer_after: Duration,
     /// First redial delay after a failed dial; doubles each failure up to `redial_max`.
     pub redial_base: Duration,
     /// Most dials to one peer (successful or not) within `dial_window`; beyond, the next waits, so a peer
@@ -227,6 +236,7 @@ impl Default for TcpConfig {
             max_lanes_per_peer: 2,
             idle_timeout: Duration::from_secs(30),
             inbound_idle_timeout: Some(Duration::from_secs(120)),
+            forget_peer_after: Duration::from_secs(60),
             redial_base: Duration::from_millis(10),
             redial_max: Duration::from_secs(2),
             max_dials_per_window: 8,

@@ -54,6 +54,10 @@ pub struct NodeStats {
     /// Times a lane's reader waited because its peer, or its peer's address, sent Data payload beyond
     /// `TcpConfig::data_bytes_per_sec_per_peer` or `TcpConfig::data_bytes_per_sec_per_address`.
     pub data_frames_throttled: u64,
+    /// Peers this node holds a link to now (see [`TcpConfig::forget_peer_after`]).
+    pub peers_known: u64,
+    /// Strangers forgotten after idling past `TcpConfig::forget_peer_after`.
+    pub peers_forgotten: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
@@ -152,6 +156,8 @@ impl TcpNode {
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
             control_frames_throttled: c.control_frames_throttled.load(Ordering::Relaxed),
             data_frames_throttled: c.data_frames_throttled.load(Ordering::Relaxed),
+            peers_known: lock(&self.state.links).len() as u64,
+            peers_forgotten: c.peers_forgotten.load(Ordering::Relaxed),
             queued_bytes: self.state.ctx.total_queued.load(Ordering::Relaxed),
             staged_bytes_sent: self.state.ctx.staged.sent.load(Ordering::Relaxed),
             staged_bytes_received: self.state.ctx.staged.received.load(Ordering::Relaxed),
@@ -262,7 +268,9 @@ impl TcpNode {
 
     /// Records `peer`'s address so lanes to it are dialed on demand.
     pub fn add_peer(&self, peer: PeerId, addr: SocketAddr) {
-        self.state.link(peer).set_addr(addr);
+        let link = self.state.link(peer);
+        link.pin();
+        link.set_addr(addr);
     }
 
     /// Dials `addr`, runs the handshake and opens a first lane. With `want`, asks the peer to provide a
@@ -290,6 +298,7 @@ impl TcpNode {
     /// to it opens again). The first transfer after that hold dials the peer again.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TcpError> {
         let link = self.state.link(req.peer);
+        link.pin();
         let reach = reach::check_held(&link, self.state.ctx.cfg.unreachable_hold, Instant::now())?;
         if !link.routable() {
             return Err(TcpError::NoRoute(req.peer));

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -35,6 +35,11 @@ pub(crate) struct PeerLink {
     last_lane_closed: Mutex<Option<Instant>>,
     /// The Data byte budget its lanes share (`TcpConfig::data_bytes_per_sec_per_peer`; `None`: unlimited).
     data_budget: Option<Mutex<TokenBucket>>,
+    /// Whether this node's own user named the peer (dialed it, added its address, or sent it a transfer):
+    /// such a link is never forgotten.
+    pinned: AtomicBool,
+    /// When the link was made.
+    created: Instant,
 }
 
 struct DialState {
@@ -83,7 +88,24 @@ impl PeerLink {
             token: Mutex::new(None),
             last_lane_closed: Mutex::new(None),
             data_budget: super::budget::data_budget(data_bytes_per_sec).map(Mutex::new),
+            pinned: AtomicBool::new(false),
+            created: Instant::now(),
         }
+    }
+
+    /// Marks the peer as one this node's user named: its link is kept however long it idles.
+    pub(crate) fn pin(&self) {
+        self.pinned.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the link is a stranger's that has had no lane, nothing queued and no dial since before
+    /// `cutoff` (sessions are the engine's to tell).
+    pub(crate) fn idle_stranger_since(&self, cutoff: Instant) -> bool {
+        !self.pinned.load(Ordering::Relaxed)
+            && self.lane_count() == 0
+            && self.queued_bytes.load(Ordering::Relaxed) == 0
+            && !lock(&self.dial).dialing
+            && self.last_lane_closed().unwrap_or(self.created) <= cutoff
     }
 
     /// The Data byte budget the peer's lanes share, if the node limits one.

@@ -63,6 +63,13 @@ pub(crate) fn free_earlier_groups(node: &NodeState, peer: PeerId, group: [u8; TO
     });
 }
 
+/// Frees every served region of `peer` (a stranger forgotten after idling: no session can use them).
+pub(crate) fn free_all_of(node: &NodeState, peer: PeerId) {
+    let mut served = lock(&node.served);
+    let mut engine = node.ctx.station.engine();
+    served.retain(|r| r.owner != peer || engine.unregister_region(r.segment.handle.id).is_err());
+}
+
 /// A region of `layout` that belongs to `asker`'s connection group: the group's earlier one if it has
 /// one of this layout (never an earlier group's: a process claiming a departed peer's engine id gets a
 /// zeroed region, not the departed one's bytes), else a new one. To stay within the address's share and
