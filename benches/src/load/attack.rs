@@ -34,10 +34,15 @@ pub(crate) type Running = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>
 pub(crate) enum AttackKind {
     /// No attacker: the baseline.
     None,
+    /// Close frames of unknown sessions on one lane, as fast as the server reads, never reading.
     Flood,
+    /// Lanes under new engine ids, as many as the server admits, held.
     Lanes,
+    /// Handshakes claiming each running client's engine id, with Close frames for its sessions.
     Takeover,
+    /// 100 connections that send 5 bytes of a Hello and then nothing.
     HalfOpen,
+    /// Data frames with failing payload CRCs into a region of its own, never reading the answers.
     DataFlood,
 }
 

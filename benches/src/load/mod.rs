@@ -184,14 +184,24 @@ fn run(
     let victims = 100..100 + args.clients;
     let honest = victims.clone();
     std::thread::spawn(move || {
+        // The attackers' sessions, learnt from the line that names a session's engine; their later
+        // lines (a verdict names only the session) are not honest transfers, so are not counted.
+        let mut attackers = std::collections::HashSet::new();
         for line in out.lines().map_while(Result::ok) {
+            let session = line
+                .strip_prefix("session ")
+                .and_then(|rest| rest.split([' ', ':']).next())
+                .map(str::to_owned);
             let engine = line
                 .split(" from engine ")
                 .nth(1)
                 .and_then(|e| e.split(':').next())
                 .and_then(|e| e.parse::<u32>().ok());
             if engine.is_some_and(|e| !honest.contains(&e)) {
-                // An attacker's session: not one of the honest transfers counted here.
+                attackers.extend(session);
+                continue;
+            }
+            if session.is_some_and(|s| attackers.contains(&s)) {
                 continue;
             }
             if line.contains(": verified") {
