@@ -11,6 +11,9 @@
 //! Dropped blocks leave their heat behind in a bounded ghost table, so a block that comes back resumes its
 //! history (a second chance against one-off scans).
 //!
+//! A held block ([`TierManager::hold`]: one saved for a consumer that has not loaded it yet) is no victim
+//! while another block of its tier can be one; the nearest tier's continuation order ignores holds.
+//!
 //! With [`TierConfig::adaptive_segments`] (the default) each tier is split ARC-style into a *recent*
 //! segment (blocks only one request has used) and a *frequent* one (blocks two or more requests used).
 //! The victim comes from the recent segment while it holds more than its target share of the tier, else
@@ -42,6 +45,7 @@ use crate::namespace::NamespaceId;
 
 mod config;
 mod farther;
+mod hold;
 mod near;
 mod segments;
 
@@ -93,11 +97,18 @@ struct Block {
     seg: usize,
     /// The entry in `candidates[tier]`, if the block is evictable from its tier.
     entry: Option<Candidate>,
+    /// Held ([`TierManager::hold`]): not a victim while another block can be one.
+    held: bool,
 }
 
 impl Block {
-    fn evictable(&self) -> bool {
+    /// No child lives in this tier or a nearer one.
+    fn is_leaf(&self) -> bool {
         self.children[..=self.tier].iter().all(|&c| c == 0)
+    }
+
+    fn evictable(&self) -> bool {
+        self.is_leaf() && !self.held
     }
 }
 
@@ -278,6 +289,7 @@ impl TierManager {
             heat,
             seg,
             entry: None,
+            held: false,
         };
         self.blocks.insert(key, block);
         self.len[t] += 1;
@@ -326,10 +338,9 @@ impl TierManager {
         self.settle_near(moves);
         for (t, &tier) in TIERS.iter().enumerate() {
             while self.len[t] > self.cfg.capacities.get(t) {
-                let Some(victim) = self.victim(t) else {
-                    unreachable!(
-                        "a non-empty tier always has an evictable block (parents are nearer)"
-                    );
+                // Held blocks go only when nothing else can (a tier full of them).
+                let Some(victim) = self.victim(t).or_else(|| self.held_victim(t)) else {
+                    unreachable!("a non-empty tier always has a leaf (parents are nearer)");
                 };
                 if t == 0 {
                     self.near_forget(victim);
@@ -515,5 +526,7 @@ impl TierPolicy for TierManager {
     }
 }
 
+#[cfg(test)]
+mod hold_tests;
 #[cfg(test)]
 mod tests;

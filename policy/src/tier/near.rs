@@ -166,7 +166,7 @@ impl TierManager {
         let to = (1..TIERS.len()).find(|&n| self.cfg.capacities.get(n) > 0);
         for &key in &victims {
             debug_assert!(
-                self.blocks[&key].tier == 0 && self.blocks[&key].evictable(),
+                self.blocks[&key].tier == 0 && self.blocks[&key].is_leaf(),
                 "a victim is a nearest-tier leaf"
             );
             moves.push(TierMove {
