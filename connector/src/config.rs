@@ -91,6 +91,9 @@ pub struct ConnectorConfig {
     /// Time a load may take before its missing blocks are handed back for recompute (and a control
     /// call to a producer before it fails).
     pub load_timeout: Duration,
+    /// How long a producer holds the blocks saved for a decode ([`crate::KvConnector::hold_for_decode`])
+    /// out of its store's eviction order when no load of them comes; zero holds nothing.
+    pub hold_timeout: Duration,
     /// A disk tier below the store's host memory (producers; `None`: host memory only). Host victims the
     /// tier manager admits ([`ConnectorConfig::disk_min_sharers`]) are written there, lookups and loads
     /// cover it, and a restarted producer serves what it recovered. One directory per worker.
@@ -120,6 +123,7 @@ impl ConnectorConfig {
             class: TrafficClass::UrgentKv,
             shaping: None,
             load_timeout: Duration::from_secs(10),
+            hold_timeout: Duration::from_secs(60),
             disk: None,
             disk_min_sharers: 1,
         }

@@ -149,6 +149,7 @@ impl KvConnector {
                 started: Instant::now(),
                 prefetch_depth: cfg.prefetch_depth,
                 timeout: cfg.load_timeout,
+                hold_timeout: cfg.hold_timeout,
                 runtime: rt.handle().clone(),
                 streams: Mutex::default(),
                 rank: RankKv {
@@ -274,6 +275,13 @@ impl KvConnector {
         &self.metrics
     }
 
+    /// The metrics as numbers, with the store's gauges read now.
+    #[must_use]
+    pub fn snapshot(&self) -> crate::MetricsSnapshot {
+        self.refresh_gauges();
+        self.metrics.snapshot()
+    }
+
     /// Every metric as Prometheus text (see [`crate::metrics`] for the names).
     #[must_use]
     pub fn prometheus(&self) -> String {
@@ -286,6 +294,10 @@ impl KvConnector {
         if let Some(core) = &self.producer {
             let store = lock(&core.store);
             self.metrics.tier_blocks.store(store.used() as u64, Relaxed);
+            self.metrics.held_blocks.store(store.held() as u64, Relaxed);
+            self.metrics
+                .hold_expired
+                .store(store.holds_expired(), Relaxed);
             if let Some(d) = store.disk_stats() {
                 self.metrics.disk.set(&d);
             }

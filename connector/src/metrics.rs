@@ -23,6 +23,8 @@
 //! | `kv_transfer_latency_seconds` | histogram | a load, from start to its last layer |
 //! | `kv_tier_blocks{tier}` | gauge | blocks resident in the local tier store (`host`, `disk`) |
 //! | `kv_tier_capacity_blocks{tier}` | gauge | the store's capacity (`host`, `disk`) |
+//! | `kv_held_blocks` | gauge | blocks held in the store for a decode that has not loaded them yet |
+//! | `kv_hold_expired_blocks_total` | counter | holds that ran out before a decode loaded the block |
 //! | `kv_disk_demoted_blocks_total` | counter | blocks moved from host memory to the disk tier |
 //! | `kv_disk_demote_dropped_blocks_total` | counter | host victims admitted to disk that it could not take (queue full, no slot) |
 //! | `kv_disk_promoted_blocks_total` | counter | disk blocks read back into host memory for a use |
@@ -71,6 +73,8 @@ pub struct Metrics {
     latency_sum_us: AtomicU64,
     pub(crate) tier_blocks: AtomicU64,
     pub(crate) tier_capacity: AtomicU64,
+    pub(crate) held_blocks: AtomicU64,
+    pub(crate) hold_expired: AtomicU64,
     pub(crate) disk: DiskGauges,
 }
 
@@ -133,6 +137,10 @@ pub struct MetricsSnapshot {
     pub abandoned_blocks: u64,
     /// Blocks resident in the store.
     pub tier_blocks: u64,
+    /// Blocks held in the store for a decode that has not loaded them yet.
+    pub held_blocks: u64,
+    /// Holds that ran out before a decode loaded their block.
+    pub hold_expired_blocks: u64,
     /// Loads this producer served over its same-host transport.
     pub same_host_loads: u64,
     /// Loads whose consumer named this host but could not be reached there (served over the main
@@ -245,6 +253,8 @@ impl Metrics {
             streamed_loads: self.streamed_loads.load(Ordering::Relaxed),
             abandoned_blocks: self.abandoned_blocks.load(Ordering::Relaxed),
             tier_blocks: self.tier_blocks.load(Ordering::Relaxed),
+            held_blocks: self.held_blocks.load(Ordering::Relaxed),
+            hold_expired_blocks: self.hold_expired.load(Ordering::Relaxed),
             same_host_loads: self.same_host_loads.load(Ordering::Relaxed),
             same_host_fallbacks: self.same_host_fallbacks.load(Ordering::Relaxed),
         }
@@ -398,6 +408,18 @@ impl Metrics {
                 ("{tier=\"disk\"}".into(), load(&d.capacity).to_string()),
             ],
         );
+        metric(
+            "kv_held_blocks",
+            "gauge",
+            "Blocks held in the store for a decode that has not loaded them yet.",
+            &one(snap.held_blocks.to_string()),
+        );
+        metric(
+            "kv_hold_expired_blocks_total",
+            "counter",
+            "Holds that ran out before a decode loaded their block (no decode came in time).",
+            &one(snap.hold_expired_blocks.to_string()),
+        );
         for (name, help, value) in [
             (
                 "kv_disk_demoted_blocks_total",
@@ -464,6 +486,8 @@ mod tests {
             "kv_tier_blocks{tier=\"disk\"} 0",
             "kv_disk_demoted_blocks_total 0",
             "kv_disk_corrupt_blocks_total 0",
+            "kv_held_blocks 0",
+            "kv_hold_expired_blocks_total 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -56,6 +56,8 @@ pub(crate) struct ProducerCore {
     pub(crate) started: Instant,
     pub(crate) prefetch_depth: u32,
     pub(crate) timeout: Duration,
+    /// How long blocks saved for a decode stay held when no load of them comes.
+    pub(crate) hold_timeout: Duration,
     pub(crate) runtime: tokio::runtime::Handle,
     /// Loads waiting for layers still to be saved. Locked after `store`, never before.
     pub(crate) streams: Mutex<Vec<Stream>>,
@@ -208,11 +210,13 @@ impl ProducerCore {
             * u64::from(layers)
             * self.store_handle.layout().map_or(0, |l| l.block_bytes);
         let core = self.clone();
+        let keys = keys[..served].to_vec();
         self.runtime.spawn(async move {
             let out = core
                 .transport
                 .wait_sent(session, core.timeout + Duration::from_secs(5))
                 .await;
+            let delivered = out.as_ref().is_ok_and(|o| o.recompute.is_empty());
             if let Ok(out) = &out {
                 let lost = out.recompute.len() as u64
                     * core.store_handle.layout().map_or(0, |l| l.block_bytes);
@@ -225,6 +229,10 @@ impl ProducerCore {
             );
             let mut store = lock(&core.store);
             store.unpin(&slots);
+            if delivered {
+                // A decode has its blocks: their holds end (a failed load keeps them for a retry).
+                store.release_holds(&keys);
+            }
             lock(&core.streams).retain(|s| s.session != session);
         });
         Ok(Started {

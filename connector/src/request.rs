@@ -67,6 +67,10 @@ pub struct BlockSpec {
     pub local: bool,
     /// The producer to load from (`None`: the default one).
     pub producer: Option<KvTransferParams>,
+    /// A save for a decode to load (see [`crate::KvConnector::hold_for_decode`]): the blocks stay out of
+    /// the store's eviction order until a load of them completes or
+    /// [`crate::ConnectorConfig::hold_timeout`] passes.
+    pub hold: bool,
 }
 
 /// What the workers need for one step (vLLM's `KVConnectorMetadata`).
@@ -95,6 +99,8 @@ struct SpecOnWire {
     blocks: Vec<u32>,
     local: bool,
     producer: Option<KvTransferParams>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    hold: bool,
 }
 
 /// [`ConnectorMetadata`] as it travels between processes.
@@ -113,6 +119,7 @@ impl SpecOnWire {
             blocks: s.blocks.clone(),
             local: s.local,
             producer: s.producer.clone(),
+            hold: s.hold,
         }
     }
 
@@ -123,6 +130,7 @@ impl SpecOnWire {
             blocks: self.blocks,
             local: self.local,
             producer: self.producer,
+            hold: self.hold,
         })
     }
 }
@@ -178,6 +186,7 @@ mod tests {
                 blocks: vec![7, 3],
                 local: false,
                 producer: Some(params),
+                hold: false,
             }],
             saves: vec![BlockSpec {
                 request: "r2".into(),
@@ -185,6 +194,7 @@ mod tests {
                 blocks: vec![0],
                 local: true,
                 producer: None,
+                hold: true,
             }],
         };
         assert_eq!(ConnectorMetadata::from_json(&meta.to_json()).unwrap(), meta);

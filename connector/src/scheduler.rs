@@ -83,9 +83,25 @@ impl KvConnector {
                 producer,
                 load_async: self.cfg.async_loads && new_tokens > 0,
                 save: None,
+                hold: false,
             },
         );
         Ok((new_tokens, self.cfg.async_loads && new_tokens > 0))
+    }
+
+    /// A producer's request that a decode will load (vLLM's `do_remote_decode`): its saved blocks are held
+    /// in the tier store, out of the eviction order, until a load of them completes or
+    /// [`crate::ConnectorConfig::hold_timeout`] passes after their save; the engine's own blocks are
+    /// free as usual (each layer is copied into the store as it is computed). Call it after
+    /// [`KvConnector::get_num_new_matched_tokens`], before the request's blocks are saved.
+    pub fn hold_for_decode(&self, request: &str) -> Result<(), ConnectorError> {
+        let mut sched = lock(&self.sched);
+        let t = sched
+            .requests
+            .get_mut(request)
+            .ok_or_else(|| ConnectorError::UnknownRequest(request.into()))?;
+        t.hold = self.cfg.role.saves();
+        Ok(())
     }
 
     /// vLLM's `update_state_after_alloc`: the engine allocated `block_ids` (the request's whole block
@@ -118,6 +134,7 @@ impl KvConnector {
                     blocks: block_ids[first..last].to_vec(),
                     local: t.local,
                     producer: t.producer.clone(),
+                    hold: false,
                 });
                 loading_async = t.load_async;
             } else if t.load_async {
@@ -128,6 +145,7 @@ impl KvConnector {
                     blocks: Vec::new(),
                     local: t.local,
                     producer: None,
+                    hold: false,
                 });
             }
         }
@@ -189,6 +207,7 @@ impl KvConnector {
                     blocks: plan.blocks[plan.saved..upto].to_vec(),
                     local: false,
                     producer: None,
+                    hold: t.hold,
                 });
                 plan.saved = upto;
             }
@@ -201,7 +220,8 @@ impl KvConnector {
 
     /// vLLM's `request_finished`: the request is done. Returns whether the engine must keep its blocks
     /// until [`KvConnector::get_finished`] reports it (never here: a producer copies each layer into its
-    /// tier store during `save_kv_layer`, so the engine's blocks are free once the step ends), and, from a
+    /// tier store during `save_kv_layer`, so the engine's blocks are free once the step ends, and the
+    /// store holds them for a decode: see [`KvConnector::hold_for_decode`]), and, from a
     /// producer, where a consumer finds the request's KV (vLLM's `kv_transfer_params`): this rank's
     /// control address and, under tensor parallelism, every rank's (see
     /// [`KvConnector::set_rank_handshakes`]).

@@ -23,6 +23,8 @@ pub(crate) struct Tracked {
     pub(crate) load_async: bool,
     /// The blocks a saving role still has to save, once they are computed.
     pub(crate) save: Option<SavePlan>,
+    /// Its saves are held for a decode ([`crate::KvConnector::hold_for_decode`]).
+    pub(crate) hold: bool,
 }
 
 /// A saving role's plan for one request: its block table and how far it was saved. Blocks are saved

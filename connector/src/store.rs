@@ -9,6 +9,8 @@
 //! frequency, sharing degree, recency) and evicts chain tails before their parents; a block it evicts
 //! while a load reads it keeps its slot until that load ends, but is never served again. A lookup walks a
 //! request's keys and stops at the first block that is missing (or, for [`TierStore::lookup`], not whole).
+//! A held block ([`TierStore::hold`]: saved for a decode that has not loaded it yet) is evicted only when
+//! nothing else can be, until a load releases it or its deadline passes.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -74,6 +76,7 @@ pub struct TierStore {
     /// The tier below host memory, if any ([`TierStore::with_disk`]).
     disk: Option<DiskTier>,
     disk_stats: DiskTierStats,
+    holds: hold::Holds,
 }
 
 impl TierStore {
@@ -125,6 +128,7 @@ impl TierStore {
             copier: BlockCopier::default(),
             disk: None,
             disk_stats: DiskTierStats::default(),
+            holds: hold::Holds::default(),
         })
     }
 
@@ -335,6 +339,7 @@ impl TierStore {
         request: u64,
         now: Duration,
     ) -> Option<Entry> {
+        self.expire_holds(now);
         let tier_key = key.tier_key();
         if self.by_tier.get(&tier_key).is_some_and(|k| *k != key) {
             return None; // a 64-bit collision with another stored block: not stored
@@ -443,6 +448,7 @@ impl TierStore {
 mod disk;
 #[cfg(test)]
 mod disk_tests;
+mod hold;
 #[cfg(test)]
 mod tests;
 

@@ -44,6 +44,7 @@ impl KvConnector {
                 blocks,
                 local,
                 producer,
+                hold: _,
             } = spec;
             let number = request_number(&request);
             let started = Instant::now();
@@ -292,7 +293,17 @@ impl KvConnector {
         if let Some(core) = &self.producer {
             let abandoned: usize = {
                 let mut store = lock(&core.store);
-                saves.iter().map(|s| store.abandon_partial(&s.keys)).sum()
+                let until = core.now() + core.hold_timeout;
+                saves
+                    .iter()
+                    .map(|s| {
+                        let abandoned = store.abandon_partial(&s.keys);
+                        if s.hold && !core.hold_timeout.is_zero() {
+                            store.hold(&s.keys, until);
+                        }
+                        abandoned
+                    })
+                    .sum()
             };
             self.metrics.abandoned(abandoned);
             // Also cancels loads whose blocks left the store since the last save (evicted, say).

@@ -18,10 +18,12 @@ Disaggregated prefill and decode in vLLM's proxy convention: a request to a prod
 KV waits (``producer``, and every tensor-parallel rank's control address under ``ranks``); the same prompt
 sent to a consumer with those parameters loads the prompt's KV from the producer instead of computing it.
 A producer copies each layer into its tier store in the step that computes it (a prompt prefilled in
-chunks is saved chunk by chunk), so vLLM frees the request's blocks as usual: ``request_finished`` never
-delays a free, and the KV stays loadable until the store evicts it (``store_blocks``, least valuable
-first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this convention in front of
-``vllm serve`` instances.
+chunks is saved chunk by chunk), so vLLM frees the request's blocks as usual (``request_finished`` never
+delays vLLM's free); instead the store holds the request's blocks for the decode: out of its eviction
+order until a decode's load of them completes, or ``hold_timeout`` seconds after their save if none
+comes (a save that finds every slot held is dropped). Other blocks stay loadable until the store evicts
+them (``store_blocks``, least valuable first). ``python -m kv_transfer.proxy`` puts this convention in
+front of ``vllm serve`` instances.
 
 ``kv_connector_extra_config`` keys (a key not listed, or a bad value, fails start-up naming it):
 
@@ -30,6 +32,9 @@ first), with no timeout to tune. ``python -m kv_transfer.proxy`` puts this conve
 - ``weight_version`` (``0``): part of the key namespace, with the model, block size and dtype;
 - ``store_blocks`` (``1024``): blocks a producer keeps in its host tier store;
 - ``load_timeout`` (``10.0``): seconds a load may take before its blocks are recomputed;
+- ``hold_timeout`` (``60.0``): seconds a producer holds a ``do_remote_decode`` request's blocks in its
+  store when no decode loads them (``0``: no hold); ``hold_expired_blocks`` in the stats counts holds
+  that ran out;
 - ``prefetch_depth`` (``2``): layers a load may run ahead of the forward pass;
 - ``async_loads`` (``false``): load between vLLM's steps instead of inside the forward pass: the request
   waits (vLLM's ``WAITING_FOR_REMOTE_KVS``) until a worker reports its load over, and the step never
@@ -85,7 +90,9 @@ stream that computed the layer. Not built yet: tensor parallelism proven under v
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import math
 import os
 import tempfile
 import time
@@ -112,6 +119,7 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "weight_version": 0,
     "store_blocks": 1024,
     "load_timeout": 10.0,
+    "hold_timeout": 60.0,
     "prefetch_depth": 2,
     "async_loads": False,
     "kv_bandwidth_gbps": 0.0,
@@ -127,6 +135,21 @@ EXTRA_CONFIG: Dict[str, Any] = {
     "disk_bytes": 0,
     "disk_min_sharers": 1,
 }
+
+#: The least value of each numeric key (a float key's must also be finite); ``load_timeout`` and
+#: ``discovery_ttl`` must be above theirs.
+_LEAST: Dict[str, float] = {
+    "weight_version": 0,
+    "store_blocks": 0,
+    "load_timeout": 0.0,
+    "hold_timeout": 0.0,
+    "prefetch_depth": 0,
+    "kv_bandwidth_gbps": 0.0,
+    "discovery_ttl": 0.0,
+    "disk_bytes": 0,
+    "disk_min_sharers": 1,
+}
+_ABOVE_LEAST = ("load_timeout", "discovery_ttl")
 
 _ROLES = {"kv_producer": "producer", "kv_consumer": "consumer", "kv_both": "both"}
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -144,6 +167,7 @@ _STAT_COUNTERS = (
     "save_dropped_blocks",
     "retransmits",
     "same_host_loads",
+    "hold_expired_blocks",
 )
 
 
@@ -219,7 +243,24 @@ def _options(extra: Dict[str, Any]) -> Dict[str, Any]:
             opts[key] = kind(opts[key])
         except (TypeError, ValueError):
             raise ValueError(f"kv_connector_extra_config[{key!r}] = {opts[key]!r} is not a {kind.__name__}")
+    for key, least in _LEAST.items():
+        value = opts[key]
+        strict = key in _ABOVE_LEAST
+        if not math.isfinite(value) or value < least or (strict and value == least):
+            bound = f"above {least}" if strict else f"at least {least}"
+            raise ValueError(f"kv_connector_extra_config[{key!r}] = {value!r}: must be finite and {bound}")
+    try:
+        ipaddress.ip_address(opts["kv_ip"])
+    except ValueError:
+        raise ValueError(
+            f"kv_connector_extra_config['kv_ip'] = {opts['kv_ip']!r} is not an IP address (host names are not resolved)"
+        ) from None
     return opts
+
+
+def _socket_address(ip: str, port: int) -> str:
+    """``ip:port``, with an IPv6 address in brackets."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def _stream_sync(device: Any) -> Optional[Callable[[], None]]:
@@ -306,6 +347,7 @@ class KvTransferConnector(KVConnectorBase_V1):
             store_blocks=self._opts["store_blocks"] if self._role != "consumer" else 0,
             prefetch_depth=self._opts["prefetch_depth"],
             load_timeout=self._opts["load_timeout"],
+            hold_timeout=self._opts["hold_timeout"],
             async_loads=self._opts["async_loads"],
             kv_bandwidth=int(self._opts["kv_bandwidth_gbps"] * 1e9 / 8),
             tp_rank=rank,
@@ -319,7 +361,7 @@ class KvTransferConnector(KVConnectorBase_V1):
         return s
 
     def _control(self, rank: int) -> str:
-        return f"{self._opts['kv_ip']}:{self._port + rank}"
+        return _socket_address(self._opts["kv_ip"], self._port + rank)
 
     # ---- discovery ----
 
@@ -394,7 +436,9 @@ class KvTransferConnector(KVConnectorBase_V1):
             self._scheduler.get_num_new_matched_tokens(
                 request.request_id, list(request.prompt_token_ids), num_computed_tokens, None
             )
-            return 0, False
+            n, load_async = 0, False
+        if self._role != "consumer" and isinstance(params, dict) and params.get("do_remote_decode"):
+            self._scheduler.hold_for_decode(request.request_id)
         return n, load_async
 
     def _best_peer(
@@ -487,7 +531,7 @@ class KvTransferConnector(KVConnectorBase_V1):
         settings = self._settings(len(names), layout.block_bytes, rank, heads)
         engine_id = zlib.crc32(f"{self._role}:{self._port}:{rank}:{os.getpid()}".encode()) & 0x7FFFFFFF
         # A role that loads listens (producers dial it); a role that saves serves at kv_port + rank.
-        listen = f"{self._opts['kv_ip']}:0" if self._role != "producer" else None
+        listen = _socket_address(self._opts["kv_ip"], 0) if self._role != "producer" else None
         control = self._control(rank) if self._role != "consumer" else None
         if self._opts["backend"] == "rdma":
             domain = self._opts["rdma_domain"] or None

@@ -275,6 +275,13 @@ impl PyConnector {
             .record_step(request, &new_blocks, replace, computed_tokens)
     }
 
+    /// A producer's request that a decode will load (vLLM's `do_remote_decode`): its saved blocks stay
+    /// held in the store until a load of them completes or `hold_timeout` passes. Call it after
+    /// `get_num_new_matched_tokens`.
+    fn hold_for_decode(&self, request_id: &str) -> PyResult<()> {
+        self.0.hold_for_decode(request_id).map_err(err)
+    }
+
     /// vLLM's `build_connector_meta`.
     fn build_connector_meta(&self) -> PyConnectorMetadata {
         PyConnectorMetadata(self.0.build_connector_meta())
@@ -358,7 +365,7 @@ impl PyConnector {
 
     /// The metrics as numbers, by name.
     fn metrics(&self) -> HashMap<&'static str, u64> {
-        let s = self.0.metrics().snapshot();
+        let s = self.0.snapshot();
         HashMap::from([
             ("lookup_blocks", s.lookup_blocks),
             ("lookup_hits", s.lookup_hits),
@@ -374,6 +381,8 @@ impl PyConnector {
             ("abandoned_blocks", s.abandoned_blocks),
             ("same_host_loads", s.same_host_loads),
             ("same_host_fallbacks", s.same_host_fallbacks),
+            ("held_blocks", s.held_blocks),
+            ("hold_expired_blocks", s.hold_expired_blocks),
         ])
     }
 

@@ -10,7 +10,7 @@ use crate::err;
 use crate::layout::dtype;
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 21] = [
+const KEYS: [&str; 22] = [
     "role",
     "model",
     "weight_version",
@@ -21,6 +21,7 @@ const KEYS: [&str; 21] = [
     "store_blocks",
     "prefetch_depth",
     "load_timeout",
+    "hold_timeout",
     "async_loads",
     "kv_bandwidth",
     "tp_rank",
@@ -111,6 +112,9 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
     }
     if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {
         cfg.load_timeout = crate::duration(s).map_err(|e| bad("load_timeout", e))?;
+    }
+    if let Some(s) = get::<f64>(settings, "hold_timeout").map_err(|e| bad("hold_timeout", e))? {
+        cfg.hold_timeout = crate::duration(s).map_err(|e| bad("hold_timeout", e))?;
     }
     let rank: u32 = get(settings, "tp_rank")
         .map_err(|e| bad("tp_rank", e))?

@@ -110,6 +110,31 @@ def test_a_prompt_prefilled_in_chunks_is_served_as_each_chunk_computed_it():
         producer.close()
 
 
+@pytest.mark.parametrize("hold_timeout", [60.0, 0.0])
+def test_a_decodes_blocks_stay_held_while_other_prompts_fill_the_store(hold_timeout):
+    port = free_port()
+    # A 4-block store: the P/D request's 3 blocks, then another prompt of 3 blocks that needs room.
+    producer = Instance("producer", "LBNHC", port, extra={"store_blocks": 4, "hold_timeout": hold_timeout})
+    consumer = Instance("consumer", "LBNHC", free_port())
+    try:
+        prompt = [(11 * i + 2) % 4000 + 3 for i in range(3 * BLOCK + 5)]
+        params = producer.ask(id="p1", prompt=prompt, kv_transfer_params={"do_remote_decode": True})["kv_transfer_params"]
+        other = producer.ask(id="p2", prompt=[(17 * i + 8) % 4000 + 3 for i in range(3 * BLOCK + 1)])
+        got = consumer.ask(id="d1", prompt=prompt, max_tokens=1, kv_transfer_params=params)
+        if hold_timeout:
+            # Held: the other prompt's save found one free slot and dropped the rest; the decode loads all.
+            assert other["stats"].get("saved_blocks", 0) <= 1, other
+            assert got["loaded_tokens"] == 3 * BLOCK and got["blocks_hold_the_prompt"], got
+        else:
+            # No hold: the other prompt pushed the request's tail out, and the decode computes it.
+            assert other["stats"].get("saved_blocks", 0) == 3, other
+            assert got["loaded_tokens"] < 3 * BLOCK and got["invalid_blocks"] == 0, got
+        assert got["free_blocks"] == got["all_blocks"] - 1, got
+    finally:
+        consumer.close()
+        producer.close()
+
+
 def test_a_producer_gone_before_the_load_costs_only_recompute():
     port = free_port()
     producer = Instance("producer", "LBNHC", port)
@@ -144,6 +169,20 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
     with pytest.raises(ValueError, match="discovery_ttl"):
         _options({"discovery_ttl": "long"})
     assert _options({"discovery": ["127.0.0.1:2379"]})["discovery"] == ["127.0.0.1:2379"]
+    with pytest.raises(ValueError, match=r"\['kv_ip'\] = 'localhost' is not an IP address"):
+        _options({"kv_ip": "localhost"})
+    assert _options({"kv_ip": "::1"})["kv_ip"] == "::1"
+    for key, value in [("store_blocks", -1), ("load_timeout", 0), ("kv_bandwidth_gbps", -2.5),
+                       ("discovery_ttl", float("inf")), ("disk_min_sharers", 0), ("prefetch_depth", -1)]:
+        with pytest.raises(ValueError, match=rf"\['{key}'\] = .*must be finite and"):
+            _options({key: value})
+
+
+def test_a_bad_extra_config_value_fails_vllm_start_up_naming_the_key():
+    instance = Instance("producer", "LBNHC", free_port(), extra={"kv_ip": "localhost"})
+    _, err = instance.p.communicate(input="", timeout=300)  # no request: a healthy instance would just end
+    assert instance.p.returncode != 0, err[-3000:]
+    assert "kv_connector_extra_config['kv_ip'] = 'localhost' is not an IP address" in err, err[-3000:]
 
 
 def test_a_disk_tier_takes_a_directory_and_a_size_together():

@@ -178,3 +178,90 @@ fn a_new_weight_version_never_sees_old_blocks() {
     assert_eq!(store.lookup(&keys(2, &[1, 2])), 0);
     assert_eq!(store.lookup(&keys(1, &[1, 2])), 2);
 }
+
+fn save_at(
+    store: &mut TierStore,
+    keys: &[ScopedKey],
+    src: &MemoryRegion,
+    req: u64,
+    secs: u64,
+) -> SaveReport {
+    let blocks: Vec<u32> = (0..keys.len() as u32).collect();
+    let mut first = SaveReport::default();
+    for layer in 0..2 {
+        let report = store
+            .save_layer(
+                keys,
+                SourceBlocks {
+                    memory: src,
+                    layout: &layout(8),
+                    blocks: &blocks,
+                },
+                layer,
+                req,
+                Duration::from_secs(secs),
+            )
+            .unwrap();
+        if layer == 0 {
+            first = report;
+        }
+    }
+    first
+}
+
+#[test]
+fn a_held_block_outlives_newer_saves_until_a_load_releases_it() {
+    let mut store = TierStore::new(layout(2)).unwrap();
+    let src = MemoryRegion::zeroed(8 * 2 * 64);
+    let held = keys(1, &[1]);
+    save_at(&mut store, &held, &src, 1, 0);
+    assert_eq!(store.hold(&held, Duration::from_secs(60)), 1);
+    for i in 2..10u8 {
+        save_at(&mut store, &keys(1, &[i]), &src, u64::from(i), u64::from(i));
+        assert!(store.contains(&held[0]), "evicted by block {i}");
+    }
+    assert_eq!(store.held(), 1);
+    store.release_holds(&held);
+    assert_eq!(store.held(), 0);
+    save_at(&mut store, &keys(1, &[20]), &src, 20, 20);
+    save_at(&mut store, &keys(1, &[21]), &src, 21, 21);
+    assert!(
+        !store.contains(&held[0]),
+        "released, the coldest block goes"
+    );
+    assert_eq!(store.holds_expired(), 0);
+}
+
+#[test]
+fn a_store_full_of_held_blocks_drops_new_saves() {
+    let mut store = TierStore::new(layout(2)).unwrap();
+    let src = MemoryRegion::zeroed(8 * 2 * 64);
+    let (a, b) = (keys(1, &[1]), keys(1, &[2]));
+    save_at(&mut store, &a, &src, 1, 0);
+    save_at(&mut store, &b, &src, 2, 0);
+    store.hold(&a, Duration::from_secs(60));
+    store.hold(&b, Duration::from_secs(60));
+    let report = save_at(&mut store, &keys(1, &[3]), &src, 3, 1);
+    assert_eq!((report.copied, report.dropped), (0, 1));
+    assert!(store.contains(&a[0]) && store.contains(&b[0]));
+}
+
+#[test]
+fn a_hold_ends_at_its_deadline() {
+    let mut store = TierStore::new(layout(2)).unwrap();
+    let src = MemoryRegion::zeroed(8 * 2 * 64);
+    let held = keys(1, &[1]);
+    save_at(&mut store, &held, &src, 1, 0);
+    store.hold(&held, Duration::from_secs(5));
+    save_at(&mut store, &keys(1, &[2]), &src, 2, 1);
+    save_at(&mut store, &keys(1, &[3]), &src, 3, 4);
+    assert!(store.contains(&held[0]), "held until 5 s");
+    assert_eq!(store.holds_expired(), 0);
+    save_at(&mut store, &keys(1, &[4]), &src, 4, 6);
+    assert_eq!((store.holds_expired(), store.held()), (1, 0));
+    save_at(&mut store, &keys(1, &[5]), &src, 5, 7);
+    assert!(
+        !store.contains(&held[0]),
+        "no longer held, the coldest block goes"
+    );
+}
