@@ -37,13 +37,20 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
         "--iterations",
         "3",
         "--attackers",
-        "none,flood,lanes,takeover,half-open",
+        "none,flood,lanes,takeover,half-open,data-flood",
         "--json",
     ]);
     let attackers: Vec<&str> = rows.iter().filter_map(|r| r["attacker"].as_str()).collect();
     assert_eq!(
         attackers,
-        ["none", "flood", "lanes", "takeover", "half-open"]
+        [
+            "none",
+            "flood",
+            "lanes",
+            "takeover",
+            "half-open",
+            "data-flood"
+        ]
     );
     for row in &rows {
         println!("{row}");
@@ -64,7 +71,7 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
             "{row}"
         );
     }
-    // Each attacker really attacked: the flood wrote frames, the lane taker was refused at its address's
+    // Each attacker really attacked: the floods wrote frames, the lane taker was refused at its address's
     // limit, the takeover tried the honest ids, the half-open connections were made.
     let notes = |i: usize| rows[i]["notes"].as_str().unwrap_or_default().to_string();
     assert!(!notes(1).starts_with("0 frames"), "{}", notes(1));
@@ -84,4 +91,6 @@ fn honest_clients_beside_each_attacker_all_land_their_bytes() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(half_open >= 100, "{}", notes(4));
+    // The data flood wrote Data frames into its own region; its session's verdict is not counted.
+    assert!(!notes(5).starts_with("0 frames"), "{}", notes(5));
 }
