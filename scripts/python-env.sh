@@ -6,7 +6,7 @@
 # fresh clone on the same machine reuses it: its pinned tools are downloaded once, and only the package
 # itself is rebuilt. It needs python3 (>= 3.9) with its venv module and network access to PyPI the first
 # time; the build needs cargo (the package's native module is this workspace's Rust, built by maturin, with
-# feature etcd) and protoc (Debian's protobuf-compiler, which scripts/install-deps.sh installs).
+# features etcd and rdma), protoc, libfabric's headers and libclang (scripts/install-deps.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 env_dir=${KV_TRANSFER_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kv-transfer/pyenv-test}
@@ -29,7 +29,8 @@ if [ ! -x "$env_dir/bin/python" ] || [ "$(cat "$env_dir/.pins" 2>/dev/null)" != 
   echo "$pins" > "$env_dir/.pins"
 fi
 # The package under test, from this checkout: maturin builds the native module (release, locked).
-# With the etcd registry (python/tests/test_discovery.py runs it against a real etcd server).
-MATURIN_PEP517_ARGS="--features etcd" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
+# With the etcd registry (python/tests/test_discovery.py runs it against a real etcd server) and RDMA nodes
+# (python/tests/test_transfer.py runs them on libfabric's tcp and shm providers).
+MATURIN_PEP517_ARGS="--features etcd,rdma" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
   --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python >&2
 echo "$env_dir"

@@ -1,4 +1,5 @@
-//! `Node`: one engine and its I/O (loopback or TCP), its regions, transfers and the receiving side.
+//! `Node`: one engine and its I/O (loopback, TCP, same-host or RDMA), its regions, transfers and the
+//! receiving side.
 
 use std::sync::Arc;
 
@@ -14,7 +15,8 @@ use transfer_engine::{
 use crate::layout::PyKvLayout;
 use crate::{block_on, buffer, duration, err, runtime, within};
 
-/// One engine and its I/O: a loopback end ([`PyNode::loopback_pair`]) or a TCP node ([`PyNode::tcp`]).
+/// One engine and its I/O: a loopback end ([`PyNode::loopback_pair`]), a TCP node ([`PyNode::tcp`]), a
+/// same-host node ([`PyNode::shm`]) or an RDMA node ([`PyNode::rdma`]).
 #[pyclass(name = "Node", module = "kv_transfer", frozen)]
 pub(crate) struct PyNode(pub(crate) Arc<dyn Transport>);
 
@@ -153,6 +155,21 @@ impl PyNode {
             .detach(|| backends::shm::ShmNode::start(cfg))
             .map_err(err)?;
         Ok(PyNode(Arc::new(node)))
+    }
+
+    /// An RDMA node of engine `engine_id` over libfabric: `provider` `"auto"` (efa, then verbs, then tcp),
+    /// `"auto-local"` (shm too, for peers on this host) or a name (`"verbs"`, `"efa"`, `"tcp"`, `"shm"`);
+    /// `domain` the device or interface (`"mlx5_0"`, `"lo"`; `None`: the provider's first). Peers reach it
+    /// at its `address` (`"rdma:HEX"`). Needs a build with feature `rdma`; without it the error says how.
+    #[staticmethod]
+    #[pyo3(signature = (engine_id, provider = "auto-local", domain = None))]
+    fn rdma(
+        py: Python<'_>,
+        engine_id: u32,
+        provider: &str,
+        domain: Option<String>,
+    ) -> PyResult<PyNode> {
+        rdma_node(py, engine_id, provider, domain)
     }
 
     /// The backend's name: `loopback`, `tcp`, `shm` or `rdma`.
@@ -441,4 +458,31 @@ impl PyRegionHandle {
     fn layout(&self) -> Option<PyKvLayout> {
         self.0.layout.map(PyKvLayout)
     }
+}
+
+#[cfg(feature = "rdma")]
+fn rdma_node(
+    py: Python<'_>,
+    engine_id: u32,
+    provider: &str,
+    domain: Option<String>,
+) -> PyResult<PyNode> {
+    use backends::rdma::{Provider, RdmaConfig, RdmaNode};
+    let mut cfg = RdmaConfig::new(engine_id, Provider::parse(provider));
+    cfg.domain = domain;
+    let node = py.detach(|| RdmaNode::start(cfg)).map_err(err)?;
+    Ok(PyNode(Arc::new(node)))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_node(
+    _py: Python<'_>,
+    _engine_id: u32,
+    _provider: &str,
+    _domain: Option<String>,
+) -> PyResult<PyNode> {
+    Err(crate::KvTransferError::new_err(
+        "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
+         pip install ./python (needs libfabric's headers and libclang)",
+    ))
 }

@@ -1,4 +1,5 @@
-"""Nodes, regions over Python buffers, transfers and the receiving side, on loopback and TCP."""
+"""Nodes, regions over Python buffers, transfers and the receiving side, on loopback, TCP, same-host
+shared memory and RDMA (libfabric's tcp and shm providers, which run without an RDMA device)."""
 
 import threading
 
@@ -24,10 +25,18 @@ def block(buf, layer, blk, lay=None):
     return b"".join(bytes(raw[o : o + n]) for o, n in lay.chunks(layer, blk))
 
 
-@pytest.fixture(params=["loopback", "tcp", "shm"])
+@pytest.fixture(params=["loopback", "tcp", "shm", "rdma-tcp", "rdma-shm"])
 def pair(request, tmp_path):
     """(sender, receiver, receiver's address as the sender connects to it)."""
-    if request.param == "loopback":
+    if request.param.startswith("rdma"):
+        if "rdma" not in kt.FEATURES:
+            pytest.skip("not run: this build has no rdma (scripts/python-env.sh builds the package with it)")
+        provider, domain = ("tcp", "lo") if request.param == "rdma-tcp" else ("shm", None)
+        b = kt.Node.rdma(2, provider, domain)
+        a = kt.Node.rdma(1, provider, domain)
+        assert b.backend == "rdma" and b.address.startswith("rdma:"), b.address
+        yield a, b, b.address
+    elif request.param == "loopback":
         a, b = kt.Node.loopback_pair()
         yield a, b, "loopback"
     elif request.param == "shm":
