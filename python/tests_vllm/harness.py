@@ -103,6 +103,34 @@ for p in plans:
 worker_plan, sched_plan = plans[0], generate_scheduler_kv_cache_config(plans)
 config.cache_config.num_gpu_blocks = sched_plan.num_blocks
 
+# Every call vLLM makes to the connector, in order (`name` or `name:request id`), and the block ids each
+# request was allocated with: what the tests check the call order and block ids against.
+import kv_transfer.vllm as connector_module  # noqa: E402
+
+CALLS: list[str] = []
+ALLOCATED: dict[str, dict] = {}
+
+
+def recorded(name, method):
+    def call(self, *args, **kwargs):
+        rid = getattr(args[0], "request_id", None) if args else None
+        CALLS.append(name if rid is None else f"{name}:{rid}")
+        if name == "update_state_after_alloc":
+            ALLOCATED[rid] = {"blocks": list(args[1].get_block_ids()[0]), "external_tokens": args[2]}
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+for _name in (
+    "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
+    "update_connector_output", "bind_connector_metadata", "start_load_kv", "wait_for_layer_load",
+    "save_kv_layer", "wait_for_save", "get_finished", "get_block_ids_with_load_errors",
+    "clear_connector_metadata", "get_kv_connector_stats",
+):
+    _cls = connector_module.KvTransferConnector
+    setattr(_cls, _name, recorded(_name, getattr(_cls, _name)))
+
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -248,6 +276,7 @@ for line in sys.stdin:
     sp = SamplingParams(max_tokens=ask.get("max_tokens", 1), ignore_eos=True, extra_args=extra)
     sp.update_from_generation_config({}, 2)
     scheduler.add_request(Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp, pooling_params=None, block_hasher=hasher))
+    CALLS.clear()
     report = {
         "id": rid, "pickled_steps": 0, "invalid_blocks": 0, "computed_from": None, "kv_transfer_params": None,
         "stats": {}, "finished_recving": 0, "waiting_steps": 0, "idle_steps": 0,
@@ -263,6 +292,10 @@ for line in sys.stdin:
     loaded = report["computed_from"] or 0
     report["loaded_tokens"] = loaded
     report["blocks_hold_the_prompt"] = loaded_blocks_hold_the_prompt(rid, prompt, loaded or len(prompt) - 1)
+    # The calls of this request's steps, runs of one call collapsed.
+    report["calls"] = [c for i, c in enumerate(CALLS) if i == 0 or CALLS[i - 1] != c]
+    report["allocated"] = ALLOCATED.get(rid)
+    report["block_table"] = tables.get(rid)
     pool = scheduler.kv_cache_manager.block_pool
     report["free_blocks"], report["all_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
     print(json.dumps(report), flush=True)

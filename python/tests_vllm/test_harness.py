@@ -46,6 +46,16 @@ class Instance:
                 self.p.kill()
 
 
+def in_order(calls, *names):
+    """Checks that each of `names` was called, each first call after the previous name's first call."""
+    at = []
+    for name in names:
+        hits = [i for i, c in enumerate(calls) if c == name or c.startswith(name + ":")]
+        assert hits, f"{name} never called: {calls}"
+        at.append(hits[0])
+    assert at == sorted(at), f"{names} called out of order: {calls}"
+
+
 @pytest.mark.parametrize("producer_layout,consumer_layout", [("LBNHC", "LBNHC"), ("BLNHC", "LBNHC"), ("LBNHC", "BLNHC")])
 def test_the_consumer_loads_the_prompt_the_producer_computed(producer_layout, consumer_layout):
     port = free_port()
@@ -57,7 +67,18 @@ def test_the_consumer_loads_the_prompt_the_producer_computed(producer_layout, co
         params = made["kv_transfer_params"]
         assert params["producer"] == f"127.0.0.1:{port}" and params["do_remote_prefill"], made
         assert made["pickled_steps"] >= 1 and made["free_blocks"] == made["all_blocks"] - 1, made
+        # vLLM's calls in the order the connector relies on, with the block ids vLLM allocated.
+        in_order(made["calls"], "get_num_new_matched_tokens:p1", "update_state_after_alloc:p1", "build_connector_meta",
+                 "bind_connector_metadata", "save_kv_layer", "wait_for_save", "request_finished:p1")
+        assert made["allocated"]["external_tokens"] == 0, made
+        assert made["allocated"]["blocks"] == made["block_table"][: len(made["allocated"]["blocks"])], made
         got = consumer.ask(id="d1", prompt=prompt, max_tokens=2, kv_transfer_params=params)
+        in_order(got["calls"], "get_num_new_matched_tokens:d1", "update_state_after_alloc:d1", "build_connector_meta",
+                 "bind_connector_metadata", "start_load_kv", "wait_for_layer_load", "get_block_ids_with_load_errors",
+                 "request_finished:d1")
+        # The loaded tokens went into the first three of the blocks vLLM allocated for the request.
+        assert got["allocated"]["external_tokens"] == 3 * BLOCK, got
+        assert got["allocated"]["blocks"][:3] == got["block_table"][:3], got
         # The decode computed only the tail: the 3 full blocks came from the producer, into its own
         # block ids, and hold exactly what the producer computed for those tokens.
         assert got["loaded_tokens"] == 3 * BLOCK, got
