@@ -9,8 +9,8 @@
 //! frequency, sharing degree, recency) and evicts chain tails before their parents; a block it evicts
 //! while a load reads it keeps its slot until that load ends, but is never served again. A lookup walks a
 //! request's keys and stops at the first block that is missing (or, for [`TierStore::lookup`], not whole).
-//! A held block ([`TierStore::hold`]: saved for a decode that has not loaded it yet) is evicted only when
-//! nothing else can be, until a load releases it or its deadline passes.
+//! A held block ([`TierStore::hold`]: saved for a decode that has not loaded it yet) may move to disk but
+//! is dropped only when nothing else can be, until a load releases it or its deadline passes.
 
 use std::collections::HashMap;
 use std::time::Duration;

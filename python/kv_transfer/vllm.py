@@ -19,9 +19,9 @@ KV waits (``producer``, and every tensor-parallel rank's control address under `
 sent to a consumer with those parameters loads the prompt's KV from the producer instead of computing it.
 A producer copies each layer into its tier store in the step that computes it (a prompt prefilled in
 chunks is saved chunk by chunk), so vLLM frees the request's blocks as usual (``request_finished`` never
-delays vLLM's free); instead the store holds the request's blocks for the decode: out of its eviction
-order until a decode's load of them completes, or ``hold_timeout`` seconds after their save if none
-comes (a save that finds every slot held is dropped). Other blocks stay loadable until the store evicts
+delays vLLM's free); instead the store holds the request's blocks for the decode, never dropping them
+(a disk tier may take them) until a decode's load of them completes, or ``hold_timeout`` seconds after
+their save if none comes; without a disk tier, a save that finds every slot held is dropped. Other blocks stay loadable until the store evicts
 them (``store_blocks``, least valuable first). ``python -m kv_transfer.proxy`` puts this convention in
 front of ``vllm serve`` instances.
 

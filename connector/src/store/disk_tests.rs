@@ -239,3 +239,20 @@ fn a_disk_of_another_format_is_refused() {
     assert!(err.to_string().contains("disk tier holds blocks"), "{err}");
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn held_blocks_move_to_disk_rather_than_turn_newcomers_away() {
+    let d = dir("held");
+    // Two sharers to go down: a block only one request used is dropped from host memory, unless held.
+    let mut s = store(4, &d, 16, 2);
+    let src = caches();
+    let (first, second) = (keys(0..4), keys(4..8));
+    save(&mut s, &first, 0, &src, 1);
+    assert_eq!(s.hold(&first, Duration::from_secs(60)), 4);
+    save(&mut s, &second, 4, &src, 2);
+    // The newcomers took host memory; the held blocks went to disk, where lookups still find them.
+    assert_eq!((s.lookup(&first), s.lookup(&second)), (4, 4));
+    assert_eq!((s.resident(), s.on_disk(), s.held()), (4, 4, 4));
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -1,5 +1,5 @@
-//! Holds on stored blocks: blocks a producer saved for a decode that has not loaded them yet stay out of
-//! the eviction order until a load of them completes or their deadline passes.
+//! Holds on stored blocks: blocks a producer saved for a decode that has not loaded them yet are not
+//! dropped (a disk tier may take them) until a load of them completes or their deadline passes.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -19,9 +19,10 @@ pub(super) struct Holds {
 impl TierStore {
     /// Holds the blocks of `keys` this store holds (in host memory or on disk) until `deadline` (callers
     /// give deadlines in rising order: now plus a fixed timeout), or until
-    /// [`TierStore::release_holds`]: the tier manager evicts a held block only when its tier has nothing
-    /// else to give, so a save that finds every slot held is dropped instead. Holding a held block again
-    /// keeps the later deadline. Returns the blocks held.
+    /// [`TierStore::release_holds`]: a held block may move to the disk tier (where lookups and loads still
+    /// find it), but is dropped only when the last tier has nothing else to give; without a disk tier, a
+    /// save that finds every slot held is dropped instead. Holding a held block again keeps the later
+    /// deadline. Returns the blocks held.
     pub fn hold(&mut self, keys: &[ScopedKey], deadline: Duration) -> usize {
         let mut held = 0;
         for key in keys {

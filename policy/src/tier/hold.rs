@@ -8,10 +8,11 @@ use transfer_engine::policy::BlockKey;
 use super::{Rank, TierManager};
 
 impl TierManager {
-    /// Holds `key` (`true`) or releases it (`false`). A held block is not demoted or evicted while its
-    /// tier has another block to give (one with no child in that tier or a nearer one); a tier full of held
-    /// blocks gives up its coldest held leaf, so capacities always hold. Its parents stay, as for any
-    /// block with a child. Returns whether `key` is resident (holding an absent block does nothing).
+    /// Holds `key` (`true`) or releases it (`false`). A held block may be demoted to a farther tier (it
+    /// stays there, admitted whatever its sharers), but is not dropped while its tier has another block to
+    /// give (one with no child in that tier or a nearer one); a last tier full of held blocks gives up its
+    /// coldest held leaf, so capacities always hold. Its parents stay, as for any block with a child.
+    /// Returns whether `key` is resident (holding an absent block does nothing).
     pub fn hold(&mut self, key: BlockKey, held: bool) -> bool {
         let Some(b) = self.blocks.get_mut(&key) else {
             return false;

@@ -68,28 +68,46 @@ fn holding_an_absent_block_does_nothing() {
     assert!(!m.is_held(BlockKey(9)));
 }
 
-#[test]
-fn a_tier_with_only_held_blocks_still_keeps_its_capacity() {
-    // Two held blocks fill the host tier; a third, held while it sits on the remote tier, is promoted
-    // by an access: the tier gives up its coldest held block rather than exceed its capacity.
-    let mut m = TierManager::new(TierConfig::new(TierCapacities {
+fn host_and_remote(host: usize, remote: usize) -> TierManager {
+    let mut cfg = TierConfig::new(TierCapacities {
         gpu: 0,
-        host: 2,
-        remote: 4,
-    }))
-    .unwrap();
+        host,
+        remote,
+    });
+    // One-off blocks are dropped from host memory rather than demoted: only a hold takes them down.
+    cfg.demote_min_sharers = 2;
+    TierManager::new(cfg).unwrap()
+}
+
+#[test]
+fn a_held_block_moves_down_but_is_not_dropped() {
+    let mut m = host_and_remote(1, 2);
     m.insert(NS, BlockKey(1), None, 1, T0);
-    m.insert(NS, BlockKey(2), None, 2, T0);
     m.hold(BlockKey(1), true);
-    m.hold(BlockKey(2), true);
-    m.insert(NS, BlockKey(3), None, 3, at(1));
-    assert_eq!(m.tier_of(BlockKey(3)), Some(Tier::Remote));
-    m.hold(BlockKey(3), true);
-    for r in 4..8 {
-        m.access(BlockKey(3), r, at(r));
+    for k in 2..20 {
+        m.insert(NS, BlockKey(k), None, k, at(k));
+        assert!(m.tier_of(BlockKey(1)).is_some(), "dropped by block {k}");
+        assert!(m.len(Tier::Host) <= 1 && m.len(Tier::Remote) <= 2);
     }
-    assert_eq!(m.len(Tier::Host), 2);
-    assert_eq!(m.len(Tier::Remote), 1);
+    assert_eq!(m.tier_of(BlockKey(1)), Some(Tier::Remote));
+    assert!(m.is_held(BlockKey(1)));
+}
+
+#[test]
+fn a_last_tier_full_of_held_blocks_still_keeps_its_capacity() {
+    let mut m = host_and_remote(1, 1);
+    for k in 1..=3 {
+        m.insert(NS, BlockKey(k), None, k, at(k));
+        m.hold(BlockKey(k), true);
+        assert!(
+            m.len(Tier::Host) <= 1 && m.len(Tier::Remote) <= 1,
+            "after block {k}"
+        );
+    }
+    // Three held blocks, room for two: the farthest tier gave up its coldest held block.
+    let resident = (1..=3)
+        .filter(|&k| m.tier_of(BlockKey(k)).is_some())
+        .count();
+    assert_eq!(resident, 2);
     assert_eq!(m.tier_of(BlockKey(3)), Some(Tier::Host));
-    assert!(m.is_held(BlockKey(1)) && m.is_held(BlockKey(2)) && m.is_held(BlockKey(3)));
 }

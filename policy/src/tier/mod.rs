@@ -11,8 +11,9 @@
 //! Dropped blocks leave their heat behind in a bounded ghost table, so a block that comes back resumes its
 //! history (a second chance against one-off scans).
 //!
-//! A held block ([`TierManager::hold`]: one saved for a consumer that has not loaded it yet) is no victim
-//! while another block of its tier can be one; the nearest tier's continuation order ignores holds.
+//! A held block ([`TierManager::hold`]: one saved for a consumer that has not loaded it yet) is demoted
+//! like any other (admitted below whatever its sharers), but never dropped from the farthest tier while
+//! another block there can be; the nearest tier's continuation order ignores holds.
 //!
 //! With [`TierConfig::adaptive_segments`] (the default) each tier is split ARC-style into a *recent*
 //! segment (blocks only one request has used) and a *frequent* one (blocks two or more requests used).
@@ -97,7 +98,8 @@ struct Block {
     seg: usize,
     /// The entry in `candidates[tier]`, if the block is evictable from its tier.
     entry: Option<Candidate>,
-    /// Held ([`TierManager::hold`]): not a victim while another block can be one.
+    /// Held ([`TierManager::hold`]): demoted to a farther tier like any block, but not dropped from the
+    /// farthest while another block can be.
     held: bool,
 }
 
@@ -107,8 +109,9 @@ impl Block {
         self.children[..=self.tier].iter().all(|&c| c == 0)
     }
 
-    fn evictable(&self) -> bool {
-        self.is_leaf() && !self.held
+    /// A candidate victim of its tier (`farther`: a tier beyond it has room to take it).
+    fn evictable(&self, farther: bool) -> bool {
+        self.is_leaf() && (farther || !self.held)
     }
 }
 
@@ -345,9 +348,10 @@ impl TierManager {
                 if t == 0 {
                     self.near_forget(victim);
                 }
+                // A held block moves down whatever its sharers: there it stays loadable.
                 let to = (t + 1..TIERS.len())
                     .find(|&n| self.cfg.capacities.get(n) > 0)
-                    .filter(|&n| t == 0 || self.admits(victim, n));
+                    .filter(|&n| t == 0 || self.blocks[&victim].held || self.admits(victim, n));
                 moves.push(TierMove {
                     key: victim,
                     from: tier,
@@ -475,13 +479,14 @@ impl TierManager {
 
     /// Re-files `key` in its tier's eviction order after its heat, tier or children changed.
     fn refresh(&mut self, key: BlockKey) {
-        let cfg = self.cfg.heat;
+        let (cfg, caps) = (self.cfg.heat, self.cfg.capacities);
         let Some(b) = self.blocks.get_mut(&key) else {
             return;
         };
         let seg = Self::segment_of(&b.heat);
+        let farther = (b.tier + 1..TIERS.len()).any(|n| caps.get(n) > 0);
         let want = b
-            .evictable()
+            .evictable(farther)
             .then(|| (Rank(b.heat.rank(&cfg)), Reverse(b.depth), key));
         if want != b.entry || seg != b.seg {
             if let Some(old) = b.entry.take() {
