@@ -92,7 +92,8 @@ pub struct ConnectorConfig {
     /// call to a producer before it fails).
     pub load_timeout: Duration,
     /// How long a producer holds the blocks saved for a decode ([`crate::KvConnector::hold_for_decode`])
-    /// out of its store's eviction order when no load of them comes; zero holds nothing.
+    /// when no load of them comes: its store never drops a held block (a disk tier may take it) while
+    /// another can go. Zero holds nothing.
     pub hold_timeout: Duration,
     /// A disk tier below the store's host memory (producers; `None`: host memory only). Host victims the
     /// tier manager admits ([`ConnectorConfig::disk_min_sharers`]) are written there, lookups and loads

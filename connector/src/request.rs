@@ -67,8 +67,8 @@ pub struct BlockSpec {
     pub local: bool,
     /// The producer to load from (`None`: the default one).
     pub producer: Option<KvTransferParams>,
-    /// A save for a decode to load (see [`crate::KvConnector::hold_for_decode`]): the blocks stay out of
-    /// the store's eviction order until a load of them completes or
+    /// A save for a decode to load (see [`crate::KvConnector::hold_for_decode`]): the store keeps the
+    /// blocks from being dropped until a load of them completes or
     /// [`crate::ConnectorConfig::hold_timeout`] passes.
     pub hold: bool,
 }

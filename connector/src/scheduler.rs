@@ -90,7 +90,8 @@ impl KvConnector {
     }
 
     /// A producer's request that a decode will load (vLLM's `do_remote_decode`): its saved blocks are held
-    /// in the tier store, out of the eviction order, until a load of them completes or
+    /// in the tier store (never dropped while another block can be; a disk tier may take them) until a
+    /// load of them completes or
     /// [`crate::ConnectorConfig::hold_timeout`] passes after their save; the engine's own blocks are
     /// free as usual (each layer is copied into the store as it is computed). Call it after
     /// [`KvConnector::get_num_new_matched_tokens`], before the request's blocks are saved.

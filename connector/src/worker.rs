@@ -291,20 +291,17 @@ impl KvConnector {
         w.finished_sending.extend(done);
         drop(w);
         if let Some(core) = &self.producer {
-            let abandoned: usize = {
+            let mut abandoned = 0;
+            {
                 let mut store = lock(&core.store);
                 let until = core.now() + core.hold_timeout;
-                saves
-                    .iter()
-                    .map(|s| {
-                        let abandoned = store.abandon_partial(&s.keys);
-                        if s.hold && !core.hold_timeout.is_zero() {
-                            store.hold(&s.keys, until);
-                        }
-                        abandoned
-                    })
-                    .sum()
-            };
+                for s in &saves {
+                    abandoned += store.abandon_partial(&s.keys);
+                    if s.hold && !core.hold_timeout.is_zero() {
+                        store.hold(&s.keys, until);
+                    }
+                }
+            }
             self.metrics.abandoned(abandoned);
             // Also cancels loads whose blocks left the store since the last save (evicted, say).
             core.advance_streams();

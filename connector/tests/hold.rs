@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Kv, loopback_pair_with, plan_load, request};
+use common::{Kv, begin_save_held, loopback_pair_with, plan_load, request};
 use connector::{KvConnector, RequestExtras};
 use transfer_engine::MemoryRegion;
 
@@ -17,14 +17,7 @@ const KV: Kv = Kv {
 
 /// Saves `tokens` from `blocks` through a whole producer step, held for a decode when `hold`.
 fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32], hold: bool) {
-    let extras = RequestExtras::default();
-    p.get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
-        .unwrap();
-    if hold {
-        p.hold_for_decode(id).unwrap();
-    }
-    p.update_state_after_alloc(id, blocks, 0).unwrap();
-    p.bind_connector_metadata(p.build_connector_meta());
+    begin_save_held(p, id, tokens, blocks, hold);
     for layer in 0..KV.layers {
         p.save_kv_layer(layer).unwrap();
     }

@@ -1,8 +1,8 @@
 """The KV-cache transfer engine from Python.
 
 Nodes (``Node.loopback_pair()``, ``Node.tcp(...)``, ``Node.shm(...)``, ``Node.rdma(...)``) move KV
-blocks between regions registered over caller memory: any writable, C-contiguous Python buffer (``bytearray``, numpy arrays, ``memoryview``,
-CPU torch tensors through ``tensor.numpy()``) or, in a build with GPU support (``"cuda" in FEATURES``),
+blocks between regions registered over caller memory: any writable, C-contiguous Python buffer
+(``bytearray``, numpy arrays, ``memoryview``, CPU torch tensors through ``tensor.numpy()``) or, in a build with GPU support (``"cuda" in FEATURES``),
 any contiguous CUDA array (torch CUDA tensors, CuPy arrays: ``__cuda_array_interface__``), registered in
 place with :func:`register`. ``Connector`` is the KV connector shaped after vLLM's v1 connector.
 

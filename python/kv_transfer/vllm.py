@@ -21,9 +21,9 @@ A producer copies each layer into its tier store in the step that computes it (a
 chunks is saved chunk by chunk), so vLLM frees the request's blocks as usual (``request_finished`` never
 delays vLLM's free); instead the store holds the request's blocks for the decode, never dropping them
 (a disk tier may take them) until a decode's load of them completes, or ``hold_timeout`` seconds after
-their save if none comes; without a disk tier, a save that finds every slot held is dropped. Other blocks stay loadable until the store evicts
-them (``store_blocks``, least valuable first). ``python -m kv_transfer.proxy`` puts this convention in
-front of ``vllm serve`` instances.
+their save if none comes; without a disk tier, a save that finds every slot held is dropped. Other
+blocks stay loadable until the store evicts them (``store_blocks``, least valuable first).
+``python -m kv_transfer.proxy`` puts this convention in front of ``vllm serve`` instances.
 
 ``kv_connector_extra_config`` keys (a key not listed, or a bad value, fails start-up naming it):
 

@@ -438,9 +438,7 @@ fn rdma_connector(
     control: Option<std::net::SocketAddr>,
     producer: Option<std::net::SocketAddr>,
 ) -> PyResult<PyConnector> {
-    use backends::rdma::{Provider, RdmaConfig};
-    let mut rdma = RdmaConfig::new(engine_id, Provider::parse(provider));
-    rdma.domain = domain;
+    let rdma = crate::rdma_config(engine_id, provider, domain);
     py.detach(|| KvConnector::rdma(cfg, rdma, control, producer))
         .map(PyConnector)
         .map_err(err)
@@ -456,8 +454,5 @@ fn rdma_connector(
     _control: Option<std::net::SocketAddr>,
     _producer: Option<std::net::SocketAddr>,
 ) -> PyResult<PyConnector> {
-    Err(crate::KvTransferError::new_err(
-        "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
-         pip install ./python (needs libfabric's headers and libclang)",
-    ))
+    Err(crate::no_rdma())
 }

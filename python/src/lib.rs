@@ -75,6 +75,29 @@ fn err(e: impl std::fmt::Display) -> PyErr {
     KvTransferError::new_err(e.to_string())
 }
 
+/// libfabric settings for engine `engine_id`: `provider` as [`backends::rdma::Provider::parse`] reads it,
+/// `domain` the device or interface (`None`: the provider's first).
+#[cfg(feature = "rdma")]
+fn rdma_config(
+    engine_id: u32,
+    provider: &str,
+    domain: Option<String>,
+) -> backends::rdma::RdmaConfig {
+    let mut cfg =
+        backends::rdma::RdmaConfig::new(engine_id, backends::rdma::Provider::parse(provider));
+    cfg.domain = domain;
+    cfg
+}
+
+/// What an RDMA call answers in a build without feature `rdma`: how to get one.
+#[cfg(not(feature = "rdma"))]
+fn no_rdma() -> PyErr {
+    KvTransferError::new_err(
+        "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
+         pip install ./python (needs libfabric's headers and libclang)",
+    )
+}
+
 /// The optional features this build has (`cuda`: GPU memory; `rdma`: libfabric nodes and connectors;
 /// `etcd`: a registry of producers).
 const FEATURES: &[&str] = &[

@@ -467,10 +467,10 @@ fn rdma_node(
     provider: &str,
     domain: Option<String>,
 ) -> PyResult<PyNode> {
-    use backends::rdma::{Provider, RdmaConfig, RdmaNode};
-    let mut cfg = RdmaConfig::new(engine_id, Provider::parse(provider));
-    cfg.domain = domain;
-    let node = py.detach(|| RdmaNode::start(cfg)).map_err(err)?;
+    let cfg = crate::rdma_config(engine_id, provider, domain);
+    let node = py
+        .detach(|| backends::rdma::RdmaNode::start(cfg))
+        .map_err(err)?;
     Ok(PyNode(Arc::new(node)))
 }
 
@@ -481,8 +481,5 @@ fn rdma_node(
     _provider: &str,
     _domain: Option<String>,
 ) -> PyResult<PyNode> {
-    Err(crate::KvTransferError::new_err(
-        "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
-         pip install ./python (needs libfabric's headers and libclang)",
-    ))
+    Err(crate::no_rdma())
 }

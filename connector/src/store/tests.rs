@@ -15,22 +15,7 @@ fn keys(ns_version: u64, ids: &[u8]) -> Vec<ScopedKey> {
 }
 
 fn save_all(store: &mut TierStore, keys: &[ScopedKey], src: &MemoryRegion, req: u64) {
-    let blocks: Vec<u32> = (0..keys.len() as u32).collect();
-    for layer in 0..2 {
-        store
-            .save_layer(
-                keys,
-                SourceBlocks {
-                    memory: src,
-                    layout: &layout(8),
-                    blocks: &blocks,
-                },
-                layer,
-                req,
-                Duration::ZERO,
-            )
-            .unwrap();
-    }
+    save_at(store, keys, src, req, 0);
 }
 
 #[test]
@@ -179,6 +164,7 @@ fn a_new_weight_version_never_sees_old_blocks() {
     assert_eq!(store.lookup(&keys(1, &[1, 2])), 2);
 }
 
+/// Saves `keys` from blocks `0..` of `src`, every layer, at `secs`; returns layer 0's report.
 fn save_at(
     store: &mut TierStore,
     keys: &[ScopedKey],

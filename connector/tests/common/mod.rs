@@ -87,10 +87,24 @@ pub(crate) fn begin_save(
     tokens: &[u32],
     blocks: &[u32],
 ) -> (usize, bool) {
+    begin_save_held(p, id, tokens, blocks, false)
+}
+
+/// As [`begin_save`], the request held for a decode ([`KvConnector::hold_for_decode`]) when `hold`.
+pub(crate) fn begin_save_held(
+    p: &KvConnector,
+    id: &str,
+    tokens: &[u32],
+    blocks: &[u32],
+    hold: bool,
+) -> (usize, bool) {
     let extras = RequestExtras::default();
     let found = p
         .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
         .unwrap();
+    if hold {
+        p.hold_for_decode(id).unwrap();
+    }
     p.update_state_after_alloc(id, blocks, 0).unwrap();
     p.bind_connector_metadata(p.build_connector_meta());
     found

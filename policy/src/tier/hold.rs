@@ -1,5 +1,5 @@
-//! Holds: blocks kept out of the eviction order until released, such as blocks a producer saved for a
-//! consumer that has not loaded them yet.
+//! Holds: blocks that may move to a farther tier but are not dropped while another block can be, until
+//! released, such as blocks a producer saved for a consumer that has not loaded them yet.
 
 use std::cmp::Reverse;
 
