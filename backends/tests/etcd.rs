@@ -6,6 +6,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use backends::discovery::{Discovery, DiscoveryError, Etcd, PeerRecord, SegmentRecord};
@@ -31,12 +32,20 @@ impl Drop for Server {
     }
 }
 
+/// A loopback port for the etcd this test starts: below the kernel's ephemeral range (32768 up on
+/// Linux), so no port the kernel hands out before etcd binds it (an outgoing connection, another test's
+/// bind to port 0) can be this one; each call tries the next port after the last, from one this process
+/// id picks.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let offset = std::process::id() % 6_000 * 2;
+    for _ in 0..1_000 {
+        let port = 20_000 + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % 12_000;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+            return port as u16;
+        }
+    }
+    panic!("no free loopback port in 20000..32000");
 }
 
 fn server() -> Server {

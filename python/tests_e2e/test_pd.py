@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 from etcd_server import etcd_server  # noqa: E402 (the package tests' throwaway etcd)
+from ports import free_port  # noqa: E402
 
 INSTANCE = os.path.join(HERE, "instance.py")
 BLOCK = 32
@@ -34,12 +34,6 @@ PROMPTS = [
 # Tokens a consumer can load: full blocks, one prompt token always left to compute.
 LOADABLE = [(len(p) - 1) // BLOCK * BLOCK for p in PROMPTS]
 MAX_TOKENS = 8
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Instance:

@@ -5,20 +5,16 @@ vLLM's KV layouts on either side."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from ports import free_port  # noqa: E402 (the package tests' port picker)
+
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 BLOCK = 16
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Instance:
