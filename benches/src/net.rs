@@ -8,8 +8,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use backends::tcp::{BlockingNode, Secret, TcpConfig, socket_copy_gbps};
+use backends::tcp::{BlockingNode, Secret, TcpConfig};
 use backends::{IncomingSession, Outcome, Received};
+use benches::socket_copy_gbps;
 use clap::Args;
 use tokio::sync::broadcast::{self, error::RecvError};
 use transfer_engine::{

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use backends::rdma::{Provider, RdmaConfig, RdmaNode, provider_limit_gbps};
-use backends::tcp::SocketCopy;
+use benches::SocketCopy;
 use transfer_engine::{
     KvLayout, MAX_COALESCED_SLICES, MemoryRegion, TransferMode, TransferRequest,
 };

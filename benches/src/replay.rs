@@ -4,8 +4,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
+use cache_research::PolicyKind;
 use clap::Args;
-use policy::{PolicyKind, Trace};
+use policy::Trace;
 
 use crate::report::print_rows;
 
@@ -64,7 +65,7 @@ pub(crate) fn main(args: &ReplayArgs) -> anyhow::Result<()> {
     for &capacity in &capacities {
         for &kind in &policies {
             let start = Instant::now();
-            let report = policy::replay(&trace, capacity, kind);
+            let report = cache_research::replay(&trace, capacity, kind);
             rows.push(report.with_seconds(start.elapsed().as_secs_f64()));
         }
     }
@@ -88,10 +89,15 @@ pub(crate) fn main(args: &ReplayArgs) -> anyhow::Result<()> {
 fn host_and_disk(args: &ReplayArgs, trace: &Trace) -> anyhow::Result<()> {
     let pct = |p: usize| trace.distinct_blocks() * p / 100;
     let host = pct(args.host_pct);
-    let mut rows = vec![policy::replay_host_disk(trace, host, 0, 1)?];
+    let mut rows = vec![cache_research::replay_host_disk(trace, host, 0, 1)?];
     for &disk in &args.disk_pct {
         for &admission in &args.admission {
-            rows.push(policy::replay_host_disk(trace, host, pct(disk), admission)?);
+            rows.push(cache_research::replay_host_disk(
+                trace,
+                host,
+                pct(disk),
+                admission,
+            )?);
         }
     }
     if !args.json {

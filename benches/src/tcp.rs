@@ -6,7 +6,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::placement::check_blocks;
-use backends::tcp::{BlockingNode, SocketCopy, TcpConfig, TcpNode};
+use backends::tcp::{BlockingNode, TcpConfig, TcpNode};
+use benches::SocketCopy;
 use transfer_engine::{
     KvLayout, MemoryRegion, RegionHandle, SHARD_BYTES, TransferMode, TransferRequest,
 };

@@ -38,7 +38,7 @@ pub enum DecayClock {
 /// to recency order inside a tier manager segment, with frequency and sharing as tie-breakers) was chosen
 /// on the two shared Mooncake traces among settings that beat LRU at 5%, 10% and 20% capacity on both,
 /// preferring the widest margin over LRU and scale-free settings over wall-clock constants; see
-/// `policy/FIGURES.md`.
+/// `cache-research/FIGURES.md`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct HeatConfig {

@@ -187,8 +187,7 @@ fn a_heat_request_settles_once_and_drops_its_tail() {
 
 mod continuation_order {
     use super::*;
-    use crate::replay::{PolicyKind, replay};
-    use crate::trace::{Request, Trace};
+    use crate::trace::Request;
 
     fn hosted(gpu: usize, host: usize, remote: usize) -> TierManager {
         TierManager::new(TierConfig::continuation(TierCapacities {
@@ -351,18 +350,6 @@ mod continuation_order {
             to: Some(Tier::Gpu)
         }));
         assert_eq!(m.len(Tier::Gpu), 3);
-    }
-
-    #[test]
-    fn hosted_and_standalone_give_the_same_hits() {
-        for seed in 0..4 {
-            let t = Trace::from_requests("random", conversations(300, seed));
-            for cap in [0, 3, 17, 60] {
-                let alone = replay(&t, cap, PolicyKind::Continuation).hit_blocks;
-                let hosted = replay(&t, cap, PolicyKind::TierContinuation).hit_blocks;
-                assert_eq!(alone, hosted, "seed {seed}, capacity {cap}");
-            }
-        }
     }
 
     #[test]

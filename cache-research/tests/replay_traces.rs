@@ -1,6 +1,7 @@
 //! Replay of the Mooncake traces in `data/traces/` against the reference points in its README.
 
-use policy::{PolicyKind, Trace, replay};
+use cache_research::{PolicyKind, replay};
+use policy::Trace;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/traces/");
 
@@ -81,5 +82,21 @@ fn continuation_beats_every_baseline_on_the_conversation_trace_at_5_percent() {
     ] {
         let r = replay(&trace, cap, k).hit_ratio;
         assert!(cont > r, "continuation {cont} vs {k} {r}");
+    }
+}
+
+/// The tier manager's nearest-tier order is the continuation policy itself, hosted: on real conversations
+/// (the first rows of the conversation trace) both keep exactly the same blocks, so give the same hits.
+#[test]
+fn continuation_hosted_by_the_tier_manager_gives_the_same_hits_as_standalone() {
+    let full = load("conversation_trace_first6000.jsonl");
+    for rows in [300, 1500] {
+        let part = Trace::from_requests("first rows", full.requests()[..rows].to_vec());
+        for cap in [0, 3, 17, 60, 400] {
+            let alone = replay(&part, cap, PolicyKind::Continuation).hit_blocks;
+            let hosted = replay(&part, cap, PolicyKind::TierContinuation).hit_blocks;
+            assert_eq!(alone, hosted, "first {rows} rows, capacity {cap}");
+            assert!(cap < 400 || alone > 0, "no hits at all at capacity {cap}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use transfer_engine::NamespaceId;
 use transfer_engine::policy::{BlockKey, Tier, TierMove, TierPolicy};
 
 use crate::cache::BlockCache;
-use crate::recency::RecencyList;
+use policy::recency::RecencyList;
 
 /// A single-tier LRU cache of block keys.
 #[derive(Debug, Clone, Default)]

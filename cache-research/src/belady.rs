@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::trace::Trace;
+use policy::trace::Trace;
 
 /// Request index meaning "never used again".
 pub const NEVER: u32 = u32::MAX;

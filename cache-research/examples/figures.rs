@@ -1,12 +1,13 @@
 //! Prints the hit-ratio figure table (Markdown) for every policy on the shared traces at 5%, 10% and
 //! 20% of each trace's distinct blocks, with each policy's replay cost per request.
 //!
-//! Run from the workspace root: `cargo run --release -p policy --example figures [TRACE...]`.
+//! Run from the workspace root: `cargo run --release -p cache-research --example figures [TRACE...]`.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use policy::{PolicyKind, Trace, replay};
+use cache_research::{PolicyKind, replay};
+use policy::Trace;
 
 fn main() -> Result<(), policy::PolicyError> {
     let data = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data/traces"));

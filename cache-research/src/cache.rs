@@ -7,7 +7,7 @@
 
 use transfer_engine::policy::BlockKey;
 
-use crate::trace::Trace;
+use policy::trace::Trace;
 
 /// A single-tier cache of block keys: one classic replacement policy.
 pub trait BlockCache {

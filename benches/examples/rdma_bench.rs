@@ -2,8 +2,8 @@
 //! measured in the same run:
 //!
 //! ```text
-//! cargo run --release -p backends --features rdma --example rdma_bench -- --provider tcp --domain lo
-//! cargo run --release -p backends --features rdma --example rdma_bench -- --provider shm [--json]
+//! cargo run --release -p benches --features rdma --example rdma_bench -- --provider tcp --domain lo
+//! cargo run --release -p benches --features rdma --example rdma_bench -- --provider shm [--json]
 //! ```
 //!
 //! For each block size (256 KiB, 4 MiB, 64 MiB) and mode (packetized, exclusive) it moves `--mib` MiB
@@ -155,7 +155,7 @@ mod bench {
             let limit = if a.provider == "shm" {
                 memcpy_gbps(bytes, block as usize, a.iterations)
             } else {
-                rt.block_on(backends::tcp::socket_copy_gbps(total, 4 << 20, 1))?
+                rt.block_on(benches::socket_copy_gbps(total, 4 << 20, 1))?
             };
             for (mode, unit) in [
                 (TransferMode::packetized(), u64::from(DEFAULT_SLICE_BYTES)),

@@ -1,13 +1,13 @@
 //! Ablation of the continuation policy: hit ratio with each ingredient removed, on the shared traces at
 //! 5%, 10% and 20% of each trace's distinct blocks, and the peak metadata of the full policy.
 //!
-//! Run from the workspace root: `cargo run --release -p policy --example ablation`.
+//! Run from the workspace root: `cargo run --release -p cache-research --example ablation`.
 
 use std::path::PathBuf;
 
+use cache_research::replay::replay_continuation;
 use policy::Trace;
 use policy::continuation::{Continuation, ContinuationConfig, Metadata};
-use policy::replay::replay_continuation;
 use transfer_engine::policy::BlockKey;
 
 fn variants() -> Vec<(&'static str, ContinuationConfig)> {

@@ -14,15 +14,15 @@ use transfer_engine::policy::{BlockKey, RequestInfo, TierPolicy};
 use crate::arc::Arc;
 use crate::belady::{Belady, NextUse};
 use crate::cache::replay_cache;
-use crate::continuation::{BLOCK_TOKENS, Continuation, ContinuationConfig};
-use crate::error::PolicyError;
 use crate::lirs::Lirs;
 use crate::lru::Lru;
-use crate::namespace::NamespaceId;
 use crate::s3fifo::S3Fifo;
-use crate::tier::{NearestOrder, TierCapacities, TierConfig, TierManager};
 use crate::tinylfu::WTinyLfu;
-use crate::trace::Trace;
+use policy::continuation::{BLOCK_TOKENS, Continuation, ContinuationConfig};
+use policy::error::PolicyError;
+use policy::namespace::NamespaceId;
+use policy::tier::{NearestOrder, TierCapacities, TierConfig, TierManager};
+use policy::trace::Trace;
 
 /// The policies a trace can be replayed against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,9 +39,9 @@ pub enum PolicyKind {
     WTinyLfu,
     /// This crate's heat scoring and tier manager (default configuration).
     Heat,
-    /// Conversation-continuation eviction index ([`crate::continuation`], default configuration).
+    /// Conversation-continuation eviction index ([`policy::continuation`], default configuration).
     Continuation,
-    /// The same index as the [`TierManager`]'s nearest-tier order ([`crate::tier::NearestOrder`]),
+    /// The same index as the [`TierManager`]'s nearest-tier order ([`policy::tier::NearestOrder`]),
     /// driven through [`TierPolicy::on_request`].
     TierContinuation,
     /// Belady's offline optimum (knows the future; the limit).

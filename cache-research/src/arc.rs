@@ -9,7 +9,7 @@
 use transfer_engine::policy::BlockKey;
 
 use crate::cache::BlockCache;
-use crate::recency::RecencyList;
+use policy::recency::RecencyList;
 
 /// An ARC cache of block keys.
 #[derive(Debug, Clone)]

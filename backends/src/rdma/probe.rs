@@ -1,5 +1,7 @@
-//! Measurements and checks at the provider level, without the engine: the provider's own ceiling for a
-//! window of RMA writes, and whether it refuses writes with a wrong key or outside a region.
+//! Provider probes, outside the engine and its nodes: the provider's own ceiling for a window of RMA writes
+//! (what `te-bench` sets an RDMA figure beside) and whether it refuses writes with a wrong key or outside a
+//! region (what the tests check before trusting a provider's bounds). They live here, not in the bench,
+//! because they drive the FFI endpoint directly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

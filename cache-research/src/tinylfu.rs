@@ -11,8 +11,8 @@ use transfer_engine::policy::BlockKey;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::cache::BlockCache;
-use crate::namespace::HASH_SEED;
-use crate::recency::RecencyList;
+use policy::namespace::HASH_SEED;
+use policy::recency::RecencyList;
 
 /// Frequency estimates with periodic halving.
 #[derive(Debug, Clone)]

@@ -1,4 +1,5 @@
-//! The raw limit a TCP transfer is measured against: a plain socket copy of the same bytes.
+//! The raw limit a TCP transfer is measured against: a plain socket copy of the same bytes. It uses nothing
+//! of the engine; te-bench and the RDMA example measure against it.
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use transfer_engine::policy::BlockKey;
 
 use crate::cache::BlockCache;
-use crate::recency::RecencyList;
+use policy::recency::RecencyList;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {

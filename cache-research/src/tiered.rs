@@ -12,11 +12,11 @@ use std::time::Duration;
 use serde::Serialize;
 use transfer_engine::policy::{BlockKey, RequestInfo, Tier, TierPolicy};
 
-use crate::continuation::BLOCK_TOKENS;
-use crate::error::PolicyError;
-use crate::namespace::NamespaceId;
-use crate::tier::{TierCapacities, TierConfig, TierManager};
-use crate::trace::Trace;
+use policy::continuation::BLOCK_TOKENS;
+use policy::error::PolicyError;
+use policy::namespace::NamespaceId;
+use policy::tier::{TierCapacities, TierConfig, TierManager};
+use policy::trace::Trace;
 
 /// The result of one replay over host and disk.
 #[derive(Debug, Clone, PartialEq, Serialize)]
