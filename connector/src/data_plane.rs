@@ -11,10 +11,10 @@ use backends::board::Outcome;
 use backends::{PeerAddress, PeerInfo, Transport, TransportError, WaitError};
 use serde::{Deserialize, Serialize};
 use transfer_engine::{
-    BlockId, KvLayout, MemoryRegion, RegionHandle, SessionId, ShapingConfig, TransferRequest,
+    BlockId, KvLayout, MemoryRegion, PeerId, RegionHandle, SessionId, ShapingConfig,
+    TransferRequest,
 };
 
-use crate::control::{Endpoints, SameHostEndpoint};
 use crate::error::ConnectorError;
 
 /// Which of a data plane's transports carries a session.
@@ -33,6 +33,30 @@ pub(crate) enum Via {
 pub(crate) struct PlaneSession {
     pub(crate) via: Via,
     pub(crate) id: SessionId,
+}
+
+/// A consumer's same-host endpoint, named in its loads.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SameHostEndpoint {
+    /// The host its same-host transport runs on ([`crate::this_host`]).
+    pub(crate) host: String,
+    /// The same-host transport's address.
+    pub(crate) addr: String,
+}
+
+/// Where a consumer's node receives loads: its main transport's address, and its same-host endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Endpoints {
+    pub(crate) main: PeerAddress,
+    pub(crate) same_host: Option<SameHostEndpoint>,
+}
+
+/// A consumer as a producer sends to it: over which transport, to which peer, into which region.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Destination {
+    pub(crate) via: Via,
+    pub(crate) peer: PeerId,
+    pub(crate) region: RegionHandle,
 }
 
 /// A region registered on every transport of a data plane.

@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use policy::NamespaceId;
 use transfer_engine::{TrafficClass, TransferRequest};
 
-use crate::control::Destination;
-use crate::data_plane::{DataPlane, PlaneRegion, PlaneSession, Via};
+use crate::data_plane::{DataPlane, Destination, PlaneRegion, PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
 use crate::metrics::{Direction, Metrics};
@@ -223,10 +222,7 @@ impl ProducerCore {
                 core.metrics
                     .bytes(Direction::Out, class, bytes.saturating_sub(lost));
             }
-            core.metrics.retransmits.store(
-                core.transport.retransmits(),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            core.metrics.set_retransmits(core.transport.retransmits());
             let mut store = lock(&core.store);
             store.unpin(&slots);
             if delivered {

@@ -4,8 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::connector::{KvConnector, Source};
-use crate::control::Destination;
-use crate::data_plane::{LayerWait, PlaneSession, Via};
+use crate::data_plane::{Destination, LayerWait, PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::metrics::Direction;
 use crate::producer::lock;

@@ -48,13 +48,14 @@
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
 mod as_transport;
+mod beat;
 pub mod discovery;
 mod driver;
 mod ffi;
 mod in_place;
-mod limit;
 mod message;
 mod node;
+pub mod probe;
 mod provider;
 mod shared;
 mod stuck;
@@ -67,8 +68,8 @@ use transfer_engine::{EngineConfig, PeerId};
 
 pub use ffi::{ProviderInfo, parked_endpoints};
 pub use in_place::{HostMemoryAccess, InPlace};
-pub use limit::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use node::RdmaNode;
+pub use probe::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use provider::{Provider, available_providers};
 pub use shared::{NodeStats, PeerInfo};
 

@@ -77,7 +77,7 @@ impl RdmaNode {
             sessions: Mutex::default(),
             counters: Counters::default(),
             log: Mutex::default(),
-            beat: super::stuck::Beat::default(),
+            beat: super::beat::Beat::default(),
         });
         let driver_shared = shared.clone();
         let thread = std::thread::Builder::new()

@@ -113,7 +113,7 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) log: Mutex<VecDeque<String>>,
     /// When the driver last started a step (see `stuck.rs`).
-    pub(crate) beat: super::stuck::Beat,
+    pub(crate) beat: super::beat::Beat,
 }
 
 impl Shared {

@@ -8,7 +8,7 @@
 //! and registrations, and [`RdmaNode::shutdown`](super::RdmaNode::shutdown) leaves the driver behind (with
 //! the endpoint it owns) instead of waiting for it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use transfer_engine::PeerId;
@@ -18,38 +18,6 @@ use super::shared::{Shared, lock};
 
 /// How often the watch looks.
 pub(super) const TICK: Duration = Duration::from_millis(100);
-
-/// When the driver last started a step.
-#[derive(Debug)]
-pub(crate) struct Beat {
-    base: Instant,
-    /// Nanoseconds from `base`.
-    last: AtomicU64,
-}
-
-impl Default for Beat {
-    fn default() -> Self {
-        Self {
-            base: Instant::now(),
-            last: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Beat {
-    /// The driver starts a step.
-    pub(crate) fn beat(&self) {
-        let at = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.last.store(at, Ordering::Relaxed);
-    }
-
-    /// How long since the driver last started a step.
-    pub(crate) fn quiet_for(&self) -> Duration {
-        self.base
-            .elapsed()
-            .saturating_sub(Duration::from_nanos(self.last.load(Ordering::Relaxed)))
-    }
-}
 
 impl Shared {
     /// How long the driver has been inside its current step, when that is [`super::RdmaConfig::stuck_after`]

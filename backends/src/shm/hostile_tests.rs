@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use transfer_engine::wire::{FrameKind, Header};
 use transfer_engine::{Dtype, KvLayout, TransferMode, TransferRequest};
 
-use super::handshake::Hello;
+use super::hello::Hello;
 use super::wire::Envelope;
 use super::{ShmConfig, ShmNode};
 

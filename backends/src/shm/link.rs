@@ -17,12 +17,12 @@ use transfer_engine::wire::Header;
 use transfer_engine::{Error, MemoryRegion, PeerId};
 
 use super::cma::{self, Credentials};
+use super::context::Context;
 use super::copy_path::{self, CopyPath};
 use super::fdpass::{FdReader, send_with_fd};
 use super::gpu::GpuGrants;
-use super::handshake::{Hello, peer_of};
+use super::hello::{Hello, peer_of};
 use super::memfd::PeerMapping;
-use super::shared::Shared;
 use super::wire::{Envelope, GPU_HANDLE_LEN};
 use crate::transport::Segment;
 
@@ -61,10 +61,20 @@ pub(crate) struct Link {
     stream: UnixStream,
 }
 
+/// The node a link belongs to, as the link's threads see it: its [`Context`], and where a lost link is
+/// reported (the node then ends the peer's sessions and forgets the link).
+pub(crate) trait LinkOwner: Send + Sync {
+    /// What the link's threads use: the engine, the configuration, counters, the log.
+    fn context(&self) -> &Context;
+    /// Link `id` to `peer` ended for `why`.
+    fn link_lost(&self, peer: PeerId, id: u64, why: &str);
+}
+
 impl Link {
     /// Starts the link's reader and writer threads over `stream`, whose handshake passed.
     pub(crate) fn start(
-        shared: &Arc<Shared>,
+        owner: Weak<dyn LinkOwner>,
+        ctx: &Context,
         id: u64,
         stream: UnixStream,
         creds: Credentials,
@@ -72,25 +82,25 @@ impl Link {
     ) -> io::Result<Arc<Self>> {
         let reader = stream.try_clone()?;
         let writer = stream.try_clone()?;
-        writer.set_write_timeout(Some(shared.cfg.stall_timeout))?;
-        let (queue, rx) = mpsc::sync_channel(shared.cfg.queue_frames.max(1));
+        writer.set_write_timeout(Some(ctx.cfg.stall_timeout))?;
+        let (queue, rx) = mpsc::sync_channel(ctx.cfg.queue_frames.max(1));
         let link = Arc::new(Self {
             peer: peer_of(&hello),
             id,
             creds,
             path: hello.path,
             segments: hello.segments,
-            checksum: hello.checksum || shared.cfg.checksum,
+            checksum: hello.checksum || ctx.cfg.checksum,
             queue,
             stream,
         });
-        let name = format!("shm-{}-{}", shared.engine_id, link.peer.0);
-        let (s, l) = (Arc::downgrade(shared), link.clone());
+        let name = format!("shm-{}-{}", ctx.engine_id, link.peer.0);
+        let (s, l) = (owner.clone(), link.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-write"))
             .spawn(move || write_loop(&s, &l, writer, &rx))
             .and_then(|_| {
-                let (s, l) = (Arc::downgrade(shared), link.clone());
+                let (s, l) = (owner, link.clone());
                 std::thread::Builder::new()
                     .name(format!("{name}-read"))
                     .spawn(move || read_loop(&s, &l, reader))
@@ -120,7 +130,12 @@ impl Link {
 /// Drains the queue onto the socket, flushing whenever it runs empty. A data unit goes as its header and
 /// address, then (with checksums) the seal: the CRC is taken here, under the source's read locks, while
 /// the peer copies the same bytes.
-fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Receiver<Outbound>) {
+fn write_loop(
+    owner: &Weak<dyn LinkOwner>,
+    link: &Link,
+    stream: UnixStream,
+    rx: &Receiver<Outbound>,
+) {
     let mut out = BufWriter::with_capacity(READ_BUFFER, stream);
     let result = (|| -> io::Result<()> {
         loop {
@@ -167,8 +182,8 @@ fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Recei
                         match memory.crc32c(range) {
                             Ok(crc) => h.crc = crc,
                             Err(e) => {
-                                if let Some(s) = shared.upgrade() {
-                                    s.note(format!("refused to seal a unit: {e}"));
+                                if let Some(s) = owner.upgrade() {
+                                    s.context().note(format!("refused to seal a unit: {e}"));
                                 }
                             }
                         }
@@ -176,17 +191,20 @@ fn write_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream, rx: &Recei
                     }
                 }
             }
-            if let Some(s) = shared.upgrade() {
-                s.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
+            if let Some(s) = owner.upgrade() {
+                s.context()
+                    .counters
+                    .frames_sent
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     })();
-    if let (Err(e), Some(s)) = (result, shared.upgrade()) {
+    if let (Err(e), Some(s)) = (result, owner.upgrade()) {
         let why = if matches!(
             e.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
         ) {
-            format!("took no bytes for {:?}", s.cfg.stall_timeout)
+            format!("took no bytes for {:?}", s.context().cfg.stall_timeout)
         } else if matches!(
             e.kind(),
             io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
@@ -207,7 +225,7 @@ struct Placed {
 }
 
 /// Reads envelopes until the socket ends or the peer breaks the protocol; then the link is lost.
-fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
+fn read_loop(owner: &Weak<dyn LinkOwner>, link: &Link, stream: UnixStream) {
     let mut input = FdReader::new(stream, READ_BUFFER);
     let mut pending: Option<Placed> = None;
     let mut grants = Grants::default();
@@ -223,22 +241,22 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
             }
             Err(e) => break format!("could not be read from: {e}"),
         };
-        let Some(shared) = shared.upgrade() else {
+        let Some(owner) = owner.upgrade() else {
             return;
         };
+        let ctx = owner.context();
         let result = match envelope {
             Envelope::Control(h, payload) => {
-                shared
-                    .station
+                ctx.station
                     .engine()
                     .handle_frame(Instant::now(), link.peer, &h, &payload)
             }
             Envelope::Data(h, address) => {
-                let placed = place(&shared, link, &mut grants, h, address);
+                let placed = place(ctx, link, &mut grants, h, address);
                 match placed {
                     Ok(p) if !link.checksum => {
                         pending = None;
-                        seal(&shared, link, Some(p), h)
+                        seal(ctx, link, Some(p), h)
                     }
                     Ok(p) => {
                         pending = Some(p);
@@ -250,26 +268,26 @@ fn read_loop(shared: &Weak<Shared>, link: &Link, stream: UnixStream) {
                     }
                 }
             }
-            Envelope::Seal(h) if link.checksum => seal(&shared, link, pending.take(), h),
+            Envelope::Seal(h) if link.checksum => seal(ctx, link, pending.take(), h),
             Envelope::Grant(address, len) => {
                 let Some(fd) = input.take_fd() else {
                     break "sent a grant without its memory".into();
                 };
                 grants.add(address, len, &fd).map(|()| {
-                    grants.choose_path(&shared, link, address);
+                    grants.choose_path(ctx, link, address);
                 })
             }
             Envelope::GpuGrant(address, len, handle) => grants.gpu.add(address, len, handle),
             other => break format!("sent {other:?} on a linked connection"),
         };
         if let Err(e) = result {
-            shared.note(format!("refused a frame from engine {}: {e}", link.peer.0));
+            ctx.note(format!("refused a frame from engine {}: {e}", link.peer.0));
         }
         if input.buffered() == 0 {
-            shared.wake();
+            ctx.wake();
         }
     };
-    if let Some(s) = shared.upgrade() {
+    if let Some(s) = owner.upgrade() {
         s.link_lost(link.peer, link.id, &why);
     }
 }
@@ -302,12 +320,12 @@ impl Grants {
 
     /// Decides, on the peer's first grant (the one at `address`), how units in its shared memory are
     /// copied: as configured, or by timing both paths on that grant (the result is logged).
-    fn choose_path(&mut self, shared: &Shared, link: &Link, address: u64) {
+    fn choose_path(&mut self, ctx: &Context, link: &Link, address: u64) {
         if self.by_cma.is_some() {
             return;
         }
         let by_cma =
-            match shared.cfg.copy_path {
+            match ctx.cfg.copy_path {
                 CopyPath::Mapping => false,
                 CopyPath::CrossMemoryAttach => true,
                 CopyPath::Measure => {
@@ -315,7 +333,7 @@ impl Grants {
                         return;
                     };
                     let found = copy_path::measure(mapping, link.creds.pid, address);
-                    shared.note(format!(
+                    ctx.note(format!(
                     "copy path for engine {}: {} (shared mapping {:.2} GB/s, cross-memory attach \
                      {:.2} GB/s, measured on its first grant)",
                     link.peer.0,
@@ -342,13 +360,13 @@ impl Grants {
 /// peer's granted shared memory where it lies there, by cross-memory attach otherwise. Units from or to
 /// GPU memory take the CUDA IPC path (see the `gpu` module).
 fn place(
-    shared: &Shared,
+    ctx: &Context,
     link: &Link,
     grants: &mut Grants,
     header: Header,
     address: u64,
 ) -> Result<Placed, Error> {
-    let target = shared.station.engine().destination(link.peer, &header)?;
+    let target = ctx.station.engine().destination(link.peer, &header)?;
     let Some((memory, range)) = target else {
         return Ok(Placed { header, crc: None });
     };
@@ -357,14 +375,13 @@ fn place(
         grants.gpu.copy_from_gpu(address, &memory, range)?;
         0
     } else if !memory.kind().is_host() {
-        upload(shared, link, grants, address, &memory, range)?
+        upload(ctx, link, grants, address, &memory, range)?
     } else {
         let mut view = memory.write(range)?;
-        pull_host(shared, link, grants, address, &mut view)?
+        pull_host(ctx, link, grants, address, &mut view)?
     };
-    shared.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
-    shared
-        .counters
+    ctx.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
+    ctx.counters
         .bytes_pulled
         .fetch_add(len as u64, Ordering::Relaxed);
     Ok(Placed {
@@ -376,13 +393,13 @@ fn place(
 /// Fills `dst` from the peer's host memory at `address` (its granted shared memory, or by cross-memory
 /// attach) in chunks, each checksummed while in cache; the CRC-32C of the whole, or 0 without checksums.
 fn pull_host(
-    shared: &Shared,
+    ctx: &Context,
     link: &Link,
     grants: &Grants,
     address: u64,
     dst: &mut [u8],
 ) -> Result<u32, Error> {
-    let chunk = shared.cfg.pull_chunk.max(4096);
+    let chunk = ctx.cfg.pull_chunk.max(4096);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     let mut each = |piece: &[u8]| {
         if link.checksum {
@@ -407,7 +424,7 @@ fn pull_host(
             each(piece);
             at += piece.len() as u64;
         }
-        shared.counters.units_by_cma.fetch_add(1, Ordering::Relaxed);
+        ctx.counters.units_by_cma.fetch_add(1, Ordering::Relaxed);
     }
     Ok(if link.checksum {
         digest.finalize() as u32
@@ -419,14 +436,14 @@ fn pull_host(
 /// Places a unit from the peer's host memory into a GPU region: pulled into a bounce buffer a chunk at
 /// a time (checksummed there) and uploaded. The CRC-32C of the whole, or 0 without checksums.
 fn upload(
-    shared: &Shared,
+    ctx: &Context,
     link: &Link,
     grants: &mut Grants,
     address: u64,
     memory: &MemoryRegion,
     range: Range<usize>,
 ) -> Result<u32, Error> {
-    let chunk = shared.cfg.pull_chunk.max(4096);
+    let chunk = ctx.cfg.pull_chunk.max(4096);
     let mut bounce = vec![0u8; chunk.min(range.len())];
     let mut crc = 0u32;
     let mut at = range.start;
@@ -434,7 +451,7 @@ fn upload(
         let n = chunk.min(range.end - at);
         let piece = &mut bounce[..n];
         let piece_crc = pull_host(
-            shared,
+            ctx,
             link,
             grants,
             address + (at - range.start) as u64,
@@ -452,7 +469,7 @@ fn upload(
 }
 
 /// Hands a placed unit to the engine once its seal matches the header it was placed by.
-fn seal(shared: &Shared, link: &Link, placed: Option<Placed>, sealed: Header) -> Result<(), Error> {
+fn seal(ctx: &Context, link: &Link, placed: Option<Placed>, sealed: Header) -> Result<(), Error> {
     let Some(placed) = placed else {
         return Err(Error::InvalidRequest("a seal without its data unit".into()));
     };
@@ -464,8 +481,7 @@ fn seal(shared: &Shared, link: &Link, placed: Option<Placed>, sealed: Header) ->
         ));
     }
     let crc = placed.crc.unwrap_or(sealed.crc);
-    shared
-        .station
+    ctx.station
         .engine()
         .handle_data(Instant::now(), link.peer, &sealed, crc)
 }

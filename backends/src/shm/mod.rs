@@ -48,12 +48,14 @@
 
 mod as_transport;
 mod cma;
+mod context;
 mod copy_path;
 mod driver;
 #[allow(unsafe_code)]
 mod fdpass;
 mod gpu;
 mod handshake;
+mod hello;
 #[cfg(test)]
 mod hostile_tests;
 mod link;

@@ -1,20 +1,21 @@
-//! What the node's API, its driver, its listener and its links share: the engine's station, the links
-//! by peer, the peers found gone, the published segments, counters and the log.
+//! What the node's API, its driver and its listener share: the [`Context`] the links use too, the links by
+//! peer, the peers found gone, the published segments and the memory granted to peers.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::ops::Deref;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
 
 use transfer_engine::PeerId;
 
 use super::ShmConfig;
 use super::cma::Credentials;
-use super::handshake::{Hello, peer_of};
-use super::link::{Link, Outbound};
+use super::context::Context;
+use super::hello::{Hello, peer_of};
+use super::link::{Link, LinkOwner, Outbound};
 use crate::lock::lock;
-use crate::station::Station;
 use crate::transport::{PeerInfo, Segment};
 
 /// A region of shared memory this node allocated: its address, length and memfd (while it lives).
@@ -49,28 +50,10 @@ impl GpuPool {
     }
 }
 
-/// Log lines kept (oldest dropped first).
-const KEEP_LOG: usize = 1024;
-
-/// Counters of the data path, beside the engine's.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) units_pulled: AtomicU64,
-    pub(crate) units_by_cma: AtomicU64,
-    pub(crate) bytes_pulled: AtomicU64,
-    pub(crate) frames_sent: AtomicU64,
-    pub(crate) frames_dropped: AtomicU64,
-    pub(crate) refused: AtomicU64,
-    pub(crate) peers_lost: AtomicU64,
-}
-
+/// The node beyond its [`Context`]: its links and what it grants them.
 pub(crate) struct Shared {
-    pub(crate) station: Station,
-    pub(crate) engine_id: u32,
-    pub(crate) cfg: ShmConfig,
-    pub(crate) stop: AtomicBool,
-    /// Wakes the driver (a command changed the engine, or a link handed it frames).
-    pub(crate) wake: mpsc::SyncSender<()>,
+    /// What the links use too: the engine, the configuration, counters and the log.
+    pub(crate) ctx: Context,
     pub(crate) links: Mutex<HashMap<PeerId, Arc<Link>>>,
     /// Peers whose link was lost, and why: new sessions to them are refused until they are reached again.
     pub(crate) unreachable: Mutex<HashMap<PeerId, String>>,
@@ -81,11 +64,24 @@ pub(crate) struct Shared {
     pub(crate) gpu_pools: Mutex<Vec<GpuPool>>,
     pub(crate) handshakes: AtomicUsize,
     pub(crate) next_link: AtomicU64,
-    pub(crate) counters: Counters,
-    /// Log lines, each with how many times it came in a row (a flood of one refusal is one line).
-    log: Mutex<VecDeque<(String, u64)>>,
-    /// The probe word peers read back through cross-memory attach.
-    probe: Box<u64>,
+}
+
+impl Deref for Shared {
+    type Target = Context;
+
+    fn deref(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+impl LinkOwner for Shared {
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn link_lost(&self, peer: PeerId, id: u64, why: &str) {
+        Shared::link_lost(self, peer, id, why);
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -99,14 +95,8 @@ impl std::fmt::Debug for Shared {
 
 impl Shared {
     pub(crate) fn new(cfg: ShmConfig, wake: mpsc::SyncSender<()>) -> Self {
-        let mut seed = [0u8; 8];
-        let _ = getrandom::fill(&mut seed);
         Self {
-            station: Station::new(cfg.engine.clone()),
-            engine_id: cfg.engine.engine_id,
-            cfg,
-            stop: AtomicBool::new(false),
-            wake,
+            ctx: Context::new(cfg, wake),
             links: Mutex::default(),
             unreachable: Mutex::default(),
             published: Mutex::default(),
@@ -114,9 +104,6 @@ impl Shared {
             gpu_pools: Mutex::default(),
             handshakes: AtomicUsize::new(0),
             next_link: AtomicU64::new(1),
-            counters: Counters::default(),
-            log: Mutex::default(),
-            probe: Box::new(u64::from_le_bytes(seed) | 1),
         }
     }
 
@@ -126,44 +113,9 @@ impl Shared {
             engine_id: self.engine_id,
             checksum: self.cfg.checksum,
             path: self.cfg.socket_path.clone(),
-            probe: (std::ptr::from_ref::<u64>(&self.probe) as u64, *self.probe),
+            probe: self.ctx.probe(),
             segments: lock(&self.published).clone(),
         }
-    }
-
-    /// Wakes the driver.
-    pub(crate) fn wake(&self) {
-        let _ = self.wake.try_send(());
-    }
-
-    /// Records a log line (and counts it as a refusal when it is one). A line equal to the one before
-    /// it is counted on that line instead, so a peer repeating one mistake cannot push the rest out.
-    pub(crate) fn note(&self, line: String) {
-        if line.starts_with("refused") {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut log = lock(&self.log);
-        if let Some((last, times)) = log.back_mut()
-            && *last == line
-        {
-            *times += 1;
-            return;
-        }
-        if log.len() >= KEEP_LOG {
-            log.pop_front();
-        }
-        log.push_back((line, 1));
-    }
-
-    /// The log, oldest first; a line that came several times in a row says how many.
-    pub(crate) fn log(&self) -> Vec<String> {
-        lock(&self.log)
-            .iter()
-            .map(|(line, times)| match times {
-                1 => line.clone(),
-                n => format!("{line} ({n} times)"),
-            })
-            .collect()
     }
 
     /// The live link to the peer listening at `path`, if any.
@@ -202,7 +154,8 @@ impl Shared {
             return Err(why);
         }
         let id = self.next_link.fetch_add(1, Ordering::Relaxed);
-        let link = Link::start(self, id, stream, creds, hello)
+        let owner: Weak<dyn LinkOwner> = Arc::downgrade(self) as Weak<Self>;
+        let link = Link::start(owner, &self.ctx, id, stream, creds, hello)
             .map_err(|e| format!("cannot start the link: {e}"))?;
         links.insert(peer, link.clone());
         drop(links);

@@ -22,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use transfer_engine::PeerId;
 
 use super::TcpError;
+use super::group;
 use super::handshake::{self, Hello, Message, NO_TOKEN, TOKEN_LEN};
 use super::lane;
 use super::peer_link::PeerLink;
@@ -207,7 +208,7 @@ async fn welcome(
         .and_then(|token| {
             // A new group's predecessor goes first (its sessions end, its regions are freed), so a
             // restarted process finds the room its earlier self held.
-            join_group(node, &link, token);
+            group::join(node, &link, token);
             let asker = Asker {
                 peer: id,
                 group: token,
@@ -254,34 +255,6 @@ fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_L
             Ok(token)
         }
     }
-}
-
-/// Binds `link`'s peer to the connection group of `token`. When that is a new group (the peer's process
-/// restarted, or another process claims its engine id while its lanes are down), the sessions of the
-/// earlier group end here at once with recompute, and what was queued for it is dropped: sessions belong
-/// to the group that opened them, so no frame of the new group (Data, Ack, Nack, Close, Progress) reaches
-/// them: the engine refuses frames for a session it closed. The earlier group's served regions are freed.
-pub(crate) fn join_group(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LEN]) {
-    let earlier = link.token();
-    link.set_token(token);
-    if earlier.is_none_or(|t| t == token) {
-        return;
-    }
-    let reason = format!(
-        "engine {} is a new connection group (a restarted process, or another claiming its engine id): \
-         the sessions of its earlier group end here",
-        link.peer.0
-    );
-    let mut engine = node.ctx.station.engine();
-    let ended = engine.abort_peer(link.peer, &reason);
-    node.ctx.station.drain_events(&mut engine);
-    drop(engine);
-    link.clear_queue(&node.ctx);
-    if ended > 0 {
-        node.ctx.log(format!("{reason}; ended {ended} session(s)"));
-    }
-    // The earlier group's served regions go with it (their sessions have just ended).
-    super::served::free_earlier_groups(node, link.peer, token);
 }
 
 /// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.

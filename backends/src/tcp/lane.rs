@@ -54,7 +54,7 @@ pub(crate) async fn dial(
     let link = node.link(peer);
     link.pin();
     link.set_addr(addr);
-    super::accept::join_group(node, &link, accepted.token);
+    super::group::join(node, &link, accepted.token);
     start(node, &link, stream, true, None);
     Ok(PeerInfo {
         peer,

@@ -10,10 +10,11 @@ use tokio::net::tcp::OwnedReadHalf;
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header};
 use transfer_engine::{Error, MemoryRegion, PeerId};
 
-use super::budget::ReaderBudgets;
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
+use super::reader_budgets::ReaderBudgets;
+use super::socket_io::recv_exact;
 use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Unplaced, recv_staged};
 use crate::transport::CloseReason;
@@ -323,46 +324,6 @@ async fn fill(
                 ));
             }
             Ok(n) => *have += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Receives into `dst`, and the next header's first bytes into `hdr` in the same syscall once `dst` is
-/// nearly full (pass an empty `hdr` where more of the payload follows `dst`); folds what lands in `dst`
-/// into `digest`, if given, right after each syscall.
-pub(super) async fn recv_exact(
-    rd: &OwnedReadHalf,
-    dst: &mut [u8],
-    hdr: &mut [u8],
-    have: &mut usize,
-    stall: Duration,
-    mut digest: Option<&mut crc_fast::Digest>,
-) -> io::Result<()> {
-    let mut pos = 0;
-    while pos < dst.len() {
-        ready(rd.readable(), stall, "stopped sending mid-frame").await?;
-        let mut bufs = [
-            IoSliceMut::new(&mut dst[pos..]),
-            IoSliceMut::new(&mut hdr[..]),
-        ];
-        match rd.try_read_vectored(&mut bufs) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the lane mid-frame",
-                ));
-            }
-            Ok(n) => {
-                let take = n.min(dst.len() - pos);
-                if let Some(d) = digest.as_deref_mut() {
-                    d.update(&dst[pos..pos + take]);
-                }
-                pos += take;
-                *have += n - take;
-            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }

@@ -11,22 +11,8 @@ use transfer_engine::{KvLayout, MemoryRegion, PeerId};
 
 use super::context::lock;
 use super::handshake::{Segment, TOKEN_LEN};
+use super::served_region::ServedRegion;
 use super::state::NodeState;
-
-/// A region served to a peer that asked for one in its handshake: it belongs to that peer's connection
-/// group, and goes with it.
-#[derive(Debug)]
-pub(crate) struct ServedRegion {
-    pub(crate) owner: PeerId,
-    /// The token of the owner's connection group.
-    pub(crate) group: [u8; TOKEN_LEN],
-    /// The address the owner's handshake came from: its bytes count against that address's share.
-    pub(crate) address: IpAddr,
-    pub(crate) segment: Segment,
-    /// When a handshake last handed it out: its owner may not have a lane attached yet (the handshake's
-    /// answer goes out before the lane joins its peer link), so it stays for the grace from then too.
-    pub(crate) handed_out: Instant,
-}
 
 /// Who asks for a region: a peer's connection group, from an address.
 #[derive(Debug, Clone, Copy)]

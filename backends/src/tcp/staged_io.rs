@@ -21,8 +21,7 @@ use transfer_engine::wire::{HEADER_LEN, Header};
 
 use super::context::Context;
 use super::lane_state::ready;
-use super::reader::recv_exact;
-use super::writer::advance;
+use super::socket_io::{advance, recv_exact};
 use crate::staging::{AnyStager, StagingError};
 
 /// A received frame whose payload's device copy may still be in flight.

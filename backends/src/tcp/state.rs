@@ -13,7 +13,7 @@ use super::TcpError;
 use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
 use super::peer_link::PeerLink;
-use super::served::ServedRegion;
+use super::served_region::ServedRegion;
 
 /// A peer reached by [`super::TcpNode::connect`]; its segments include `served` if a region was asked for.
 pub use crate::transport::PeerInfo;

@@ -18,6 +18,7 @@ use transfer_engine::{Body, MemoryKind, MemoryRegion, RegionId, Transmit};
 use super::context::{Context, lock};
 use super::lane_state::{LaneState, ready};
 use super::peer_link::PeerLink;
+use super::socket_io::advance;
 use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Outgoing, send_staged};
 use crate::transport::CloseReason;
@@ -341,29 +342,4 @@ async fn write_all(
         }
     }
     Ok(())
-}
-
-/// Moves a vectored write's position (piece `first`, `skip` bytes into it; `count` pieces of `len(i)` bytes)
-/// past `n` bytes written, and past the empty pieces that follow.
-pub(super) fn advance(
-    len: impl Fn(usize) -> usize,
-    count: usize,
-    mut n: usize,
-    first: &mut usize,
-    skip: &mut usize,
-) {
-    while n > 0 && *first < count {
-        let left = len(*first) - *skip;
-        if n >= left {
-            n -= left;
-            *first += 1;
-            *skip = 0;
-        } else {
-            *skip += n;
-            n = 0;
-        }
-    }
-    while *first < count && len(*first) == 0 {
-        *first += 1;
-    }
 }

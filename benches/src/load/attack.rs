@@ -21,10 +21,12 @@ use std::time::Duration;
 use backends::tcp::Namespace;
 use backends::tcp::handshake::{self, Hello};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use transfer_engine::wire::{FrameKind, Header};
+
+use super::attacker::{LIMIT, Tally, connect};
 
 /// The engine ids of the honest clients still running.
 pub(crate) type Running = Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>;
@@ -59,28 +61,6 @@ impl AttackKind {
     }
 }
 
-/// What an attacker did, counted as it went.
-#[derive(Default)]
-pub(super) struct Tally {
-    /// Lanes or connections the server accepted.
-    pub(super) admitted: AtomicU64,
-    /// Handshakes it refused.
-    refused: AtomicU64,
-    /// Connections the server closed under the attacker.
-    pub(super) closed: AtomicU64,
-    /// Frames written.
-    pub(super) frames: AtomicU64,
-    /// The first refusal's reason.
-    reason: std::sync::Mutex<Option<String>>,
-}
-
-impl Tally {
-    pub(super) fn refuse(&self, why: String) {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        self.reason.lock().unwrap().get_or_insert(why);
-    }
-}
-
 /// A running attacker; [`Attack::stop`] ends it and says what it did.
 pub(crate) struct Attack {
     kind: AttackKind,
@@ -88,10 +68,6 @@ pub(crate) struct Attack {
     tally: Arc<Tally>,
     runtime: Option<tokio::runtime::Runtime>,
 }
-
-/// The attacker's own address: another host, as far as the server's per-address limits can tell.
-const ATTACKER_IP: [u8; 4] = [127, 0, 0, 2];
-pub(super) const LIMIT: Duration = Duration::from_secs(5);
 
 impl Attack {
     /// Starts `kind` against `server`; `victims` are the honest clients still running.
@@ -176,13 +152,6 @@ impl Attack {
         }
         s
     }
-}
-
-/// A connection to `server` from the attacker's address.
-pub(super) async fn connect(server: SocketAddr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from((ATTACKER_IP, 0)))?;
-    socket.connect(server).await
 }
 
 /// A lane under engine `id` (no served region, no token), or the server's reason for refusing it.

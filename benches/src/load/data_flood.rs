@@ -20,7 +20,7 @@ use transfer_engine::{
     TransferRequest,
 };
 
-use super::attack::{LIMIT, Tally, connect};
+use super::attacker::{LIMIT, Tally, connect};
 
 /// The attacker's engine id.
 const ENGINE: u32 = 67;

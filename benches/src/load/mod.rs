@@ -6,6 +6,7 @@
 //! (and one fresh server) per attacker.
 
 mod attack;
+mod attacker;
 mod data_flood;
 
 use std::io::BufRead;

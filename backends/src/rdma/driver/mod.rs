@@ -5,15 +5,17 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use transfer_engine::{BlockId, Body, Header, PeerId, SessionId, Transmit};
+use transfer_engine::{BlockId, Body, PeerId, SessionId, Transmit};
 
 use super::ffi::{Completion, Endpoint, MrId};
 use super::message::Message;
 use super::shared::{PeerInfo, Route, Shared, lock};
 use super::units::UnitCopies;
 use super::wait::Waiter;
+use flight::{Incoming, Outgoing, QueuedWrite};
 
 mod commands;
+mod flight;
 mod reach;
 mod receive;
 use super::{RdmaError, token};
@@ -22,33 +24,6 @@ use super::{RdmaError, token};
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// Most received units waiting for their other half (header or writes); beyond it new ones are refused.
 const MAX_PENDING: usize = 1 << 16;
-
-/// A unit in flight from here: its writes not all completed.
-struct Outgoing {
-    peer: PeerId,
-    writes_left: u32,
-    bytes: u64,
-    posted: Instant,
-}
-
-/// A write not yet accepted by the provider (it asked to try again).
-struct QueuedWrite {
-    dest: u64,
-    src: MrId,
-    offset: usize,
-    len: usize,
-    addr: u64,
-    key: u64,
-    token: u32,
-    unit: u64,
-}
-
-/// A unit arriving here: its header message and its writes, in either order.
-#[derive(Default)]
-struct Incoming {
-    header: Option<(u32, u32, u32, u64, Header)>,
-    landed: u32,
-}
 
 struct Driver<'a> {
     ep: Endpoint,

@@ -1,0 +1,197 @@
+//! The producer's side of the control channel: answers lookups and starts loads for the consumers that
+//! connect, remembering where each consumer's KV pool is.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use backends::transport::BadAddress;
+use backends::{PeerAddress, TransportError};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use transfer_engine::TrafficClass;
+
+use super::{KV_SEGMENT, MAX_LINE, Reply, Request, parse_keys};
+use crate::data_plane::{Destination, SameHostEndpoint, Via};
+use crate::error::ConnectorError;
+use crate::producer::{ProducerCore, Started};
+use crate::tp::check_pairing;
+
+type Peers = tokio::sync::Mutex<HashMap<(Via, String), Destination>>;
+
+/// Consumers whose KV pool a producer remembers (beyond it, it forgets them all and reconnects).
+const MAX_CONSUMERS: usize = 1024;
+fn class_from(code: u8) -> TrafficClass {
+    TrafficClass::ALL
+        .get(usize::from(code))
+        .copied()
+        .unwrap_or(TrafficClass::BulkKv)
+}
+
+/// Serves control connections for `core` on `listener` until the runtime stops.
+pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
+    let peers: Arc<Peers> = Arc::default();
+    while let Ok((stream, _)) = listener.accept().await {
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(connection(core.clone(), peers.clone(), stream));
+    }
+}
+
+async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStream) {
+    let (read, mut write) = stream.into_split();
+    let mut read = BufReader::new(read);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match (&mut read)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line.last() != Some(&b'\n') => return, // over the limit
+            Ok(_) => {}
+        }
+        let reply = match serde_json::from_slice::<Request>(&line) {
+            Err(e) => Reply::Error {
+                message: format!("malformed control line: {e}"),
+            },
+            Ok(req) => answer(&core, &peers, req).await,
+        };
+        let mut out = serde_json::to_vec(&reply).expect("replies serialise");
+        out.push(b'\n');
+        if write.write_all(&out).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply {
+    let (Request::Lookup { tp, .. } | Request::Load { tp, .. }) = &req;
+    if let Err(message) = check_pairing(core.rank, *tp) {
+        return Reply::Error { message };
+    }
+    match req {
+        Request::Lookup { ns, keys, .. } => match parse_keys(ns, &keys) {
+            Ok(keys) => Reply::Found {
+                blocks: core.lookup_streaming(&keys),
+            },
+            Err(message) => Reply::Error { message },
+        },
+        Request::Load {
+            ns,
+            keys,
+            engine_addr,
+            blocks,
+            class,
+            request,
+            same_host,
+            ..
+        } => {
+            let keys = match parse_keys(ns, &keys) {
+                Ok(k) => k,
+                Err(message) => return Reply::Error { message },
+            };
+            let class = class_from(class);
+            let (mut dst, mut fell_back) =
+                match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
+                    Ok(d) => d,
+                    Err(message) => return Reply::Error { message },
+                };
+            let mut started = core.load(&keys, dst, &blocks, class, request);
+            if let Err(ConnectorError::Transport(
+                TransportError::Unreachable(_) | TransportError::NoRoute { .. },
+            )) = started
+            {
+                // The consumer was found unreachable, or its node forgot this one: reach it afresh
+                // (which asks it to answer again) and try once more.
+                (dst, fell_back) =
+                    match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
+                        Ok(d) => d,
+                        Err(message) => return Reply::Error { message },
+                    };
+                started = core.load(&keys, dst, &blocks, class, request);
+            }
+            if fell_back {
+                // Once per load, however many times the same-host transport was tried for it.
+                core.metrics.same_host_fallback();
+            }
+            match started {
+                Ok(Started { session, served }) => Reply::Started {
+                    session: session.map(|s| s.id.0),
+                    served,
+                    via: dst.via,
+                },
+                Err(e) => Reply::Error {
+                    message: e.to_string(),
+                },
+            }
+        }
+    }
+}
+
+/// The transport a load goes over: the same-host one when the consumer names this producer's host and
+/// can be reached there, the main one otherwise; `true` beside it when the same-host one was tried and
+/// could not be used (a fallback, which the caller counts).
+async fn choose(
+    core: &ProducerCore,
+    peers: &Peers,
+    engine_addr: &str,
+    same_host: Option<&SameHostEndpoint>,
+    fresh: bool,
+) -> Result<(Destination, bool), String> {
+    let mut fell_back = false;
+    if let Some(end) = same_host
+        && core.transport.shares_host(&end.host)
+    {
+        match route(core, peers, Via::SameHost, &end.addr, fresh).await {
+            Ok(d) => return Ok((d, false)),
+            // Same host by name, yet not reachable there (another container, say): the main transport.
+            Err(_) => fell_back = true,
+        }
+    }
+    Ok((
+        route(core, peers, Via::Main, engine_addr, fresh).await?,
+        fell_back,
+    ))
+}
+
+/// The consumer at `addr` on transport `via`, as this producer addresses it: remembered from an earlier
+/// load, or (when not remembered, or `fresh`) reached now.
+async fn route(
+    core: &ProducerCore,
+    peers: &Peers,
+    via: Via,
+    addr: &str,
+    fresh: bool,
+) -> Result<Destination, String> {
+    let key = (via, addr.to_owned());
+    let mut peers = peers.lock().await;
+    if !fresh && let Some(d) = peers.get(&key) {
+        return Ok(*d);
+    }
+    peers.remove(&key);
+    let d = reach(core, via, addr).await?;
+    if peers.len() >= MAX_CONSUMERS {
+        peers.clear(); // bounded: forgotten consumers are reached again
+    }
+    peers.insert(key, d);
+    Ok(d)
+}
+
+/// Connects the producer's node to a consumer's over `via` and finds its KV pool.
+async fn reach(core: &ProducerCore, via: Via, addr: &str) -> Result<Destination, String> {
+    let parsed: PeerAddress = addr.parse().map_err(|e: BadAddress| e.to_string())?;
+    let info = core
+        .transport
+        .connect(via, &parsed)
+        .await
+        .map_err(|e| e.to_string())?;
+    let region = *info
+        .segment(KV_SEGMENT)
+        .ok_or("the consumer offers no KV pool (register_kv_caches first)")?;
+    Ok(Destination {
+        via,
+        peer: info.peer,
+        region,
+    })
+}
