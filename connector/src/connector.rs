@@ -14,7 +14,7 @@ use crate::control::{self, ControlClient};
 use crate::data_plane::DataPlane;
 use crate::error::ConnectorError;
 use crate::keys::VllmHasher;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StoreFigures};
 use crate::producer::{ProducerCore, lock};
 use crate::runtime::OwnRuntime;
 use crate::state::{SchedulerState, WorkerState};
@@ -136,10 +136,7 @@ impl KvConnector {
                 store = store.with_disk(tier, cfg.disk_min_sharers)?;
             }
             let store_handle = transport.register(layout, store.memory().clone())?;
-            metrics.tier_capacity.store(
-                u64::from(cfg.store_blocks),
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            metrics.set_host_capacity(u64::from(cfg.store_blocks));
             Some(Arc::new(ProducerCore {
                 store: Mutex::new(store),
                 store_handle,
@@ -290,21 +287,18 @@ impl KvConnector {
     }
 
     pub(crate) fn refresh_gauges(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
         if let Some(core) = &self.producer {
             let store = lock(&core.store);
-            self.metrics.tier_blocks.store(store.used() as u64, Relaxed);
-            self.metrics.held_blocks.store(store.held() as u64, Relaxed);
-            self.metrics
-                .hold_expired
-                .store(store.holds_expired(), Relaxed);
+            self.metrics.set_store(StoreFigures {
+                host_blocks: store.used() as u64,
+                held_blocks: store.held() as u64,
+                hold_expired: store.holds_expired(),
+            });
             if let Some(d) = store.disk_stats() {
-                self.metrics.disk.set(&d);
+                self.metrics.set_disk(&d);
             }
         }
-        self.metrics
-            .retransmits
-            .fetch_max(self.transport.retransmits(), Relaxed);
+        self.metrics.set_retransmits(self.transport.retransmits());
     }
 
     /// Slots of the local tier store in use now, and the most ever in use (0, 0 without a store).
