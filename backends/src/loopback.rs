@@ -13,11 +13,13 @@
 
 mod as_transport;
 mod credit;
+mod error;
 mod gpu;
 mod threads;
 mod tier_moves;
 
 pub use as_transport::{LoopbackNode, Side};
+pub use error::LoopbackError;
 
 pub use tier_moves::{TierMoveReport, TierRegions};
 
@@ -59,37 +61,6 @@ pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
     let mut cfg = EngineConfig::with_engine_id(engine_id);
     (cfg.backoff.base, cfg.backoff.max) = (Duration::from_millis(100), Duration::from_secs(2));
     cfg
-}
-
-/// Errors of the loopback driver (the engines' refusals of frames are recorded, not raised).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum LoopbackError {
-    /// The engine refused a command.
-    #[error(transparent)]
-    Engine(#[from] Error),
-    /// A wait on the receiving or sending side ended without its answer.
-    #[error(transparent)]
-    Wait(#[from] WaitError),
-    /// The other end was shut down: its sessions ended with recompute, and new ones are refused.
-    #[error("{0}")]
-    Unreachable(String),
-    /// This end cannot do that (a consumer does not send, a producer does not receive).
-    #[error("a loopback {end} cannot {what}")]
-    Unsupported {
-        /// Which end.
-        end: Side,
-        /// What it cannot do.
-        what: &'static str,
-    },
-    /// Transfers did not finish within the time allowed.
-    #[error("{pending} session(s) did not finish within {waited:?}")]
-    Stalled {
-        /// Sessions still running.
-        pending: usize,
-        /// How long we waited.
-        waited: Duration,
-    },
 }
 
 /// One end of the pair: an engine, the caller memory registered with it, and what it reported.

@@ -9,151 +9,18 @@
 //! hang, then refusals until it answers again).
 
 mod common;
+#[path = "conformance/pairs.rs"]
+mod pairs;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use backends::{Fault, PeerInfo, Transport, TransportError};
+use backends::{Fault, TransportError};
 use transfer_engine::{
-    AccessKey, BlockId, Dtype, Event, KvLayout, MemoryRegion, PeerId, RegionHandle, SessionId,
-    TransferMode, TransferRequest,
+    AccessKey, BlockId, Dtype, Event, KvLayout, MemoryRegion, PeerId, SessionId, TransferMode,
+    TransferRequest,
 };
 
-/// 4 layers x 8 blocks x 16 KiB: small enough for a debug build, several slices a block.
-fn layout() -> KvLayout {
-    KvLayout::new(4, 8, 16 << 10, 16, Dtype::Bf16).unwrap()
-}
-
-/// Longest any wait may take before the test calls it a hang (never a timing assertion).
-const HANG: Duration = Duration::from_secs(60);
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
-        .collect()
-}
-
-/// A sender and a receiver of one backend, and the runtime their waits (and TCP's tasks) run on.
-struct Pair {
-    sender: Arc<dyn Transport>,
-    receiver: Arc<dyn Transport>,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        let _guard = self.rt.enter();
-        self.sender.shutdown();
-        self.receiver.shutdown();
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-/// A source region on the sender, the receiver's pool (and a spare region) published, and the sender's
-/// view of the receiver.
-struct Setup {
-    src: RegionHandle,
-    source: Vec<u8>,
-    pool: MemoryRegion,
-    peer: PeerInfo,
-}
-
-impl Pair {
-    fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.rt.block_on(f)
-    }
-
-    /// Runs `f`, at most [`HANG`] (longer is a hang: the test fails).
-    fn within<F: std::future::Future>(
-        &self,
-        f: F,
-    ) -> Result<F::Output, tokio::time::error::Elapsed> {
-        self.rt
-            .block_on(async { tokio::time::timeout(HANG, f).await })
-    }
-
-    fn setup(&self) -> Setup {
-        let layout = layout();
-        let bytes = layout.total_bytes() as usize;
-        let source = pattern(bytes, 7);
-        let src = self
-            .sender
-            .register_kv_region(layout, MemoryRegion::from_vec(source.clone()))
-            .unwrap();
-        let pool = MemoryRegion::zeroed(bytes);
-        let dst = self
-            .receiver
-            .register_kv_region(layout, pool.clone())
-            .unwrap();
-        self.receiver.publish_segment("kv", dst).unwrap();
-        let address = self.receiver.address().expect("a receiver has an address");
-        let peer = self.block_on(self.sender.connect(&address)).unwrap();
-        assert_eq!(peer.peer, PeerId(u64::from(self.receiver.engine_id())));
-        Setup {
-            src,
-            source,
-            pool,
-            peer,
-        }
-    }
-
-    /// Starts a session of which only layer 0 is written (it cannot finish by itself) and waits until the
-    /// receiver has layer 0 whole.
-    fn layer_zero_only(&self, s: &Setup) -> SessionId {
-        let session = self
-            .sender
-            .submit(s.request().with_layers_written(1))
-            .unwrap();
-        self.block_on(async {
-            self.receiver.wait_announced(session).await?;
-            self.receiver.wait_layer(session, 0).await
-        })
-        .unwrap();
-        session
-    }
-
-    /// Waits for sending session `session` and checks it delivered everything.
-    fn delivered(&self, session: SessionId) {
-        let out = self
-            .block_on(self.sender.wait(session, HANG))
-            .unwrap_or_else(|e| panic!("{} session {session}: {e}", self.sender.backend()));
-        assert!(out.recompute.is_empty(), "{out:?}");
-        let got = self
-            .within(self.receiver.wait_received(session))
-            .expect("the receiver hears the end of the session")
-            .unwrap();
-        assert!(got.recompute.is_empty(), "{got:?}");
-    }
-}
-
-impl Setup {
-    fn dst(&self) -> RegionHandle {
-        *self.peer.segment("kv").expect("the receiver offers kv")
-    }
-
-    fn request(&self) -> TransferRequest {
-        TransferRequest::whole(self.peer.peer, &self.src, &self.dst())
-            .unwrap()
-            .with_deadline(Duration::from_secs(30))
-    }
-
-    fn layer_bytes(&self, layer: u32) -> (Vec<u8>, Vec<u8>) {
-        let layout = layout();
-        let at = layout.block_offset(BlockId::new(layer, 0)) as usize;
-        let len = (layout.blocks_per_layer as u64 * layout.block_bytes) as usize;
-        (
-            self.pool.read(at..at + len).unwrap().to_vec(),
-            self.source[at..at + len].to_vec(),
-        )
-    }
-}
+use pairs::{HANG, Pair, pattern};
 
 fn every_mode_arrives_byte_identical(pair: &Pair) {
     let s = pair.setup();
@@ -489,84 +356,11 @@ macro_rules! conformance {
     };
 }
 
-fn loopback() -> Option<Pair> {
-    let (sender, receiver) = backends::loopback::LoopbackPair::with_defaults().into_nodes();
-    Some(Pair {
-        sender: Arc::new(sender),
-        receiver: Arc::new(receiver),
-        rt: runtime(),
-    })
-}
-
-fn tcp() -> Option<Pair> {
-    use backends::tcp::{TcpConfig, TcpNode};
-    let rt = runtime();
-    let (sender, receiver) = rt.block_on(async {
-        let sender = TcpNode::start({
-            let mut cfg = TcpConfig::with_engine_id(1);
-            cfg.listen = None;
-            cfg
-        })
-        .await
-        .unwrap();
-        let receiver = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
-        (sender, receiver)
-    });
-    Some(Pair {
-        sender: Arc::new(sender),
-        receiver: Arc::new(receiver),
-        rt,
-    })
-}
-
-/// Nodes on libfabric provider `provider`, under the RDMA tests' one rule (`common::on_listed_provider`):
-/// "not run" only where libfabric does not list it; a listed provider that fails to start fails the test.
-#[cfg(feature = "rdma")]
-fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
-    use backends::rdma::{Provider, RdmaConfig, RdmaNode};
-    let start = |id| {
-        let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
-        cfg.domain = domain.map(str::to_owned);
-        cfg.answer_timeout = Duration::from_secs(1);
-        RdmaNode::start(cfg)
-    };
-    let (sender, receiver) = common::on_listed_provider(provider, domain, || {
-        Ok::<_, backends::rdma::RdmaError>((start(1)?, start(2)?))
-    })?;
-    Some(Pair {
-        sender: Arc::new(sender),
-        receiver: Arc::new(receiver),
-        rt: runtime(),
-    })
-}
-
-/// Two same-host nodes in this process (cross-memory attach copies from this process itself), each
-/// listening on a socket of its own.
+conformance!(loopback, pairs::loopback());
 #[cfg(target_os = "linux")]
-fn shm() -> Option<Pair> {
-    use backends::shm::{ShmConfig, ShmNode};
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let path = |id: u32| {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        std::env::temp_dir().join(format!(
-            "te-conformance-{}-{n}-{id}.sock",
-            std::process::id()
-        ))
-    };
-    let start = |id| ShmNode::start(ShmConfig::new(id, Some(path(id)))).unwrap();
-    Some(Pair {
-        sender: Arc::new(start(1)),
-        receiver: Arc::new(start(2)),
-        rt: runtime(),
-    })
-}
-
-conformance!(loopback, loopback());
-#[cfg(target_os = "linux")]
-conformance!(shm, shm());
-conformance!(tcp, tcp());
+conformance!(shm, pairs::shm());
+conformance!(tcp, pairs::tcp());
 #[cfg(feature = "rdma")]
-conformance!(rdma_tcp, rdma("tcp", Some("lo")));
+conformance!(rdma_tcp, pairs::rdma("tcp", Some("lo")));
 #[cfg(feature = "rdma")]
-conformance!(rdma_shm, rdma("shm", None));
+conformance!(rdma_shm, pairs::rdma("shm", None));

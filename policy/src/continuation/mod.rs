@@ -16,6 +16,7 @@
 //! [`ContinuationConfig::history_factor`] × capacity requests and [`ContinuationConfig::seen_factor`] ×
 //! capacity seen keys, and fixed-size class tables. Time is the trace's (milliseconds, passed in).
 
+mod config;
 pub mod history;
 pub mod survival;
 
@@ -25,46 +26,13 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use transfer_engine::policy::BlockKey;
 
 use crate::trace::Request;
+pub use config::ContinuationConfig;
 use history::History;
-use survival::{Survival, SurvivalConfig};
+use survival::Survival;
 
 /// Tokens per block in the Mooncake traces (a request whose input is not a multiple of it ends in a
 /// partial block).
 pub const BLOCK_TOKENS: u64 = 512;
-
-/// Settings; [`Default`] is the evaluated policy, the switches exist for the ablation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub struct ContinuationConfig {
-    /// Learning of the return-time distributions.
-    pub survival: SurvivalConfig,
-    /// Use the output length in the class (known once the response ends).
-    pub use_output: bool,
-    /// Evict partial last blocks and dead tails first.
-    pub tails_first: bool,
-    /// Index multiplier for blocks at or above a branch point (1: off).
-    pub shared_boost: f64,
-    /// Requests remembered, as a multiple of the capacity in blocks.
-    pub history_factor: usize,
-    /// Seen keys remembered (to find a request's already-seen prefix), as a multiple of the capacity.
-    pub seen_factor: usize,
-    /// Requests between refits of the index table.
-    pub refit_every: u64,
-}
-
-impl Default for ContinuationConfig {
-    fn default() -> ContinuationConfig {
-        ContinuationConfig {
-            survival: SurvivalConfig::default(),
-            use_output: true,
-            tails_first: true,
-            shared_boost: 10.0,
-            history_factor: 2,
-            seen_factor: 8,
-            refit_every: 16,
-        }
-    }
-}
 
 /// How much metadata the cache holds now (each at most its bound, see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -34,7 +34,7 @@
 //! enter the tier are added to it, blocks that leave other than by its order are removed, and its
 //! victims are demoted (or dropped) leaves first. Metadata is bounded: see [`TierMetadata`].
 
-use std::cmp::{Ordering, Reverse};
+use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
@@ -44,12 +44,14 @@ use crate::error::PolicyError;
 use crate::heat::{Heat, HeatClock};
 use crate::namespace::NamespaceId;
 
+mod block;
 mod config;
 mod farther;
 mod hold;
 mod near;
 mod segments;
 
+use block::{Block, Candidate, Rank};
 pub use config::{NearestOrder, TierCapacities, TierConfig};
 use near::Near;
 pub use near::TierMetadata;
@@ -61,57 +63,6 @@ fn idx(t: Tier) -> usize {
         Tier::Gpu => 0,
         Tier::Host => 1,
         Tier::Remote => 2,
-    }
-}
-
-/// Orders f64 ranks totally (NaN never occurs: configs are validated).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Rank(f64);
-
-impl Eq for Rank {}
-
-impl PartialOrd for Rank {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Rank {
-    fn cmp(&self, other: &Self) -> Ordering {
-        self.0.total_cmp(&other.0)
-    }
-}
-
-/// Eviction order inside a tier: coldest first, then deepest, then by key (deterministic).
-type Candidate = (Rank, Reverse<u32>, BlockKey);
-
-#[derive(Debug, Clone)]
-struct Block {
-    tier: usize,
-    parent: Option<BlockKey>,
-    /// Resident children per tier.
-    children: [u32; 3],
-    depth: u32,
-    ns: NamespaceId,
-    heat: Heat,
-    /// 0: recent (one request used it), 1: frequent.
-    seg: usize,
-    /// The entry in `candidates[tier]`, if the block is evictable from its tier.
-    entry: Option<Candidate>,
-    /// Held ([`TierManager::hold`]): demoted to a farther tier like any block, but not dropped from the
-    /// farthest while another block can be.
-    held: bool,
-}
-
-impl Block {
-    /// No child lives in this tier or a nearer one.
-    fn is_leaf(&self) -> bool {
-        self.children[..=self.tier].iter().all(|&c| c == 0)
-    }
-
-    /// A candidate victim of its tier (`farther`: a tier beyond it has room to take it).
-    fn evictable(&self, farther: bool) -> bool {
-        self.is_leaf() && (farther || !self.held)
     }
 }
 
