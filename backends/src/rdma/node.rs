@@ -13,10 +13,10 @@ use transfer_engine::{
     ShapingConfig, TransferRequest,
 };
 
-use super::ffi::{Endpoint, ProviderInfo};
+use super::ffi::{DmaBuffer, Endpoint, ProviderInfo};
 use super::message::RdmaSegment;
 use super::provider::resolve;
-use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, lock, peer_info};
+use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, ToRegister, lock, peer_info};
 use super::units::UnitCopies;
 use super::{RdmaConfig, RdmaError, driver};
 use crate::board::{IncomingSession, Outcome, Received};
@@ -159,13 +159,12 @@ impl RdmaNode {
                 self.shared.cfg.host_memory == super::HostMemoryAccess::Mirrored
             }
         };
-        let mirror = if staged {
-            Some(UnitCopies::mirror(memory.kind(), memory.len())?)
-        } else {
-            None
-        };
+        let mirror = staged.then(|| Arc::new(DmaBuffer::zeroed(memory.len())));
         let (tx, rx) = mpsc::channel();
-        let registered = mirror.clone().unwrap_or_else(|| memory.clone());
+        let registered = match &mirror {
+            Some(mirror) => ToRegister::Mirror(mirror.clone()),
+            None => ToRegister::InPlace(memory.clone()),
+        };
         self.shared.command(Command::Register(registered, tx));
         let local = self.driver_reply(&rx)??;
         match self.shared.station.register_kv_region(layout, memory) {

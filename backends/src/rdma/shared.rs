@@ -3,12 +3,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use tokio::sync::oneshot;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
 
-use super::ffi::{MrId, ProviderInfo};
+use super::ffi::{DmaBuffer, MrId, ProviderInfo};
 use super::message::RdmaSegment;
 use super::{RdmaConfig, RdmaError};
 use crate::station::Station;
@@ -84,9 +84,18 @@ pub(crate) struct Route {
     pub(crate) segments: Vec<RdmaSegment>,
 }
 
+/// What a region is registered with the provider as.
+pub(crate) enum ToRegister {
+    /// The caller's memory itself (GPU memory on a provider with `FI_HMEM`, or host memory granted in
+    /// place).
+    InPlace(MemoryRegion),
+    /// A mirror of it (see `units.rs`).
+    Mirror(Arc<DmaBuffer>),
+}
+
 /// What API calls ask of the driver thread (which alone touches the endpoint).
 pub(crate) enum Command {
-    Register(MemoryRegion, mpsc::Sender<Result<LocalRegion, RdmaError>>),
+    Register(ToRegister, mpsc::Sender<Result<LocalRegion, RdmaError>>),
     Deregister(MrId),
     Connect(Vec<u8>, oneshot::Sender<Result<PeerInfo, RdmaError>>),
 }
@@ -102,7 +111,7 @@ pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     pub(crate) regions: Mutex<HashMap<RegionId, LocalRegion>>,
     /// The host mirror registered in place of each staged region (see `units.rs`).
-    pub(crate) mirrors: Mutex<HashMap<RegionId, MemoryRegion>>,
+    pub(crate) mirrors: Mutex<HashMap<RegionId, Arc<DmaBuffer>>>,
     pub(crate) published: Mutex<Vec<RdmaSegment>>,
     pub(crate) routes: Mutex<HashMap<PeerId, Route>>,
     /// Peers found unreachable that have sent nothing since, with the reason and when (at most one per

@@ -5,17 +5,26 @@
 //!   `cuda` a unit's CRC-32C is taken on a host copy (4 MiB pieces), on both ends: GPU units are verified end
 //!   to end like host ones, at the price of one extra device-to-host copy per end.
 //! - **Staged through a mirror** (any other provider): the region is registered as a host mirror of the same
-//!   size (pinned, with feature `cuda`). Sending, a unit is copied GPU to mirror, its CRC taken on the host
-//!   side of that copy, before its writes are posted from the mirror; receiving, a unit that landed in the
-//!   mirror is checksummed there and copied to the GPU before the engine hears of it. The mirror costs host
-//!   memory the size of the region. Host regions are staged the same way (CPU copies) unless the caller
-//!   grants them in place ([`super::HostMemoryAccess`]), so the staged path runs without a GPU too.
+//!   size, a [`DmaBuffer`] that peers write at any time and that is never seen as a slice. Sending, a unit
+//!   is copied into the mirror (through a host piece for GPU memory), its CRC taken on this process's own
+//!   bytes, before its writes are posted from the mirror; receiving, a unit that landed in the mirror is
+//!   copied out into the region (through a host piece for GPU memory) and its CRC taken on the copy, before
+//!   the engine hears of it. A peer that writes the mirror again meanwhile only fails that check. The mirror
+//!   costs host memory the size of the region. Host regions are staged the same way (CPU copies) unless the
+//!   caller grants them in place ([`super::HostMemoryAccess`]), so the staged path runs without a GPU too.
 
 use std::ops::Range;
 
-use transfer_engine::{MemoryKind, MemoryRegion};
+#[cfg(not(feature = "cuda"))]
+use transfer_engine::MemoryKind;
+use transfer_engine::MemoryRegion;
 
 use super::RdmaError;
+use super::ffi::DmaBuffer;
+
+/// Bytes copied and checksummed at a time between a host region and its mirror: each piece is checksummed
+/// while it is still in cache.
+const PIECE: usize = 256 << 10;
 
 /// Takes CRC-32Cs of units, and stages units between regions and their mirrors, whatever memory they are in.
 #[derive(Debug, Default)]
@@ -25,49 +34,48 @@ pub(crate) struct UnitCopies {
 }
 
 impl UnitCopies {
-    /// A host mirror of `len` bytes for a region of memory `kind` (pinned for GPU memory).
-    pub(crate) fn mirror(kind: MemoryKind, len: usize) -> Result<MemoryRegion, RdmaError> {
-        match kind {
-            MemoryKind::Device { ordinal } => gpu_mirror(ordinal, len),
-            MemoryKind::Host | MemoryKind::PinnedHost => Ok(MemoryRegion::zeroed(len)),
-        }
-    }
-
     /// Copies `range` of `src` into the same range of its `mirror` and returns the CRC-32C of the bytes
-    /// copied (taken on the host side, in the same pass for host memory).
+    /// copied (taken on `src`'s side, a piece at a time as it is copied).
     pub(crate) fn stage_out(
         &mut self,
         src: &MemoryRegion,
-        mirror: &MemoryRegion,
+        mirror: &DmaBuffer,
         range: Range<usize>,
     ) -> Result<u32, RdmaError> {
-        self.copy(src, mirror, range)
+        if !src.kind().is_host() {
+            return self.device_out(src, mirror, range);
+        }
+        let view = src.read(range.clone())?;
+        let mut crc = transfer_engine::crc32c(&[]);
+        for (i, piece) in view.chunks(PIECE).enumerate() {
+            crc = transfer_engine::crc32c_combine(crc, transfer_engine::crc32c(piece), piece.len());
+            if !mirror.copy_in(range.start + i * PIECE, piece) {
+                return Err(outside(mirror, &range));
+            }
+        }
+        Ok(crc)
     }
 
     /// Copies `range` of `mirror` (a unit that landed there) into the same range of `dst` and returns the
-    /// CRC-32C of the bytes that landed.
+    /// CRC-32C of the bytes placed (taken on `dst`, a piece at a time as it is copied).
     pub(crate) fn stage_in(
         &mut self,
-        mirror: &MemoryRegion,
+        mirror: &DmaBuffer,
         dst: &MemoryRegion,
         range: Range<usize>,
     ) -> Result<u32, RdmaError> {
-        self.copy(mirror, dst, range)
-    }
-
-    fn copy(
-        &mut self,
-        from: &MemoryRegion,
-        to: &MemoryRegion,
-        range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
-        if from.kind().is_host() && to.kind().is_host() {
-            let crc = from.with_views(range.clone(), to, range, |src, dst| {
-                transfer_engine::copy_and_crc32c(dst, src)
-            })?;
-            return Ok(crc);
+        if !dst.kind().is_host() {
+            return self.device_in(mirror, dst, range);
         }
-        self.device_copy(from, to, range)
+        let mut view = dst.write(range.clone())?;
+        let mut crc = transfer_engine::crc32c(&[]);
+        for (i, piece) in view.chunks_mut(PIECE).enumerate() {
+            if !mirror.copy_out(range.start + i * PIECE, piece) {
+                return Err(outside(mirror, &range));
+            }
+            crc = transfer_engine::crc32c_combine(crc, transfer_engine::crc32c(piece), piece.len());
+        }
+        Ok(crc)
     }
 
     /// The CRC-32C of `range` of `memory`.
@@ -98,15 +106,28 @@ impl UnitCopies {
     }
 
     #[cfg(feature = "cuda")]
-    fn device_copy(
+    fn device_out(
         &mut self,
-        from: &MemoryRegion,
-        to: &MemoryRegion,
+        src: &MemoryRegion,
+        mirror: &DmaBuffer,
         range: Range<usize>,
     ) -> Result<u32, RdmaError> {
         self.gpu
             .get_or_insert_with(gpu::DeviceCopies::new)
-            .copy(from, to, range)
+            .out_to(src, mirror, range)
+            .map_err(|e| RdmaError::Config(format!("staging GPU bytes: {e}")))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn device_in(
+        &mut self,
+        mirror: &DmaBuffer,
+        dst: &MemoryRegion,
+        range: Range<usize>,
+    ) -> Result<u32, RdmaError> {
+        self.gpu
+            .get_or_insert_with(gpu::DeviceCopies::new)
+            .in_from(mirror, dst, range)
             .map_err(|e| RdmaError::Config(format!("staging GPU bytes: {e}")))
     }
 
@@ -116,19 +137,33 @@ impl UnitCopies {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn device_copy(
+    fn device_out(
         &mut self,
-        from: &MemoryRegion,
-        to: &MemoryRegion,
+        src: &MemoryRegion,
+        _: &DmaBuffer,
         _: Range<usize>,
     ) -> Result<u32, RdmaError> {
-        let kind = if from.kind().is_host() {
-            to.kind()
-        } else {
-            from.kind()
-        };
-        Err(no_gpu(kind))
+        Err(no_gpu(src.kind()))
     }
+
+    #[cfg(not(feature = "cuda"))]
+    fn device_in(
+        &mut self,
+        _: &DmaBuffer,
+        dst: &MemoryRegion,
+        _: Range<usize>,
+    ) -> Result<u32, RdmaError> {
+        Err(no_gpu(dst.kind()))
+    }
+}
+
+/// A unit's range that does not lie inside its region's mirror (the two have the same length, so this is a
+/// bug, reported rather than copied past the end).
+fn outside(mirror: &DmaBuffer, range: &Range<usize>) -> RdmaError {
+    RdmaError::Config(format!(
+        "bytes {range:?} do not lie inside a mirror of {} bytes",
+        mirror.len()
+    ))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -137,25 +172,12 @@ fn no_gpu(kind: MemoryKind) -> RdmaError {
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_mirror(ordinal: u32, len: usize) -> Result<MemoryRegion, RdmaError> {
-    let gpu = crate::cuda::Gpu::open(ordinal)
-        .map_err(|e| RdmaError::Config(format!("GPU {ordinal} cannot be used: {e}")))?;
-    crate::cuda::PinnedHostMemory::alloc(&gpu, len)
-        .map(crate::cuda::PinnedHostMemory::into_region)
-        .map_err(|e| RdmaError::Config(format!("a pinned mirror of {len} bytes: {e}")))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn gpu_mirror(ordinal: u32, _: usize) -> Result<MemoryRegion, RdmaError> {
-    Err(no_gpu(MemoryKind::Device { ordinal }))
-}
-
-#[cfg(feature = "cuda")]
 mod gpu {
     use std::ops::Range;
 
     use transfer_engine::MemoryRegion;
 
+    use super::DmaBuffer;
     use crate::cuda::{CudaError, GpuMover};
 
     /// Bytes copied to the host per piece.
@@ -195,20 +217,68 @@ mod gpu {
             Ok(crc)
         }
 
-        /// Copies `range` of `from` into the same range of `to` (one of them GPU memory); returns the
-        /// CRC-32C of the host side's bytes.
-        pub(super) fn copy(
+        /// Copies `range` of GPU memory `src` into the same range of `mirror`, a piece at a time through
+        /// the host scratch buffer; returns the CRC-32C of the bytes copied (taken on the scratch copy).
+        pub(super) fn out_to(
             &mut self,
-            from: &MemoryRegion,
-            to: &MemoryRegion,
+            src: &MemoryRegion,
+            mirror: &DmaBuffer,
             range: Range<usize>,
         ) -> Result<u32, CudaError> {
-            let report = self.mover.place(from, range.clone(), to, range)?;
-            report.crc32c.ok_or_else(|| {
-                CudaError::Invalid(
-                    "a copy between host and GPU came back without a checksum".into(),
-                )
-            })
+            let mut crc = transfer_engine::crc32c(&[]);
+            for start in range.clone().step_by(PIECE) {
+                let end = (start + PIECE).min(range.end);
+                let report = self
+                    .mover
+                    .place(src, start..end, &self.scratch, 0..end - start)?;
+                let piece = report.crc32c.ok_or_else(|| {
+                    CudaError::Invalid("a copy to host memory came back without a checksum".into())
+                })?;
+                let staged = self
+                    .scratch
+                    .read(0..end - start)
+                    .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                if !mirror.copy_in(start, &staged) {
+                    return Err(CudaError::Invalid(format!(
+                        "bytes {start}..{end} lie outside the mirror"
+                    )));
+                }
+                crc = transfer_engine::crc32c_combine(crc, piece, end - start);
+            }
+            Ok(crc)
+        }
+
+        /// Copies `range` of `mirror` into the same range of GPU memory `dst`, a piece at a time through the
+        /// host scratch buffer; returns the CRC-32C of the bytes placed (taken on the scratch copy).
+        pub(super) fn in_from(
+            &mut self,
+            mirror: &DmaBuffer,
+            dst: &MemoryRegion,
+            range: Range<usize>,
+        ) -> Result<u32, CudaError> {
+            let mut crc = transfer_engine::crc32c(&[]);
+            for start in range.clone().step_by(PIECE) {
+                let end = (start + PIECE).min(range.end);
+                {
+                    let mut staged = self
+                        .scratch
+                        .write(0..end - start)
+                        .map_err(|e| CudaError::Invalid(e.to_string()))?;
+                    if !mirror.copy_out(start, &mut staged) {
+                        return Err(CudaError::Invalid(format!(
+                            "bytes {start}..{end} lie outside the mirror"
+                        )));
+                    }
+                    crc = transfer_engine::crc32c_combine(
+                        crc,
+                        transfer_engine::crc32c(&staged),
+                        end - start,
+                    );
+                }
+                self.mover
+                    .place(&self.scratch, 0..end - start, dst, start..end)?;
+            }
+            Ok(crc)
         }
     }
 }

@@ -130,10 +130,11 @@ impl PeerMapping {
                 format!("the granted memory is {} bytes, not {len}", stat.st_size),
             ));
         }
-        // SAFETY: a fresh read-only shared mapping of a memfd at least `len` long that can no longer
-        // shrink, so every page of it stays backed; the kernel picks the address. Its page tables are
-        // filled now (`MAP_POPULATE`), once, rather than by a fault per page during the first transfer.
+        // Its page tables are filled now (`MAP_POPULATE`), once, rather than by a fault per page during the
+        // first transfer.
         let flags = MapFlags::MAP_SHARED | MapFlags::MAP_POPULATE;
+        // SAFETY: a fresh read-only shared mapping of a memfd at least `len` long that can no longer
+        // shrink, so every page of it stays backed; the kernel picks the address.
         let ptr = unsafe { mmap(None, size, ProtFlags::PROT_READ, flags, fd, 0)? };
         Ok(Self {
             ptr: ptr.cast(),

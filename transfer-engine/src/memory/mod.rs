@@ -24,8 +24,10 @@
 //!   buffer and dropped, never placed.
 //! - RDMA: NICs read and write registered memory with no lock, so by default a node registers a host
 //!   mirror of each host region instead: a unit is copied into the mirror under the source's read locks
-//!   before its writes are posted, and out of the mirror into place under write locks (CRC taken in the
-//!   same pass) only if the plan still wants it, so a resend over verified bytes is dropped. Registering
+//!   before its writes are posted, and out of the mirror into place under write locks (CRC taken on the
+//!   copy, a piece at a time) only if the plan still wants it, so a resend over verified bytes is dropped.
+//!   The mirror itself is never seen as a slice (a peer may write it at any time): only raw copies move
+//!   bytes in and out of it. Registering
 //!   the caller's memory in place, zero-copy, takes an `unsafe` promise (`InPlace::granted` in
 //!   `backends::rdma`) that the caller's rules above hold and every peer with the key follows the
 //!   protocol. GPU memory, which has no safe host views, is registered in place where the provider can.

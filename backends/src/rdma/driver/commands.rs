@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::super::ffi::MrId;
 use super::super::message::Message;
-use super::super::shared::{Command, LocalRegion, lock};
+use super::super::shared::{Command, LocalRegion, ToRegister, lock};
 use super::super::{MAX_TAGS, RdmaError};
 use super::Driver;
 
@@ -18,7 +18,11 @@ impl Driver<'_> {
             };
             match cmd {
                 Command::Register(memory, reply) => {
-                    let result = self.ep.register(&memory).and_then(|(mr, rkey)| {
+                    let registered = match &memory {
+                        ToRegister::InPlace(memory) => self.ep.register(memory),
+                        ToRegister::Mirror(mirror) => self.ep.register_dma(mirror),
+                    };
+                    let result = registered.and_then(|(mr, rkey)| {
                         Ok(LocalRegion {
                             mr,
                             rkey,

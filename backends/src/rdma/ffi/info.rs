@@ -1,4 +1,5 @@
 //! What `fi_getinfo` offers, and libfabric's error codes.
+#![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_char};
 use std::ptr;

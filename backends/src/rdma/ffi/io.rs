@@ -1,5 +1,6 @@
 //! Messages, RMA writes and completions on an [`Endpoint`]: posting and reading receive slots, sending
 //! from send slots, one-sided writes with remote CQ data, and reading the completion queue.
+#![allow(unsafe_code)]
 
 use std::ffi::c_void;
 use std::ptr;

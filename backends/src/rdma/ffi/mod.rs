@@ -1,4 +1,6 @@
-//! The backend's only `unsafe` code: libfabric resources behind safe owners.
+//! libfabric resources behind safe owners: the backend's `unsafe` code lives in the files of this module
+//! that call libfabric or hold memory it writes (`endpoint.rs`, `io.rs`, `registration.rs`, `info.rs`,
+//! `slots.rs`, `dma.rs`), each allowing it for itself; `keeper.rs` and `process.rs` hold none.
 //!
 //! [`Endpoint`] owns one reliable-datagram endpoint and everything under it (fabric, domain, address vector,
 //! completion queue), the memory registrations made through it, and two pools of registered message slots
@@ -11,17 +13,14 @@
 //!
 //! The declarations come from bindgen over `csrc/rdma_shim.h` (see build.rs); the shim turns libfabric's
 //! `static inline` calls into plain functions.
-#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::ptr;
 
 use transfer_engine::MemoryRegion;
 
-use super::RdmaError;
-
 #[allow(
+    unsafe_code,
     non_camel_case_types,
     non_upper_case_globals,
     non_snake_case,
@@ -35,6 +34,8 @@ mod sys {
     include!(concat!(env!("OUT_DIR"), "/fabric.rs"));
 }
 
+mod dma;
+mod endpoint;
 mod info;
 mod io;
 mod keeper;
@@ -42,12 +43,12 @@ mod process;
 mod registration;
 mod slots;
 
+pub(crate) use dma::DmaBuffer;
 pub use info::ProviderInfo;
 pub(crate) use info::providers;
 pub use keeper::parked_endpoints;
 pub(crate) use slots::guarded_region;
 
-use info::{InfoList, check};
 use slots::Slots;
 
 /// What a registration is for.
@@ -65,10 +66,45 @@ pub(crate) struct MrId(pub u32);
 
 struct Registration {
     mr: *mut sys::fid_mr,
-    memory: MemoryRegion,
+    /// The registered memory, kept alive until the registration is closed.
+    memory: Registered,
     key: u64,
     desc: *mut c_void,
     in_flight: usize,
+}
+
+/// What a registration covers, kept alive with it.
+#[derive(Debug)]
+enum Registered {
+    /// A region's memory, registered in place.
+    Region(MemoryRegion),
+    /// A mirror that peers write into ([`DmaBuffer`]).
+    Dma(std::sync::Arc<DmaBuffer>),
+    /// One of the endpoint's own message pools (which the endpoint keeps alive itself).
+    Pool {
+        /// Where it starts.
+        address: usize,
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl Registered {
+    fn address(&self) -> usize {
+        match self {
+            Registered::Region(m) => m.address(),
+            Registered::Dma(d) => d.address() as usize,
+            Registered::Pool { address, .. } => *address,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Registered::Region(m) => m.len(),
+            Registered::Dma(d) => d.len(),
+            Registered::Pool { len, .. } => *len,
+        }
+    }
 }
 
 /// A completion read from the endpoint's queue.
@@ -141,173 +177,6 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-// SAFETY: the endpoint exclusively owns its libfabric objects and buffers; the domain is opened with
-// FI_THREAD_SAFE, so moving the owner to another thread (the driver thread) is allowed. It is not Sync:
-// every call goes through `&mut self` on one thread at a time.
-unsafe impl Send for Endpoint {}
-
-impl Endpoint {
-    /// Opens an endpoint on `provider` (exact name) and `domain`, with `send_slots` and `recv_slots`
-    /// message slots of `slot_bytes` each; receives are posted at once.
-    pub(crate) fn open(
-        provider: &str,
-        domain: Option<&str>,
-        send_slots: usize,
-        recv_slots: usize,
-        slot_bytes: usize,
-        hmem: bool,
-    ) -> Result<Self, RdmaError> {
-        let list = InfoList::get(Some(provider), domain, hmem)?;
-        // Some layered providers list every domain whatever the hint names: take the one asked for.
-        let Some((raw, info)) = list
-            .entries()
-            .into_iter()
-            .find(|(_, i)| domain.is_none_or(|d| i.domain == d))
-        else {
-            return Err(RdmaError::NoProvider(format!(
-                "provider {provider:?}{} offers no reliable datagram endpoint with RMA{}",
-                domain
-                    .map(|d| format!(" on domain {d:?}"))
-                    .unwrap_or_default(),
-                if hmem {
-                    " and device memory registration (FI_HMEM)"
-                } else {
-                    ""
-                }
-            )));
-        };
-        if info.cq_data_size < 4 {
-            return Err(RdmaError::NoProvider(format!(
-                "provider {provider:?} carries {} bytes of remote CQ data, 4 are needed",
-                info.cq_data_size
-            )));
-        }
-        let mut ep = Self {
-            info,
-            fabric: ptr::null_mut(),
-            domain: ptr::null_mut(),
-            av: ptr::null_mut(),
-            cq: ptr::null_mut(),
-            ep: ptr::null_mut(),
-            regs: HashMap::new(),
-            next_mr: 0,
-            write_src: HashMap::new(),
-            send: Slots::new(send_slots, slot_bytes),
-            free_send: (0..send_slots).rev().collect(),
-            recv: Slots::new(recv_slots, slot_bytes),
-            recv_out: vec![false; recv_slots],
-            scratch: Vec::with_capacity(64),
-            kept: None,
-            processes: HashMap::new(),
-        };
-        if keeper::maps_peers_in_process(&ep.info.provider) {
-            keeper::clear_stale_names();
-        }
-        // SAFETY: each call gets a valid entry of `list` (alive until the end of this function: libfabric
-        // copies what it keeps) or objects opened just before, and a valid place for its result; every
-        // object opened is recorded in `ep` at once, so an early return closes it in `Drop`.
-        unsafe {
-            check("fi_fabric", sys::te_fabric(raw, &mut ep.fabric).into())?;
-            check(
-                "fi_domain",
-                sys::te_domain(ep.fabric, raw, &mut ep.domain).into(),
-            )?;
-            check("fi_av_open", sys::te_av_open(ep.domain, &mut ep.av).into())?;
-            let size = (send_slots + recv_slots).max(1024);
-            check(
-                "fi_cq_open",
-                sys::te_cq_open(ep.domain, size, 0, &mut ep.cq).into(),
-            )?;
-            check(
-                "fi_endpoint",
-                sys::te_endpoint(ep.domain, raw, &mut ep.ep).into(),
-            )?;
-            check("fi_ep_bind", sys::te_ep_setup(ep.ep, ep.av, ep.cq).into())?;
-        }
-        let (send_ptr, recv_ptr, bytes) = (ep.send.base, ep.recv.base, slot_bytes);
-        ep.send.mr = Some(ep.register_raw(send_ptr, send_slots * bytes, Access::Messages, None)?);
-        ep.recv.mr = Some(ep.register_raw(recv_ptr, recv_slots * bytes, Access::Messages, None)?);
-        for slot in 0..recv_slots {
-            ep.post_recv(slot)?;
-        }
-        if keeper::maps_peers_in_process(&ep.info.provider) {
-            ep.kept = Some(keeper::open(&ep.name()?));
-        }
-        Ok(ep)
-    }
-
-    /// What the provider offers.
-    #[must_use]
-    pub(crate) fn info(&self) -> &ProviderInfo {
-        &self.info
-    }
-
-    /// Bytes one message slot holds.
-    #[must_use]
-    pub(crate) fn slot_bytes(&self) -> usize {
-        self.send.slot_bytes
-    }
-
-    /// Free send slots.
-    #[must_use]
-    pub(crate) fn free_send_slots(&self) -> usize {
-        self.free_send.len()
-    }
-
-    /// This endpoint's address, to hand to peers.
-    pub(crate) fn name(&self) -> Result<Vec<u8>, RdmaError> {
-        let mut buf = vec![0u8; 256];
-        let mut len = buf.len();
-        // SAFETY: `buf` is writable for `len` bytes; the provider writes at most that and updates `len`.
-        let ret = unsafe { sys::te_getname(self.ep, buf.as_mut_ptr().cast(), &mut len) };
-        check("fi_getname", ret.into())?;
-        buf.truncate(len);
-        Ok(buf)
-    }
-
-    /// Inserts a peer's address (from its [`Endpoint::name`]) and returns its handle.
-    pub(crate) fn insert(&mut self, name: &[u8]) -> Result<u64, RdmaError> {
-        if name.is_empty() || name.len() > 256 {
-            return Err(RdmaError::Protocol(format!(
-                "an endpoint address of {} bytes",
-                name.len()
-            )));
-        }
-        // Linked before the insert, so the peer cannot be closed in between; a failed insert only keeps
-        // the link (the peer stays open a little longer than it must).
-        if let Some(id) = self.kept {
-            keeper::link(id, name)?;
-        }
-        let mut addr = 0;
-        let mut padded = [0u8; 256];
-        padded[..name.len()].copy_from_slice(name);
-        // SAFETY: the provider reads at most its address length (well under 256 bytes) from `padded`, which
-        // holds the peer's address followed by zeroes, so even a short or foreign one reads no further; an
-        // invalid address is refused by the provider with an error.
-        let ret = unsafe { sys::te_av_insert(self.av, padded.as_ptr().cast(), &mut addr) };
-        check("fi_av_insert", ret.into())?;
-        if keeper::maps_peers_in_process(&self.info.provider) {
-            match process::of_address(name) {
-                Some(p) => self.processes.insert(addr, p),
-                None => self.processes.remove(&addr),
-            };
-        }
-        Ok(addr)
-    }
-
-    /// Refuses a call towards `dest` when its process is known to have exited: on `shm` such a call can
-    /// spin forever on a lock the dead process held (see [`process`]).
-    fn check_alive(&self, dest: u64) -> Result<(), RdmaError> {
-        match self.processes.get(&dest) {
-            Some(p) if !p.alive() => Err(RdmaError::Unreachable(format!(
-                "its process ({}) has exited",
-                p.pid()
-            ))),
-            _ => Ok(()),
-        }
-    }
-}
-
 /// The libfabric objects under one endpoint.
 pub(super) struct Objects {
     fabric: *mut sys::fid_fabric,
@@ -315,84 +184,4 @@ pub(super) struct Objects {
     av: *mut sys::fid_av,
     cq: *mut sys::fid_cq,
     ep: *mut sys::fid_ep,
-}
-
-// SAFETY: the objects are owned by this value alone (taken out of their endpoint, which no longer uses
-// them) and the domain is opened with FI_THREAD_SAFE, so they may be closed from any thread.
-unsafe impl Send for Objects {}
-
-impl Objects {
-    /// Closes each object once, in dependency order: endpoint (after which the provider starts no access
-    /// to any buffer), then `registrations` (made through it, not closed yet), address vector, queue,
-    /// domain, fabric. Null ones (never opened) are skipped.
-    fn close(self, registrations: &[Registration]) {
-        // SAFETY: each object was opened by one endpoint, taken from it by `Endpoint::take_objects` (which
-        // leaves nulls behind), and is closed once, here; so is each registration, which its owner drained
-        // from the endpoint and closes nowhere else.
-        unsafe {
-            if !self.ep.is_null() {
-                sys::te_close_ep(self.ep);
-            }
-            for reg in registrations {
-                sys::te_close_mr(reg.mr);
-            }
-            if !self.av.is_null() {
-                sys::te_close_av(self.av);
-            }
-            if !self.cq.is_null() {
-                sys::te_close_cq(self.cq);
-            }
-            if !self.domain.is_null() {
-                sys::te_close_domain(self.domain);
-            }
-            if !self.fabric.is_null() {
-                sys::te_close_fabric(self.fabric);
-            }
-        }
-    }
-}
-
-impl Endpoint {
-    fn take_objects(&mut self) -> Objects {
-        Objects {
-            fabric: std::mem::replace(&mut self.fabric, ptr::null_mut()),
-            domain: std::mem::replace(&mut self.domain, ptr::null_mut()),
-            av: std::mem::replace(&mut self.av, ptr::null_mut()),
-            cq: std::mem::replace(&mut self.cq, ptr::null_mut()),
-            ep: std::mem::replace(&mut self.ep, ptr::null_mut()),
-        }
-    }
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let regs: Vec<Registration> = self.regs.drain().map(|(_, r)| r).collect();
-        let objects = self.take_objects();
-        match self.kept {
-            // Parked: its registrations close now (so its region memory can go), its objects later. The
-            // pools stay with the parked objects: the provider may still hold posted receives.
-            Some(id) => {
-                for reg in &regs {
-                    // SAFETY: each registration was opened by this endpoint and is closed once, here; no
-                    // write from it is in flight that the provider would still read (nobody polls a
-                    // parked endpoint again, and its peers' writes into it wait for that polling).
-                    unsafe { sys::te_close_mr(reg.mr) };
-                }
-                keeper::close(
-                    id,
-                    keeper::Parked {
-                        objects,
-                        pools: [
-                            std::mem::replace(&mut self.send, Slots::new(0, 0)),
-                            std::mem::replace(&mut self.recv, Slots::new(0, 0)),
-                        ],
-                    },
-                );
-            }
-            None => objects.close(&regs),
-        }
-        // Region memory is released only now, after its registration (and, when not kept, every object)
-        // is closed; the pools drop with the fields.
-        drop(regs);
-    }
 }

@@ -1,5 +1,6 @@
 //! Memory registration through an [`Endpoint`]: a region's memory registered once, its key and remote
 //! base address, and deregistration once no write reads from it.
+#![allow(unsafe_code)]
 
 use std::ffi::c_void;
 use std::ptr;
@@ -7,7 +8,7 @@ use std::ptr;
 use transfer_engine::{MemoryKind, MemoryRegion};
 
 use super::info::check;
-use super::{Access, Endpoint, MrId, Registration, sys};
+use super::{Access, DmaBuffer, Endpoint, MrId, Registered, Registration, sys};
 use crate::rdma::RdmaError;
 
 impl Endpoint {
@@ -16,7 +17,7 @@ impl Endpoint {
         ptr: *mut u8,
         len: usize,
         access: Access,
-        memory: Option<MemoryRegion>,
+        memory: Registered,
     ) -> Result<MrId, RdmaError> {
         self.next_mr += 1;
         let id = MrId(self.next_mr);
@@ -30,15 +31,22 @@ impl Endpoint {
             ptr::null_mut()
         };
         let mut mr = ptr::null_mut();
-        let device = match memory.as_ref().map(MemoryRegion::kind) {
-            Some(MemoryKind::Device { ordinal }) => Some(
+        let device = match &memory {
+            Registered::Region(m) => match m.kind() {
+                MemoryKind::Device { ordinal } => Some(ordinal),
+                _ => None,
+            },
+            Registered::Dma(_) | Registered::Pool { .. } => None,
+        };
+        let device = match device {
+            Some(ordinal) => Some(
                 i32::try_from(ordinal)
                     .map_err(|_| RdmaError::Config(format!("GPU ordinal {ordinal}")))?,
             ),
             _ => None,
         };
         // SAFETY: `ptr..ptr + len` is memory this endpoint keeps alive until the registration is closed
-        // (its own pools, or a region whose `MemoryRegion` clone is stored with the registration): host
+        // (its own pools, or a region or mirror whose owner is stored with the registration): host
         // memory, or device memory of GPU `device` that the provider only reaches through its CUDA
         // interface; the domain and endpoint are open.
         let ret = unsafe {
@@ -74,7 +82,6 @@ impl Endpoint {
         )?;
         // SAFETY: `mr` was just opened successfully.
         let (key, desc) = unsafe { (sys::te_mr_key(mr), sys::te_mr_desc(mr)) };
-        let memory = memory.unwrap_or_else(|| MemoryRegion::zeroed(0));
         self.regs.insert(
             id,
             Registration {
@@ -105,7 +112,32 @@ impl Endpoint {
             )));
         }
         let ptr = memory.address() as *mut u8;
-        let id = self.register_raw(ptr, memory.len(), Access::Region, Some(memory.clone()))?;
+        let id = self.register_raw(
+            ptr,
+            memory.len(),
+            Access::Region,
+            Registered::Region(memory.clone()),
+        )?;
+        Ok((id, self.regs[&id].key))
+    }
+
+    /// Registers a mirror ([`DmaBuffer`]) for local writes from it and peers' writes into it; returns the
+    /// registration and its remote key. The buffer is kept alive until [`Endpoint::deregister`].
+    pub(crate) fn register_dma(
+        &mut self,
+        buffer: &std::sync::Arc<DmaBuffer>,
+    ) -> Result<(MrId, u64), RdmaError> {
+        if buffer.len() == 0 {
+            return Err(RdmaError::Config(
+                "an empty region cannot be registered".into(),
+            ));
+        }
+        let id = self.register_raw(
+            buffer.address(),
+            buffer.len(),
+            Access::Region,
+            Registered::Dma(buffer.clone()),
+        )?;
         Ok((id, self.regs[&id].key))
     }
 

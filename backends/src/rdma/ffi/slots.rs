@@ -1,4 +1,5 @@
 //! Buffers the endpoint owns: its pools of message slots, and guarded memory for the refusal probe.
+#![allow(unsafe_code)]
 
 use std::ptr;
 
