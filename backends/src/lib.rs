@@ -77,12 +77,12 @@ pub mod discovery;
 mod gpu_support;
 mod lock;
 pub mod loopback;
+pub mod node;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 #[cfg(target_os = "linux")]
 pub mod shm;
 pub mod staging;
-mod station;
 pub mod tcp;
 pub mod transport;
 

@@ -11,15 +11,15 @@
 //! await transfers, take notices of incoming sessions, await them layer by layer and consume layers,
 //! subscribe to events.
 
-mod as_transport;
 mod credit;
 mod error;
 mod gpu;
+mod node;
 mod threads;
 mod tier_moves;
 
-pub use as_transport::{LoopbackNode, Side};
 pub use error::LoopbackError;
+pub use node::{LoopbackDriver, LoopbackNode, Side};
 
 pub use tier_moves::{TierMoveReport, TierRegions};
 
@@ -37,7 +37,7 @@ use transfer_engine::{
 
 use crate::board::{IncomingSession, Outcome, Received, WaitError};
 use crate::lock::lock;
-use crate::station::Station;
+use crate::node::station::Station;
 use credit::Credit;
 use threads::{Frame, RefusalLog};
 

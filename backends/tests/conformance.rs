@@ -258,7 +258,10 @@ fn bad_requests_are_refused_as_the_callers(pair: &Pair) {
         .unwrap_err();
     assert_eq!(e.fault(), Fault::Caller, "{e}");
     let wrong_kind = match pair.receiver.address() {
-        Some(backends::PeerAddress::Loopback) => backends::PeerAddress::Rdma(vec![1, 2]),
+        Some(backends::PeerAddress::Loopback) => backends::PeerAddress::Rdma {
+            provider: None,
+            name: vec![1, 2],
+        },
         _ => backends::PeerAddress::Loopback,
     };
     let e = pair.block_on(pair.sender.connect(&wrong_kind)).unwrap_err();

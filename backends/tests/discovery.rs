@@ -70,3 +70,41 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
     .await
     .unwrap();
 }
+
+/// Discovery is the same for every backend: a same-host node is announced under its socket path and
+/// reached through the registry like a TCP one.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_host_node_is_announced_and_reached_through_the_registry() {
+    use backends::shm::{ShmConfig, ShmNode};
+    timeout(Duration::from_secs(30), async {
+        let dir = std::env::temp_dir();
+        let path = |id: u32| dir.join(format!("te-discovery-{}-{id}.sock", std::process::id()));
+        let rx = ShmNode::start(ShmConfig::new(2, Some(path(2)))).unwrap();
+        let tx = ShmNode::start(ShmConfig::new(1, None)).unwrap();
+        let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
+        let dst = rx.kv_region(layout).unwrap();
+        rx.publish_segment("kv", dst).unwrap();
+        let registry = Embedded::new();
+        let lease = registry.grant(Duration::from_secs(30)).await.unwrap();
+        discovery::announce(&registry, &rx, &Namespace::default(), lease)
+            .await
+            .unwrap();
+        let rec = registry.peer(2).await.unwrap().unwrap();
+        assert_eq!(rec.addr, format!("shm:{}", path(2).display()));
+        // A node that only dials has no address to announce.
+        let refused = discovery::announce(&registry, &tx, &Namespace::default(), lease).await;
+        assert!(
+            matches!(&refused, Err(DiscoveryError::Transport(e)) if e.fault() == backends::Fault::Caller),
+            "{refused:?}"
+        );
+        let src = tx.kv_region(layout).unwrap();
+        let info = discovery::connect(&registry, &tx, 2).await.unwrap();
+        let dst = *info.segment("kv").unwrap();
+        let req = TransferRequest::whole(info.peer, &src, &dst).unwrap();
+        let out = tx.transfer(req, Duration::from_secs(10)).await.unwrap();
+        assert!(out.recompute.is_empty(), "{out:?}");
+    })
+    .await
+    .unwrap();
+}

@@ -201,8 +201,9 @@ fn the_provider_limit_loop_moves_its_bytes() {
 
 #[test]
 fn peers_find_each_other_through_the_discovery_registry() {
-    use backends::discovery::{Discovery, DiscoveryError, Embedded, SegmentRecord};
-    use backends::rdma::discovery;
+    use backends::discovery::{
+        self, Discovery, DiscoveryError, Embedded, PeerRecord, SegmentRecord,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -253,6 +254,21 @@ fn peers_find_each_other_through_the_discovery_registry() {
             discovery::connect(&registry, &producer, 9).await,
             Err(DiscoveryError::NotFound(9))
         ));
+        // A peer registered on another provider is refused as the caller's mistake, before libfabric
+        // is handed a name it cannot use.
+        let elsewhere = PeerRecord {
+            engine_id: 7,
+            addr: "rdma:verbs;ofi_rxm:00ff10".into(),
+            namespace: transfer_engine::Namespace::default().to_string(),
+        };
+        registry.put_peer(&elsewhere, lease).await.unwrap();
+        match discovery::connect(&registry, &producer, 7).await {
+            Err(DiscoveryError::Transport(e)) => {
+                assert_eq!(e.fault(), backends::Fault::Caller, "{e}");
+                assert!(e.to_string().contains("start both on one provider"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
     });
     assert!(*pool.read(0..bytes).unwrap() == pattern(bytes, 5)[..]);
 }

@@ -94,7 +94,10 @@ fn closing_in_process_peers_costs_recompute_not_a_crash_and_releases_every_endpo
         let refused = producer
             .submit(TransferRequest::whole(*peer, &src, dst).unwrap())
             .unwrap_err();
-        assert!(matches!(refused, RdmaError::Unreachable(_)), "{refused}");
+        assert!(
+            matches!(refused, backends::TransportError::Unreachable(_)),
+            "{refused}"
+        );
         // A closed endpoint's address is refused with a clear error, not handed its old mapping.
         let refused = rt.block_on(producer.connect(&targets[0].0)).unwrap_err();
         assert!(

@@ -247,7 +247,7 @@ fn a_killed_receiver_is_noticed_by_its_closed_socket() {
     assert!(reason.contains("closed its socket"), "{reason}");
     let again = TransferRequest::whole(peer.peer, &src, &dst).unwrap();
     let e = node.submit(again).unwrap_err();
-    assert!(matches!(e, backends::shm::ShmError::Unreachable(_)), "{e}");
+    assert!(matches!(e, backends::TransportError::Unreachable(_)), "{e}");
 }
 
 #[test]

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use backends::tcp::{TcpConfig, TcpError, TcpNode};
-use backends::{IncomingSession, WaitError};
+use backends::tcp::{TcpConfig, TcpNode};
+use backends::{IncomingSession, TransportError, WaitError};
 use common::pattern;
 use tokio::sync::broadcast::error::TryRecvError;
 use tokio::time::timeout;
@@ -127,7 +127,7 @@ async fn layers_stream_into_caller_memory_as_the_consumer_computes_them() {
     assert!(
         matches!(
             rx.wait_layer(session, 9).await,
-            Err(TcpError::Wait(WaitError::NoSuchLayer { .. }))
+            Err(TransportError::Wait(WaitError::NoSuchLayer { .. }))
         ),
         "a layer outside the session is a clear error"
     );
@@ -159,7 +159,7 @@ async fn a_dead_peer_ends_its_sessions_promptly_and_new_transfers_fail_at_once()
     let n = out.recompute.len();
     assert!((1..=16 * 64).contains(&n), "{n} blocks to recompute");
     match tx.submit(req) {
-        Err(TcpError::Unreachable(why)) => assert!(why.contains(&format!("peer {}", peer.0))),
+        Err(TransportError::Unreachable(why)) => assert!(why.contains(&format!("peer {}", peer.0))),
         other => panic!("a new transfer to a dead peer must fail at once, got {other:?}"),
     }
 }
@@ -237,7 +237,7 @@ async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it()
     let mut refused = 0;
     while declared.elapsed() < hold - Duration::from_millis(500) {
         match tx.submit(req.clone()) {
-            Err(TcpError::Unreachable(_)) => refused += 1,
+            Err(TransportError::Unreachable(_)) => refused += 1,
             other => panic!("within the hold a transfer must fail at once, got {other:?}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

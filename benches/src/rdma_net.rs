@@ -1,14 +1,13 @@
 //! `te-bench serve --backend rdma` and `te-bench connect --backend rdma`: two processes moving KV over
 //! libfabric (feature `rdma`). RDMA has no region-on-request handshake, so the server registers one region of
-//! the layout it is given and publishes it as `kv`; it prints its endpoint address (`ofi+<provider>:<hex>`,
+//! the layout it is given and publishes it as `kv`; it prints its endpoint address (`rdma:<provider>:<hex>`,
 //! as the discovery registry stores it), which the client passes as `--peer-address`.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::rdma::RdmaNode;
-use backends::rdma::discovery::{endpoint_text, parse_endpoint};
-use backends::{IncomingSession, Received};
+use backends::{IncomingSession, PeerAddress, Received, Transport};
 use tokio::sync::broadcast;
 use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest};
 
@@ -38,7 +37,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         node.provider().domain,
         fmt_size(layout.total_bytes()),
         fmt_size(layout.block_bytes),
-        endpoint_text(&node)
+        Transport::address(&node).context("an RDMA node always has an address")?
     );
     let stop = (args.seconds > 0).then(|| Instant::now() + Duration::from_secs(args.seconds));
     rt.block_on(serve_events(&node, args.verify, stop))
@@ -64,7 +63,10 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     let text = args.peer_address.as_deref().context(
         "--backend rdma needs --peer-address (printed by te-bench serve --backend rdma)",
     )?;
-    let (provider, address) = parse_endpoint(text)?;
+    let address: PeerAddress = text.parse()?;
+    let PeerAddress::Rdma { provider, .. } = &address else {
+        bail!("{address} is not an RDMA endpoint address (rdma:<provider>:<hex>)");
+    };
     let rt = runtime()?;
     let node = start(args.engine_id, &args.provider, args.domain.as_deref())?;
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
@@ -73,13 +75,16 @@ pub(crate) fn connect(args: &ConnectArgs) -> anyhow::Result<()> {
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.
     src_memory.fill_with(|offset, b| crate::tcp::pattern(u64::from(args.engine_id), offset, b))?;
     let src = node.register_kv_region(layout, src_memory.clone())?;
-    if provider != node.provider().provider {
+    if let Some(provider) = provider
+        .as_ref()
+        .filter(|p| **p != node.provider().provider)
+    {
         bail!(
             "the server is on provider {provider}, this client on {}: pass the server's --provider",
             node.provider().provider
         );
     }
-    let info = rt.block_on(node.connect(&address))?;
+    let info = rt.block_on(Transport::connect(&node, &address))?;
     let dst = *info
         .segment("kv")
         .context("the server offered no region: is it a `te-bench serve --backend rdma`?")?;

@@ -1,11 +1,15 @@
 //! Peer and segment discovery: where engines listen and which regions they offer, behind one trait.
 //!
 //! - [`Embedded`]: an in-process registry (the default): one machine, no server. Two processes can also
-//!   skip a registry altogether: [`crate::tcp::TcpNode::connect`] returns the segments the peer offers.
+//!   skip a registry altogether: [`Transport::connect`] returns the segments the peer offers.
 //! - `Etcd` (feature `etcd`): an etcd cluster; entries live under a prefix and are bound to leases.
 //!
 //! Every entry is put under a [`Lease`] with a time to live: a peer that stops calling
 //! [`Discovery::keep_alive`] (it crashed, or lost its network) has its entries expire.
+//!
+//! [`announce`] and [`connect`] work for a node of every backend: a peer is registered under its
+//! [`PeerAddress`] as text (`IP:PORT`, `rdma:PROVIDER:HEX`, `shm:PATH`), and reached by it through
+//! [`Transport::connect`].
 
 mod embedded;
 #[cfg(feature = "etcd")]
@@ -20,7 +24,7 @@ pub use embedded::Embedded;
 pub use etcd::Etcd;
 pub use record::{PeerRecord, SegmentRecord};
 
-use crate::tcp::{TcpError, TcpNode};
+use crate::transport::{PeerAddress, PeerInfo, Transport, TransportError};
 
 /// A lease: entries put under it expire together when it is not kept alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -44,13 +48,9 @@ pub enum DiscoveryError {
         /// What is wrong.
         reason: String,
     },
-    /// Connecting to a discovered peer failed.
+    /// Announcing this node or connecting to a discovered peer failed.
     #[error(transparent)]
-    Tcp(#[from] TcpError),
-    /// Connecting to a discovered RDMA peer failed (feature `rdma`).
-    #[cfg(feature = "rdma")]
-    #[error(transparent)]
-    Rdma(#[from] crate::rdma::RdmaError),
+    Transport(#[from] TransportError),
     /// The peer is not registered (or its entries expired).
     #[error("engine {0} is not registered: is it running, and does it keep its lease alive?")]
     NotFound(u32),
@@ -91,17 +91,17 @@ pub trait Discovery: Send + Sync {
     ) -> impl Future<Output = Result<Option<SegmentRecord>, DiscoveryError>> + Send;
 }
 
-/// Registers `node` (its listen address and namespace) under `lease`.
-pub async fn announce<D: Discovery>(
+/// Registers `node` (its address and namespace) under `lease`. A node that only dials (no address) is
+/// refused.
+pub async fn announce<D: Discovery, T: Transport + ?Sized>(
     discovery: &D,
-    node: &TcpNode,
-    namespace: &crate::tcp::Namespace,
+    node: &T,
+    namespace: &transfer_engine::Namespace,
     lease: Lease,
 ) -> Result<(), DiscoveryError> {
-    let addr = node.local_addr().ok_or_else(|| {
-        DiscoveryError::Tcp(TcpError::Config(
-            "a node without a listener cannot be announced".into(),
-        ))
+    let addr = node.address().ok_or_else(|| TransportError::Config {
+        backend: node.backend(),
+        message: "a node without an address (one that only dials) cannot be announced".into(),
     })?;
     discovery
         .put_peer(
@@ -115,19 +115,20 @@ pub async fn announce<D: Discovery>(
         .await
 }
 
-/// Looks up engine `engine_id` and connects `node` to it.
-pub async fn connect<D: Discovery>(
+/// Looks up engine `engine_id` and connects `node` to it (a peer of another backend, or on another RDMA
+/// provider, is refused with a clear error).
+pub async fn connect<D: Discovery, T: Transport + ?Sized>(
     discovery: &D,
-    node: &TcpNode,
+    node: &T,
     engine_id: u32,
-) -> Result<crate::tcp::PeerInfo, DiscoveryError> {
+) -> Result<PeerInfo, DiscoveryError> {
     let rec = discovery
         .peer(engine_id)
         .await?
         .ok_or(DiscoveryError::NotFound(engine_id))?;
-    let addr = rec.addr.parse().map_err(|_| DiscoveryError::Malformed {
+    let addr: PeerAddress = rec.addr.parse().map_err(|e| DiscoveryError::Malformed {
         key: format!("peer {engine_id}"),
-        reason: format!("'{}' is not a socket address", rec.addr),
+        reason: format!("{e}"),
     })?;
-    Ok(node.connect(addr, None).await?)
+    Ok(node.connect(&addr).await?)
 }

@@ -16,7 +16,7 @@ use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 use super::credit::Credit;
 use super::gpu::GpuPlacer;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
-use crate::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
+use crate::node::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
 
 /// Frames the consumer handles before it answers and looks at its timers again.
 const CONSUMER_BATCH: usize = 64;

@@ -47,9 +47,7 @@
 //! inside calls on the queue); when idle it naps a millisecond between polls, so an idle node costs no
 //! core (`fi_cq_sread` spun inside libfabric on shm). See `wait.rs` for what was measured.
 
-mod as_transport;
 mod beat;
-pub mod discovery;
 mod driver;
 mod ffi;
 mod in_place;
@@ -68,7 +66,7 @@ use transfer_engine::{EngineConfig, PeerId};
 
 pub use ffi::{ProviderInfo, parked_endpoints};
 pub use in_place::{HostMemoryAccess, InPlace};
-pub use node::RdmaNode;
+pub use node::{RdmaDriver, RdmaNode};
 pub use probe::{ProbeReport, WriteAnswer, probe_refusals, provider_limit_gbps};
 pub use provider::{Provider, available_providers};
 pub use shared::{NodeStats, PeerInfo};

@@ -1,16 +1,14 @@
-//! An RDMA node: one engine, its registered regions, one libfabric endpoint and the driver thread that
-//! owns it. The calls mirror [`crate::tcp::TcpNode`]'s: register caller memory, connect, submit and await
-//! transfers, take notices of incoming sessions, await them layer by layer, subscribe to events.
+//! An RDMA node ([`RdmaNode`], a [`Node`] of [`RdmaDriver`]): one engine, its registered regions, one
+//! libfabric endpoint and the driver thread that owns it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 use transfer_engine::{
-    Event, KvLayout, MemoryKind, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId,
-    ShapingConfig, TransferRequest,
+    KvLayout, MemoryKind, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
 };
 
 use super::ffi::{DmaBuffer, Endpoint, ProviderInfo};
@@ -19,27 +17,208 @@ use super::provider::resolve;
 use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, ToRegister, lock, peer_info};
 use super::units::UnitCopies;
 use super::{RdmaConfig, RdmaError, driver};
-use crate::board::{IncomingSession, Outcome, Received};
-use crate::station::Station;
+use crate::node::station::Station;
+use crate::node::{Driver, Node, driver::Sealed};
+use crate::transport::{BoxFuture, PeerAddress, TransportError};
 
-/// One RDMA node; stops its driver thread and closes its endpoint when dropped.
-pub struct RdmaNode {
+/// One RDMA node; stops its driver thread and closes its endpoint when dropped. Its calls besides
+/// [`Node`]'s: [`RdmaNode::start`], the typed [`RdmaNode::connect`], [`RdmaNode::address`],
+/// [`RdmaNode::stats`], ...
+pub type RdmaNode = Node<RdmaDriver>;
+
+/// What an [`RdmaNode`] moves bytes with: its endpoint, driver thread and the watch over it.
+pub struct RdmaDriver {
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// The watch over the driver (see `stuck.rs`).
     watch: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl std::fmt::Debug for RdmaNode {
+impl std::fmt::Debug for RdmaDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RdmaNode")
+        f.debug_struct("RdmaDriver")
             .field("engine_id", &self.shared.engine_id)
             .field("provider", &self.shared.info)
             .finish_non_exhaustive()
     }
 }
 
-impl RdmaNode {
+impl Sealed for RdmaDriver {}
+
+/// The driver thread polls the engine (every `IDLE_WAIT` at most, at once after a submit or command), so
+/// commands need no wake-up.
+impl Driver for RdmaDriver {
+    const BACKEND: &'static str = "rdma";
+
+    fn station(&self) -> &Station {
+        &self.shared.station
+    }
+
+    fn engine_id(&self) -> u32 {
+        self.shared.engine_id
+    }
+
+    fn address(&self) -> Option<PeerAddress> {
+        Some(PeerAddress::Rdma {
+            provider: Some(self.shared.info.provider.clone()),
+            name: self.shared.name.clone(),
+        })
+    }
+
+    fn connect<'a>(
+        &'a self,
+        address: &'a PeerAddress,
+    ) -> BoxFuture<'a, Result<PeerInfo, TransportError>> {
+        Box::pin(async move {
+            let PeerAddress::Rdma { provider, name } = address else {
+                return Err(TransportError::cannot_reach("rdma", address));
+            };
+            let ours = &self.shared.info.provider;
+            if let Some(theirs) = provider.as_ref().filter(|p| *p != ours) {
+                return Err(TransportError::Unsupported {
+                    backend: "rdma",
+                    what: format!(
+                        "reach a node on provider {theirs} from one on {ours}: start both on one provider"
+                    ),
+                });
+            }
+            Ok(connect(&self.shared, name).await?)
+        })
+    }
+
+    /// Registers the caller's `memory` as a KV region of `layout`, with the engine and once with the
+    /// provider: a host region through a host mirror of its size (units copied in and out under the
+    /// region's locks), unless [`super::RdmaConfig::host_memory`] grants it in place; a GPU region in
+    /// place on a provider with `FI_HMEM` when asked for, through a mirror otherwise.
+    fn register_kv_region(
+        &self,
+        layout: KvLayout,
+        memory: MemoryRegion,
+    ) -> Result<RegionHandle, TransportError> {
+        let staged = match memory.kind() {
+            MemoryKind::Device { ordinal } => {
+                UnitCopies::check_device(ordinal)?;
+                !(self.shared.cfg.gpu_memory && self.shared.info.hmem)
+            }
+            MemoryKind::Host | MemoryKind::PinnedHost => {
+                self.shared.cfg.host_memory == super::HostMemoryAccess::Mirrored
+            }
+        };
+        let mirror = staged.then(|| Arc::new(DmaBuffer::zeroed(memory.len())));
+        let (tx, rx) = mpsc::channel();
+        let registered = match &mirror {
+            Some(mirror) => ToRegister::Mirror(mirror.clone()),
+            None => ToRegister::InPlace(memory.clone()),
+        };
+        self.shared.command(Command::Register(registered, tx));
+        let local = driver_reply(&self.shared, &rx)??;
+        match self.shared.station.register_kv_region(layout, memory) {
+            Ok(handle) => {
+                if let Some(mirror) = mirror {
+                    lock(&self.shared.mirrors).insert(handle.id, mirror);
+                }
+                lock(&self.shared.regions).insert(handle.id, local);
+                Ok(handle)
+            }
+            Err(e) => {
+                self.shared.command(Command::Deregister(local.mr));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Unregisters a region no live session uses (from the engine and the provider) and hands back its
+    /// memory.
+    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
+        let memory = self.shared.station.engine().unregister_region(id)?;
+        lock(&self.shared.published).retain(|s| s.handle.id != id);
+        if let Some(local) = lock(&self.shared.regions).remove(&id) {
+            self.shared.command(Command::Deregister(local.mr));
+        }
+        lock(&self.shared.mirrors).remove(&id);
+        Ok(memory)
+    }
+
+    /// Offers a registered region to peers under `name` (in hello and welcome messages from now on).
+    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
+        let local = *lock(&self.shared.regions)
+            .get(&handle.id)
+            .ok_or(transfer_engine::Error::UnknownRegion(handle.id))?;
+        let mut published = lock(&self.shared.published);
+        published.retain(|s| s.name != name);
+        published.push(RdmaSegment {
+            name: name.to_owned(),
+            handle,
+            rma_base: local.rma_base,
+            rkey: local.rkey,
+        });
+        Ok(())
+    }
+
+    /// The peer must have been reached and must offer the destination region.
+    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
+        if let Some(quiet) = self.shared.stuck() {
+            return Err(Shared::stuck_error(quiet).into());
+        }
+        if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
+            return Err(RdmaError::Unreachable(reason.clone()).into());
+        }
+        {
+            let routes = lock(&self.shared.routes);
+            let route = routes
+                .get(&req.peer)
+                .ok_or_else(|| RdmaError::NoRoute(req.peer, "connect to it first".into()))?;
+            if route.write_tag.is_none() {
+                return Err(
+                    RdmaError::NoRoute(req.peer, "its welcome has not arrived yet".into()).into(),
+                );
+            }
+            if !route.segments.iter().any(|s| s.handle.id == req.dst_region) {
+                return Err(RdmaError::NoRoute(
+                    req.peer,
+                    format!("it does not offer region {}", req.dst_region),
+                )
+                .into());
+            }
+        }
+        let (dst, layout) = (req.dst_region, req.dst_layout);
+        // The route is recorded under the engine's lock, before the driver can poll the session.
+        let mut sessions = lock(&self.shared.sessions);
+        let id = self.shared.station.submit(req)?;
+        sessions.insert(id, (dst, layout));
+        drop(sessions);
+        Ok(id)
+    }
+
+    /// Stops the driver thread and closes the endpoint (waits for the thread). Idempotent. A driver
+    /// stuck inside a provider call (see [`super::RdmaConfig::stuck_after`]) is not waited for: it is
+    /// left behind with the endpoint it owns, which stays open.
+    fn shutdown(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(watch) = lock(&self.watch).take() {
+            watch.thread().unpark();
+            let _ = watch.join();
+        }
+        let thread = lock(&self.thread).take();
+        if let Some(t) = thread {
+            while !t.is_finished() && self.shared.stuck().is_none() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            } else {
+                self.shared.log(
+                    "shutdown: the driver is stuck inside a provider call; left behind".into(),
+                );
+            }
+        }
+        // Commands the driver never took are dropped: their callers see the node closed.
+        lock(&self.shared.commands).clear();
+        self.shared.station.board.close();
+    }
+}
+
+impl Node<RdmaDriver> {
     /// Opens an endpoint on the configured provider and starts the node's driver thread.
     pub fn start(cfg: RdmaConfig) -> Result<Self, RdmaError> {
         if cfg.window_units == 0 || cfg.window_bytes == 0 || cfg.max_write_bytes == 0 {
@@ -84,48 +263,42 @@ impl RdmaNode {
             .name(format!("rdma-{}", shared.engine_id))
             .spawn(move || driver::run(ep, &driver_shared))
             .map_err(|e| RdmaError::Config(format!("cannot start the driver thread: {e}")))?;
-        let node = Self {
+        let node = Node::from_driver(RdmaDriver {
             shared,
             thread: Mutex::new(Some(thread)),
             watch: Mutex::new(None),
-        };
-        let watched = node.shared.clone();
+        });
+        let watched = node.shared().clone();
         let watch = std::thread::Builder::new()
-            .name(format!("rdma-watch-{}", node.shared.engine_id))
+            .name(format!("rdma-watch-{}", node.shared().engine_id))
             .spawn(move || super::stuck::watch(&watched))
             .map_err(|e| RdmaError::Config(format!("cannot start the driver's watch: {e}")))?;
-        *lock(&node.watch) = Some(watch);
+        *lock(&node.driver().watch) = Some(watch);
         Ok(node)
+    }
+
+    fn shared(&self) -> &Arc<Shared> {
+        &self.driver().shared
     }
 
     /// This node's endpoint address: what a peer passes to [`RdmaNode::connect`].
     #[must_use]
     pub fn address(&self) -> &[u8] {
-        &self.shared.name
+        &self.shared().name
     }
 
     /// The provider and domain in use.
     #[must_use]
     pub fn provider(&self) -> &ProviderInfo {
-        &self.shared.info
-    }
-
-    pub(crate) fn board(&self) -> &crate::board::Board {
-        &self.shared.station.board
-    }
-
-    /// This node's engine id; peers know it as `PeerId(engine_id)`.
-    #[must_use]
-    pub fn engine_id(&self) -> u32 {
-        self.shared.engine_id
+        &self.shared().info
     }
 
     /// The engine's and the data path's counters.
     #[must_use]
     pub fn stats(&self) -> NodeStats {
-        let c = &self.shared.counters;
+        let c = &self.shared().counters;
         NodeStats {
-            engine: self.shared.station.engine().stats(),
+            engine: self.shared().station.engine().stats(),
             writes: c.writes.load(Ordering::Relaxed),
             write_errors: c.write_errors.load(Ordering::Relaxed),
             remote_writes: c.remote_writes.load(Ordering::Relaxed),
@@ -138,284 +311,51 @@ impl RdmaNode {
     /// Refusals and errors, oldest first (the newest 1024).
     #[must_use]
     pub fn log(&self) -> Vec<String> {
-        lock(&self.shared.log).iter().cloned().collect()
-    }
-
-    /// Registers the caller's `memory` as a KV region of `layout`, with the engine and once with the
-    /// provider: a host region through a host mirror of its size (units copied in and out under the
-    /// region's locks), unless [`super::RdmaConfig::host_memory`] grants it in place; a GPU region in
-    /// place on a provider with `FI_HMEM` when asked for, through a mirror otherwise.
-    pub fn register_kv_region(
-        &self,
-        layout: KvLayout,
-        memory: MemoryRegion,
-    ) -> Result<RegionHandle, RdmaError> {
-        let staged = match memory.kind() {
-            MemoryKind::Device { ordinal } => {
-                UnitCopies::check_device(ordinal)?;
-                !(self.shared.cfg.gpu_memory && self.shared.info.hmem)
-            }
-            MemoryKind::Host | MemoryKind::PinnedHost => {
-                self.shared.cfg.host_memory == super::HostMemoryAccess::Mirrored
-            }
-        };
-        let mirror = staged.then(|| Arc::new(DmaBuffer::zeroed(memory.len())));
-        let (tx, rx) = mpsc::channel();
-        let registered = match &mirror {
-            Some(mirror) => ToRegister::Mirror(mirror.clone()),
-            None => ToRegister::InPlace(memory.clone()),
-        };
-        self.shared.command(Command::Register(registered, tx));
-        let local = self.driver_reply(&rx)??;
-        match self.shared.station.register_kv_region(layout, memory) {
-            Ok(handle) => {
-                if let Some(mirror) = mirror {
-                    lock(&self.shared.mirrors).insert(handle.id, mirror);
-                }
-                lock(&self.shared.regions).insert(handle.id, local);
-                Ok(handle)
-            }
-            Err(e) => {
-                self.shared.command(Command::Deregister(local.mr));
-                Err(e.into())
-            }
-        }
-    }
-
-    /// Registers a KV region of `layout` over zeroed host memory.
-    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, RdmaError> {
-        let len = usize::try_from(layout.total_bytes())
-            .map_err(|_| RdmaError::Config("the layout does not fit in memory".into()))?;
-        self.register_kv_region(layout, MemoryRegion::zeroed(len))
-    }
-
-    /// The memory behind a registered region.
-    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, RdmaError> {
-        Ok(self.shared.station.engine().memory(id)?.clone())
-    }
-
-    /// Unregisters a region no live session uses (from the engine and the provider) and hands back its
-    /// memory.
-    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, RdmaError> {
-        let memory = self.shared.station.engine().unregister_region(id)?;
-        lock(&self.shared.published).retain(|s| s.handle.id != id);
-        if let Some(local) = lock(&self.shared.regions).remove(&id) {
-            self.shared.command(Command::Deregister(local.mr));
-        }
-        lock(&self.shared.mirrors).remove(&id);
-        Ok(memory)
-    }
-
-    /// Offers a registered region to peers under `name` (in hello and welcome messages from now on).
-    pub fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), RdmaError> {
-        let local = *lock(&self.shared.regions)
-            .get(&handle.id)
-            .ok_or(transfer_engine::Error::UnknownRegion(handle.id))?;
-        let mut published = lock(&self.shared.published);
-        published.retain(|s| s.name != name);
-        published.push(RdmaSegment {
-            name: name.to_owned(),
-            handle,
-            rma_base: local.rma_base,
-            rkey: local.rkey,
-        });
-        Ok(())
+        lock(&self.shared().log).iter().cloned().collect()
     }
 
     /// Reaches the node at endpoint address `address` (its [`RdmaNode::address`]): exchanges addresses,
     /// tags and published regions.
     pub async fn connect(&self, address: &[u8]) -> Result<PeerInfo, RdmaError> {
-        let (tx, rx) = oneshot::channel();
-        self.shared.command(Command::Connect(address.to_vec(), tx));
-        let limit = self.shared.cfg.connect_timeout;
-        match tokio::time::timeout(limit, rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(RdmaError::Closed),
-            Err(_) => Err(RdmaError::Timeout {
-                what: "the hello/welcome exchange".into(),
-                waited: limit,
-            }),
-        }
+        connect(self.shared(), address).await
     }
 
     /// A peer that connected to this node or that this node reached, if known.
     #[must_use]
     pub fn peer(&self, peer: PeerId) -> Option<PeerInfo> {
-        lock(&self.shared.routes)
+        lock(&self.shared().routes)
             .get(&peer)
             .map(|r| peer_info(peer, &r.segments))
     }
+}
 
-    /// Starts a transfer; see [`RdmaNode::wait`]. The peer must have been reached and must offer the
-    /// destination region.
-    pub fn submit(&self, req: TransferRequest) -> Result<SessionId, RdmaError> {
-        if let Some(quiet) = self.shared.stuck() {
-            return Err(Shared::stuck_error(quiet));
-        }
-        if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(RdmaError::Unreachable(reason.clone()));
-        }
-        {
-            let routes = lock(&self.shared.routes);
-            let route = routes
-                .get(&req.peer)
-                .ok_or_else(|| RdmaError::NoRoute(req.peer, "connect to it first".into()))?;
-            if route.write_tag.is_none() {
-                return Err(RdmaError::NoRoute(
-                    req.peer,
-                    "its welcome has not arrived yet".into(),
-                ));
-            }
-            if !route.segments.iter().any(|s| s.handle.id == req.dst_region) {
-                return Err(RdmaError::NoRoute(
-                    req.peer,
-                    format!("it does not offer region {}", req.dst_region),
-                ));
-            }
-        }
-        let (dst, layout) = (req.dst_region, req.dst_layout);
-        // The route is recorded under the engine's lock, before the driver can poll the session.
-        let mut sessions = lock(&self.shared.sessions);
-        let id = self.shared.station.submit(req)?;
-        sessions.insert(id, (dst, layout));
-        drop(sessions);
-        Ok(id)
-    }
-
-    /// The producer of sending session `session` has written every layer below `until`: those layers may
-    /// go out (for requests made with `TransferRequest::with_layers_written`; the driver picks them up on
-    /// its next poll).
-    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), RdmaError> {
-        self.shared
-            .station
-            .engine()
-            .layers_written(session, until)?;
-        Ok(())
-    }
-
-    /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, here
-    /// and at the receiver (the driver sends the close on its next poll).
-    pub fn cancel(&self, session: SessionId) -> Result<(), RdmaError> {
-        self.shared.station.engine().cancel(session)?;
-        Ok(())
-    }
-
-    /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
-    /// verified are reported for recompute.
-    pub fn abandon_receive(&self, session: SessionId) -> Result<(), RdmaError> {
-        self.shared.station.abandon_receive(session)?;
-        Ok(())
-    }
-
-    /// Sets the engine's traffic shaping (the KV bandwidth cap, per-class rates) for every frame from now
-    /// on.
-    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), RdmaError> {
-        self.shared.station.engine().set_shaping(shaping)?;
-        Ok(())
-    }
-
-    /// Waits until sending session `session` is over (delivered and acknowledged, or reported for
-    /// recompute).
-    pub async fn wait(&self, session: SessionId, limit: Duration) -> Result<Outcome, RdmaError> {
-        let run = self.shared.station.board.wait_sent(session);
-        Ok(tokio::time::timeout(limit, run)
-            .await
-            .map_err(|_| RdmaError::Timeout {
-                what: format!("session {session}"),
-                waited: limit,
-            })??)
-    }
-
-    /// Submits and waits.
-    pub async fn transfer(
-        &self,
-        req: TransferRequest,
-        limit: Duration,
-    ) -> Result<Outcome, RdmaError> {
-        let id = self.submit(req)?;
-        self.wait(id, limit).await
-    }
-
-    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
-    /// admitted it when its open arrived), waiting for one.
-    pub async fn next_incoming(&self) -> Result<IncomingSession, RdmaError> {
-        Ok(self.shared.station.board.next_incoming().await?)
-    }
-
-    /// Waits until `layer` of receiving session `session` has arrived whole and verified.
-    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), RdmaError> {
-        Ok(self.shared.station.board.wait_layer(session, layer).await?)
-    }
-
-    /// Waits until receiving session `session` is over.
-    pub async fn wait_received(&self, session: SessionId) -> Result<Received, RdmaError> {
-        Ok(self.shared.station.board.wait_received(session).await?)
-    }
-
-    /// The consumer is about to compute `layer` of receiving session `session` (layers in order).
-    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, RdmaError> {
-        let complete = self.shared.station.consume_layer(session, layer)?;
-        Ok(complete)
-    }
-
-    /// Every event from now on.
-    #[must_use]
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.shared.station.board.subscribe()
-    }
-
-    /// Live sessions (both roles).
-    #[must_use]
-    pub fn live_sessions(&self) -> usize {
-        self.shared.station.engine().live_sessions()
-    }
-
-    /// The driver's answer on `rx`; [`RdmaError::Closed`] when it stopped, the stuck error when it is
-    /// stuck in a provider call (see [`super::RdmaConfig::stuck_after`]).
-    fn driver_reply<T>(&self, rx: &mpsc::Receiver<T>) -> Result<T, RdmaError> {
-        loop {
-            match rx.recv_timeout(super::stuck::TICK) {
-                Ok(answer) => return Ok(answer),
-                Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RdmaError::Closed),
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if let Some(quiet) = self.shared.stuck() {
-                        return Err(Shared::stuck_error(quiet));
-                    }
-                }
-            }
-        }
-    }
-
-    /// Stops the driver thread and closes the endpoint (waits for the thread). Idempotent. A driver
-    /// stuck inside a provider call (see [`super::RdmaConfig::stuck_after`]) is not waited for: it is
-    /// left behind with the endpoint it owns, which stays open.
-    pub fn shutdown(&self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        if let Some(watch) = lock(&self.watch).take() {
-            watch.thread().unpark();
-            let _ = watch.join();
-        }
-        let thread = lock(&self.thread).take();
-        if let Some(t) = thread {
-            while !t.is_finished() && self.shared.stuck().is_none() {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
-                self.shared.log(
-                    "shutdown: the driver is stuck inside a provider call; left behind".into(),
-                );
-            }
-        }
-        // Commands the driver never took are dropped: their callers see the node closed.
-        lock(&self.shared.commands).clear();
-        self.shared.station.board.close();
+/// Reaches the node at endpoint address `address` (see [`RdmaNode::connect`]).
+async fn connect(shared: &Shared, address: &[u8]) -> Result<PeerInfo, RdmaError> {
+    let (tx, rx) = oneshot::channel();
+    shared.command(Command::Connect(address.to_vec(), tx));
+    let limit = shared.cfg.connect_timeout;
+    match tokio::time::timeout(limit, rx).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(RdmaError::Closed),
+        Err(_) => Err(RdmaError::Timeout {
+            what: "the hello/welcome exchange".into(),
+            waited: limit,
+        }),
     }
 }
 
-impl Drop for RdmaNode {
-    fn drop(&mut self) {
-        self.shutdown();
+/// The driver's answer on `rx`; [`RdmaError::Closed`] when it stopped, the stuck error when it is
+/// stuck in a provider call (see [`super::RdmaConfig::stuck_after`]).
+fn driver_reply<T>(shared: &Shared, rx: &mpsc::Receiver<T>) -> Result<T, RdmaError> {
+    loop {
+        match rx.recv_timeout(super::stuck::TICK) {
+            Ok(answer) => return Ok(answer),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RdmaError::Closed),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(quiet) = shared.stuck() {
+                    return Err(Shared::stuck_error(quiet));
+                }
+            }
+        }
     }
 }

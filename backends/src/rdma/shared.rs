@@ -11,7 +11,7 @@ use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
 use super::ffi::{DmaBuffer, MrId, ProviderInfo};
 use super::message::RdmaSegment;
 use super::{RdmaConfig, RdmaError};
-use crate::station::Station;
+use crate::node::station::Station;
 
 /// Refusal and log lines kept (oldest dropped first).
 const KEEP_LOG: usize = 1024;

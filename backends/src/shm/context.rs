@@ -9,7 +9,7 @@ use std::sync::mpsc;
 
 use super::ShmConfig;
 use crate::lock::lock;
-use crate::station::Station;
+use crate::node::station::Station;
 
 /// Log lines kept (oldest dropped first).
 const KEEP_LOG: usize = 1024;

@@ -11,7 +11,7 @@ use transfer_engine::{Body, Engine, Transmit};
 use super::link::Outbound;
 use super::shared::Shared;
 use crate::lock::lock;
-use crate::station::{fire_timers, nap};
+use crate::node::station::{fire_timers, nap};
 
 /// Frames taken from the engine per round, so the lock is not held long.
 const ROUND_FRAMES: usize = 512;

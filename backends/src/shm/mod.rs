@@ -46,7 +46,6 @@
 //! unit with one device copy (GPU to GPU, or GPU to host), and uploads units from host memory into its
 //! GPU regions. Device-sourced units are not checksummed. See the `gpu` module.
 
-mod as_transport;
 mod cma;
 mod context;
 mod copy_path;
@@ -71,7 +70,7 @@ use std::time::Duration;
 use transfer_engine::{EngineConfig, PeerId};
 
 pub use copy_path::CopyPath;
-pub use node::{ShmNode, ShmStats};
+pub use node::{ShmDriver, ShmNode, ShmStats};
 
 /// Which peers' processes may connect, by the user id the kernel reports for them.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,6 +11,7 @@ use super::node::TcpNode;
 use super::state::PeerInfo;
 use super::{TcpConfig, TcpError};
 use crate::board::Outcome;
+use crate::transport::TransportError;
 
 /// A [`TcpNode`] with the runtime it runs on; every method blocks the calling thread.
 #[derive(Debug)]
@@ -59,12 +60,12 @@ impl BlockingNode {
         &self,
         layout: KvLayout,
         memory: MemoryRegion,
-    ) -> Result<RegionHandle, TcpError> {
+    ) -> Result<RegionHandle, TransportError> {
         self.node().register_kv_region(layout, memory)
     }
 
     /// See [`TcpNode::kv_region`].
-    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TcpError> {
+    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TransportError> {
         self.node().kv_region(layout)
     }
 
@@ -78,7 +79,11 @@ impl BlockingNode {
     }
 
     /// See [`TcpNode::transfer`].
-    pub fn transfer(&self, req: TransferRequest, limit: Duration) -> Result<Outcome, TcpError> {
+    pub fn transfer(
+        &self,
+        req: TransferRequest,
+        limit: Duration,
+    ) -> Result<Outcome, TransportError> {
         self.rt.block_on(self.node().transfer(req, limit))
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 use super::stage::StagedCounters;
 use super::{Secret, TcpConfig};
-use crate::station::Station;
+use crate::node::station::Station;
 
 /// Log lines kept for the user (oldest dropped first).
 const KEEP_LOG: usize = 1024;

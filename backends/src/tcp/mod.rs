@@ -65,7 +65,6 @@
 
 mod accept;
 mod admission;
-mod as_transport;
 mod blocking;
 mod budget;
 mod context;
@@ -99,7 +98,7 @@ mod writer;
 pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;
 pub use handshake::Segment;
-pub use node::{NodeStats, TcpNode};
+pub use node::{NodeStats, TcpDriver, TcpNode};
 pub use secret::Secret;
 pub use socket::SocketBuffers;
 pub use state::PeerInfo;

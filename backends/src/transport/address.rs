@@ -1,6 +1,7 @@
 //! Where a node is reached, in one type for every backend, with a text form that travels in control
 //! messages (`127.0.0.1:5000`, as control messages carried TCP addresses before this type, or with a
-//! `tcp:` prefix; `rdma:` and the endpoint name in hex; `shm:` and a socket path; `loopback`).
+//! `tcp:` prefix; `rdma:`, the libfabric provider, `:` and the endpoint name in hex (`rdma:` and the hex
+//! alone where the provider is not known); `shm:` and a socket path; `loopback`).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -12,8 +13,15 @@ use std::str::FromStr;
 pub enum PeerAddress {
     /// A TCP node's listening address.
     Tcp(SocketAddr),
-    /// A libfabric endpoint's name (provider-specific bytes, exchanged out of band).
-    Rdma(Vec<u8>),
+    /// A libfabric endpoint: the provider it runs on (`tcp;ofi_rxm`, `shm`, `verbs;ofi_rxm`, ...), when
+    /// known, and its name (provider-specific bytes, exchanged out of band). A node on another provider
+    /// refuses it with a clear error instead of handing libfabric a name it cannot use.
+    Rdma {
+        /// The provider, as libfabric names it.
+        provider: Option<String>,
+        /// The endpoint's name.
+        name: Vec<u8>,
+    },
     /// A same-host node's Unix socket path.
     Shm(std::path::PathBuf),
     /// The other end of an in-process loopback pair.
@@ -24,8 +32,11 @@ impl fmt::Display for PeerAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PeerAddress::Tcp(addr) => write!(f, "{addr}"),
-            PeerAddress::Rdma(name) => {
+            PeerAddress::Rdma { provider, name } => {
                 f.write_str("rdma:")?;
+                if let Some(provider) = provider {
+                    write!(f, "{provider}:")?;
+                }
                 name.iter().try_for_each(|b| write!(f, "{b:02x}"))
             }
             PeerAddress::Shm(path) => write!(f, "shm:{}", path.display()),
@@ -36,7 +47,9 @@ impl fmt::Display for PeerAddress {
 
 /// A text that is no [`PeerAddress`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a peer address (IP:PORT, tcp:IP:PORT, rdma:HEX, shm:PATH or loopback)")]
+#[error(
+    "{0:?} is not a peer address (IP:PORT, tcp:IP:PORT, rdma:PROVIDER:HEX, rdma:HEX, shm:PATH or loopback)"
+)]
 pub struct BadAddress(pub String);
 
 impl FromStr for PeerAddress {
@@ -54,15 +67,20 @@ impl FromStr for PeerAddress {
             }
             return Ok(PeerAddress::Shm(path.into()));
         }
-        if let Some(hex) = s.strip_prefix("rdma:") {
+        if let Some(rest) = s.strip_prefix("rdma:") {
+            let (provider, hex) = match rest.rsplit_once(':') {
+                Some((provider, hex)) if !provider.is_empty() => (Some(provider.to_owned()), hex),
+                Some(_) => return Err(bad()),
+                None => (None, rest),
+            };
             if hex.is_empty() || hex.len() % 2 != 0 || !hex.is_ascii() {
                 return Err(bad());
             }
-            return (0..hex.len())
+            let name = (0..hex.len())
                 .step_by(2)
                 .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| bad()))
-                .collect::<Result<_, _>>()
-                .map(PeerAddress::Rdma);
+                .collect::<Result<_, _>>()?;
+            return Ok(PeerAddress::Rdma { provider, name });
         }
         let tcp = s.strip_prefix("tcp:").unwrap_or(s);
         tcp.parse().map(PeerAddress::Tcp).map_err(|_| bad())
@@ -78,7 +96,14 @@ mod tests {
         for a in [
             PeerAddress::Tcp("127.0.0.1:5000".parse().unwrap()),
             PeerAddress::Tcp("[::1]:7".parse().unwrap()),
-            PeerAddress::Rdma(vec![0, 1, 0xab, 0xff]),
+            PeerAddress::Rdma {
+                provider: None,
+                name: vec![0, 1, 0xab, 0xff],
+            },
+            PeerAddress::Rdma {
+                provider: Some("tcp;ofi_rxm".into()),
+                name: vec![0, 0xff, 0x10],
+            },
             PeerAddress::Shm("/run/user/1000/kv.sock".into()),
             PeerAddress::Loopback,
         ] {
@@ -87,6 +112,14 @@ mod tests {
         assert_eq!(
             "10.0.0.1:80".parse::<PeerAddress>(),
             Ok(PeerAddress::Tcp("10.0.0.1:80".parse().unwrap()))
+        );
+        assert_eq!(
+            "rdma:tcp;ofi_rxm:00ff10".to_string(),
+            PeerAddress::Rdma {
+                provider: Some("tcp;ofi_rxm".into()),
+                name: vec![0, 0xff, 0x10]
+            }
+            .to_string()
         );
         assert_eq!(
             "tcp:10.0.0.1:80".parse::<PeerAddress>(),
@@ -101,6 +134,9 @@ mod tests {
             "rdma:",
             "rdma:abc",
             "rdma:zz",
+            "rdma::00ff",
+            "rdma:shm:",
+            "rdma:shm:abc",
             "tcp:nowhere",
             "udp:1.2.3.4:5",
         ] {

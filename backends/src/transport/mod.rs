@@ -43,7 +43,6 @@
 mod address;
 mod close;
 mod error;
-mod forward;
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -59,7 +58,6 @@ use transfer_engine::{
 pub use address::{BadAddress, PeerAddress};
 pub use close::CloseReason;
 pub use error::{Fault, TransportError};
-pub(crate) use forward::forward_to_node;
 
 use crate::board::{IncomingSession, Outcome, Received};
 

@@ -1,5 +1,5 @@
-//! The part every backend's node shares: one engine behind a mutex that is held only for short,
-//! non-blocking calls, and the [`Board`] its events go to.
+//! The engine every node holds: behind a mutex that is held only for short, non-blocking calls, with the
+//! [`Board`] its events go to.
 
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -10,9 +10,10 @@ use transfer_engine::{
 
 use crate::board::Board;
 
-/// An engine and its board.
+/// An engine and its board. Public only as an opaque part of [`super::Driver`]; nothing outside this
+/// crate can make or use one.
 #[derive(Debug)]
-pub(crate) struct Station {
+pub struct Station {
     engine: Mutex<Engine>,
     pub(crate) board: Board,
 }
