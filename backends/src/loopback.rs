@@ -231,8 +231,8 @@ impl LoopbackPair {
         let (data_tx, data_rx) = mpsc::sync_channel(CHANNEL_FRAMES);
         let (ack_tx, ack_rx) = mpsc::channel();
         let producer = Arc::new(LoopbackEnd {
+            refused: RefusalLog::new(producer.engine_id),
             station: Station::new(producer),
-            refused: RefusalLog::default(),
             wake: WakeHandle::Producer(ack_tx.clone()),
             peer_id: PRODUCER,
             gpu: gpu::GpuPlacer::new(),
@@ -240,8 +240,8 @@ impl LoopbackPair {
             peer_gone: std::sync::Mutex::default(),
         });
         let consumer = Arc::new(LoopbackEnd {
+            refused: RefusalLog::new(consumer.engine_id),
             station: Station::new(consumer),
-            refused: RefusalLog::default(),
             wake: WakeHandle::Consumer(data_tx.clone()),
             peer_id: CONSUMER,
             gpu: gpu::GpuPlacer::new(),

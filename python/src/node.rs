@@ -160,7 +160,7 @@ impl PyNode {
     /// An RDMA node of engine `engine_id` over libfabric: `provider` `"auto"` (efa, then verbs, then tcp),
     /// `"auto-local"` (shm too, for peers on this host) or a name (`"verbs"`, `"efa"`, `"tcp"`, `"shm"`);
     /// `domain` the device or interface (`"mlx5_0"`, `"lo"`; `None`: the provider's first). Peers reach it
-    /// at its `address` (`"rdma:HEX"`). Needs a build with feature `rdma`; without it the error says how.
+    /// at its `address` (`"rdma:PROVIDER:HEX"`). Needs a build with feature `rdma`; without it the error says how.
     #[staticmethod]
     #[pyo3(signature = (engine_id, provider = "auto-local", domain = None))]
     fn rdma(

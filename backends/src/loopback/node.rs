@@ -9,6 +9,7 @@ use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, RegionId, SessionId,
 
 use super::{LoopbackEnd, LoopbackError, LoopbackPair};
 use crate::lock::lock;
+use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, Role, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, PeerInfo, Segment, TransportError};
@@ -111,6 +112,10 @@ impl Driver for LoopbackDriver {
 
     fn engine_id(&self) -> u32 {
         self.end().station.engine().config().engine_id
+    }
+
+    fn log(&self) -> &Log {
+        &self.end().refused.lines
     }
 
     fn wake(&self) {

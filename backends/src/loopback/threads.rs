@@ -16,6 +16,7 @@ use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 use super::credit::Credit;
 use super::gpu::GpuPlacer;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
+use crate::node::log::Log;
 use crate::node::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
 
 /// Frames the consumer handles before it answers and looks at its timers again.
@@ -37,13 +38,25 @@ pub(super) enum Frame {
     Wake,
 }
 
-/// The refusals of one end: the newest [`KEEP_REFUSED`] and how many in all.
-#[derive(Debug, Default)]
-pub(super) struct RefusalLog(Mutex<(VecDeque<Error>, u64)>);
+/// The refusals of one end: the newest [`KEEP_REFUSED`] and how many in all, each also a line of the end's
+/// log.
+#[derive(Debug)]
+pub(super) struct RefusalLog {
+    refused: Mutex<(VecDeque<Error>, u64)>,
+    pub(super) lines: Log,
+}
 
 impl RefusalLog {
+    pub(super) fn new(engine_id: u32) -> Self {
+        Self {
+            refused: Mutex::default(),
+            lines: Log::new("loopback", engine_id),
+        }
+    }
+
     fn push(&self, e: Error) {
-        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        self.lines.note(format!("refused a frame: {e}"));
+        let mut log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         if log.0.len() >= KEEP_REFUSED {
             log.0.pop_front();
         }
@@ -52,7 +65,7 @@ impl RefusalLog {
     }
 
     pub(super) fn snapshot(&self) -> (Vec<Error>, u64) {
-        let log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         (log.0.iter().cloned().collect(), log.1)
     }
 }

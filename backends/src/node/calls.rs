@@ -196,6 +196,20 @@ impl<D: Driver> Node<D> {
         self.driver.station().engine().stats()
     }
 
+    /// Connection-level events, refusals and errors, oldest first (the newest [`super::KEEP_LINES`]; a line
+    /// that came several times in a row says how many). Each is also a `tracing` event.
+    #[must_use]
+    pub fn log(&self) -> Vec<String> {
+        self.driver.log().lines()
+    }
+
+    /// The log lines numbered after `seen` (still kept), and the newest line's number: call again with it
+    /// to read each line once.
+    #[must_use]
+    pub fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
+        self.driver.log().after(seen)
+    }
+
     /// Live sessions (both roles).
     #[must_use]
     pub fn live_sessions(&self) -> usize {

@@ -4,6 +4,7 @@ use std::fmt;
 
 use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, RegionId, SessionId, TransferRequest};
 
+use super::log::Log;
 use super::station::Station;
 use crate::transport::{BoxFuture, PeerAddress, PeerInfo, TransportError};
 
@@ -36,6 +37,10 @@ pub trait Driver: Sealed + Send + Sync + fmt::Debug + Sized + 'static {
     /// This node's engine id.
     #[doc(hidden)]
     fn engine_id(&self) -> u32;
+
+    /// The node's log.
+    #[doc(hidden)]
+    fn log(&self) -> &Log;
 
     /// Wakes the backend's I/O after a command changed the engine (a driver that polls needs nothing).
     #[doc(hidden)]

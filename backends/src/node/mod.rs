@@ -9,6 +9,7 @@
 
 mod calls;
 pub(crate) mod driver;
+pub(crate) mod log;
 pub(crate) mod station;
 mod transport;
 
@@ -16,6 +17,7 @@ use std::fmt;
 
 pub use driver::Driver;
 pub(crate) use driver::Role;
+pub use log::KEEP_LINES;
 
 #[cfg(doc)]
 use crate::transport::{Transport, TransportError};

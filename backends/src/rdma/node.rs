@@ -17,6 +17,7 @@ use super::provider::resolve;
 use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, ToRegister, lock, peer_info};
 use super::units::UnitCopies;
 use super::{RdmaConfig, RdmaError, driver};
+use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, TransportError};
@@ -56,6 +57,10 @@ impl Driver for RdmaDriver {
 
     fn engine_id(&self) -> u32 {
         self.shared.engine_id
+    }
+
+    fn log(&self) -> &Log {
+        &self.shared.lines
     }
 
     fn address(&self) -> Option<PeerAddress> {
@@ -240,6 +245,7 @@ impl Node<RdmaDriver> {
             cfg.slot_bytes,
             cfg.gpu_memory,
         )?;
+        let engine_id = cfg.engine.engine_id;
         let shared = Arc::new(Shared {
             station: Station::new(cfg.engine.clone()),
             engine_id: cfg.engine.engine_id,
@@ -255,7 +261,7 @@ impl Node<RdmaDriver> {
             unreachable: Mutex::default(),
             sessions: Mutex::default(),
             counters: Counters::default(),
-            log: Mutex::default(),
+            lines: Log::new("rdma", engine_id),
             beat: super::beat::Beat::default(),
         });
         let driver_shared = shared.clone();
@@ -306,12 +312,6 @@ impl Node<RdmaDriver> {
             messages_received: c.messages_received.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
         }
-    }
-
-    /// Refusals and errors, oldest first (the newest 1024).
-    #[must_use]
-    pub fn log(&self) -> Vec<String> {
-        lock(&self.shared().log).iter().cloned().collect()
     }
 
     /// Reaches the node at endpoint address `address` (its [`RdmaNode::address`]): exchanges addresses,

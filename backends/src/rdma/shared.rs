@@ -11,10 +11,8 @@ use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
 use super::ffi::{DmaBuffer, MrId, ProviderInfo};
 use super::message::RdmaSegment;
 use super::{RdmaConfig, RdmaError};
+use crate::node::log::Log;
 use crate::node::station::Station;
-
-/// Refusal and log lines kept (oldest dropped first).
-const KEEP_LOG: usize = 1024;
 
 /// A peer reached by [`RdmaNode::connect`](super::RdmaNode::connect) (or that connected to this node).
 pub use crate::transport::PeerInfo;
@@ -120,7 +118,8 @@ pub(crate) struct Shared {
     /// Each sending session's destination: its region and layout (for the remote offsets).
     pub(crate) sessions: Mutex<HashMap<SessionId, (RegionId, KvLayout)>>,
     pub(crate) counters: Counters,
-    pub(crate) log: Mutex<VecDeque<String>>,
+    /// The node's log (every line counts as a refusal or error: `refused` in its stats).
+    pub(crate) lines: Log,
     /// When the driver last started a step (see `stuck.rs`).
     pub(crate) beat: super::beat::Beat,
 }
@@ -128,11 +127,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn log(&self, line: String) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        let mut log = lock(&self.log);
-        if log.len() == KEEP_LOG {
-            log.pop_front();
-        }
-        log.push_back(line);
+        self.lines.note(line);
     }
 
     pub(crate) fn command(&self, cmd: Command) {

@@ -15,6 +15,7 @@ use super::memfd::SharedMemory;
 use super::shared::{Pool, Shared};
 use super::{ShmConfig, ShmError, driver, handshake};
 use crate::lock::lock;
+use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, PeerInfo, Segment, TransportError};
@@ -34,7 +35,7 @@ pub struct ShmStats {
     pub frames_sent: u64,
     /// Frames dropped: the peer's queue was full, or it had no link (the engine resends).
     pub frames_dropped: u64,
-    /// Connections, frames and units refused (see [`ShmNode::log`]).
+    /// Connections, frames and units refused (see [`Node::log`]).
     pub refused: u64,
     /// Links lost (a peer exited, stalled or broke the protocol).
     pub peers_lost: u64,
@@ -71,6 +72,10 @@ impl Driver for ShmDriver {
 
     fn engine_id(&self) -> u32 {
         self.shared.engine_id
+    }
+
+    fn log(&self) -> &Log {
+        &self.shared.lines
     }
 
     fn wake(&self) {
@@ -228,12 +233,6 @@ impl Node<ShmDriver> {
             refused: c.refused.load(Ordering::Relaxed),
             peers_lost: c.peers_lost.load(Ordering::Relaxed),
         }
-    }
-
-    /// Links made and lost, refusals and errors, oldest first (the newest 1024).
-    #[must_use]
-    pub fn log(&self) -> Vec<String> {
-        self.shared().log()
     }
 
     /// `len` zeroed bytes of shared memory (a sealed memfd) for a region: every peer this node links to

@@ -2,18 +2,14 @@
 //! the driver's wake-up, counters, the queue total and the log. Readers, writers and links hold this, not
 //! the node's whole state, so they sit below it.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use tokio::sync::Notify;
 
 use super::stage::StagedCounters;
 use super::{Secret, TcpConfig};
+use crate::node::log::Log;
 use crate::node::station::Station;
-
-/// Log lines kept for the user (oldest dropped first).
-const KEEP_LOG: usize = 1024;
 
 #[derive(Default)]
 pub(crate) struct LaneCounters {
@@ -41,15 +37,15 @@ pub(crate) struct Context {
     /// Bytes lanes staged (GPU regions, or host regions when asked).
     pub(crate) staged: StagedCounters,
     pub(crate) next_lane: AtomicU64,
-    /// The newest log lines, each with its number (counting from 1).
-    log: Mutex<VecDeque<(u64, String)>>,
-    logged: AtomicU64,
+    /// The node's log.
+    pub(crate) lines: Log,
 }
 
 pub(crate) use crate::lock::lock;
 
 impl Context {
     pub(crate) fn new(cfg: TcpConfig) -> Self {
+        let cfg_engine_id = cfg.engine.engine_id;
         Self {
             station: Station::new(cfg.engine.clone()),
             cfg,
@@ -58,29 +54,13 @@ impl Context {
             counters: LaneCounters::default(),
             staged: StagedCounters::default(),
             next_lane: AtomicU64::new(1),
-            log: Mutex::new(VecDeque::new()),
-            logged: AtomicU64::new(0),
+            lines: Log::new("tcp", cfg_engine_id),
         }
     }
 
+    /// Records a log line.
     pub(crate) fn log(&self, line: String) {
-        let mut log = lock(&self.log);
-        if log.len() >= KEEP_LOG {
-            log.pop_front();
-        }
-        let n = self.logged.fetch_add(1, Ordering::Relaxed) + 1;
-        log.push_back((n, line));
-    }
-
-    /// The log lines numbered after `seen` (still kept), and the newest line's number.
-    pub(crate) fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
-        let log = lock(&self.log);
-        let lines = log
-            .iter()
-            .filter(|(n, _)| *n > seen)
-            .map(|(_, l)| l.clone())
-            .collect();
-        (lines, log.back().map_or(seen, |(n, _)| *n))
+        self.lines.note(line);
     }
 
     pub(crate) fn secret(&self) -> Option<&[u8]> {

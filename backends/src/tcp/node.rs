@@ -23,6 +23,7 @@ use super::lane;
 use super::reach;
 use super::state::{NodeState, PeerInfo};
 use super::{TcpConfig, TcpError};
+use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, TransportError};
@@ -102,6 +103,10 @@ impl Driver for TcpDriver {
 
     fn engine_id(&self) -> u32 {
         self.state.ctx.cfg.engine.engine_id
+    }
+
+    fn log(&self) -> &Log {
+        &self.state.ctx.lines
     }
 
     fn wake(&self) {
@@ -269,19 +274,6 @@ impl Node<TcpDriver> {
         lock(&self.state().links)
             .get(&peer)
             .map_or(0, |l| l.lane_count())
-    }
-
-    /// Connection-level refusals and errors, oldest first (the newest 1024).
-    #[must_use]
-    pub fn log(&self) -> Vec<String> {
-        self.state().ctx.log_after(0).0
-    }
-
-    /// The log lines numbered after `seen` (still kept), and the newest line's number: call again with
-    /// it to print each line once.
-    #[must_use]
-    pub fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
-        self.state().ctx.log_after(seen)
     }
 
     /// Records `peer`'s address so lanes to it are dialed on demand.
