@@ -37,7 +37,7 @@ async fn serve(listen: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let node = TcpNode::start({
         let mut cfg = TcpConfig::with_engine_id(2);
         cfg.listen = Some(listen);
-        cfg.serve_bytes = 4 * layout()?.total_bytes();
+        cfg.serving.serve_bytes = 4 * layout()?.total_bytes();
         cfg
     })
     .await?;

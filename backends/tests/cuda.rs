@@ -411,7 +411,7 @@ fn tcp_lanes_stage_gpu_regions_on_both_ends_byte_identical() {
         let data = pattern(len, 11);
         let cfg = |id| {
             let mut cfg = TcpConfig::with_engine_id(id);
-            cfg.stage_bytes = 1 << 20;
+            cfg.buffers.stage_bytes = 1 << 20;
             cfg
         };
         let tx = TcpNode::start(cfg(1)).await.unwrap();

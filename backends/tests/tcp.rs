@@ -111,8 +111,8 @@ async fn one_gib_arrives_byte_identical_in_both_modes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_concurrent_sessions_share_a_small_lane_pool() {
     let mut cfg = TcpConfig::with_engine_id(1);
-    cfg.max_lanes_per_peer = 2;
-    cfg.batch_bytes = 256 << 10;
+    cfg.limits.max_lanes_per_peer = 2;
+    cfg.buffers.batch_bytes = 256 << 10;
     let l = layout(4, 64, 16 << 10);
     let (tx, rx, peer, src, dst) = pair(cfg, TcpConfig::with_engine_id(2), l).await;
     let mut sessions = Vec::new();
@@ -361,7 +361,7 @@ async fn a_wrong_namespace_is_refused_on_both_sides() {
 async fn a_shared_secret_authenticates_both_ends() {
     let with = |id: u32, secret: &[u8]| {
         let mut c = TcpConfig::with_engine_id(id);
-        c.secret = Some(Secret::new(secret));
+        c.security.secret = Some(Secret::new(secret));
         c
     };
     let rx = TcpNode::start(with(2, b"right")).await.unwrap();

@@ -170,8 +170,8 @@ async fn a_hello_naming_a_third_host_is_never_dialed_there() {
     // And not at all when dial-back is off.
     let quiet = TcpNode::start({
         let mut cfg = TcpConfig::with_engine_id(3);
-        cfg.dial_back = false;
-        cfg.serve_bytes = 64 << 20;
+        cfg.security.dial_back = false;
+        cfg.serving.serve_bytes = 64 << 20;
         cfg
     })
     .await
@@ -230,7 +230,7 @@ async fn a_peer_that_stops_reading_loses_its_lane_and_its_queue() {
     let sender = TcpNode::start({
         let mut cfg = TcpConfig::with_engine_id(1);
         cfg.listen = None;
-        cfg.stall_timeout = Duration::from_millis(500);
+        cfg.liveness.stall_timeout = Duration::from_millis(500);
         cfg
     })
     .await

@@ -1,5 +1,5 @@
-//! The Data byte budgets per address (`TcpConfig::data_bytes_per_sec_per_address`) and per peer
-//! (`TcpConfig::data_bytes_per_sec_per_peer`): an address, or a peer, that floods Data frames is read at
+//! The Data byte budgets per address (`StrangerLimits::data_bytes_per_sec_per_address`) and per peer
+//! (`StrangerLimits::data_bytes_per_sec_per_peer`): an address, or a peer, that floods Data frames is read at
 //! its share and no faster, while another address's (or another peer's) transfer, under its own budget,
 //! completes at once beside it.
 
@@ -36,7 +36,7 @@ async fn flood_beside_an_honest_client(
 ) -> Flooded {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
+        cfg.serving.serve_bytes = 64 << 20;
         budget(&mut cfg);
         cfg
     })
@@ -102,7 +102,7 @@ fn assert_held_to_its_share(f: &Flooded) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_not_held_behind_it() {
     let flooded = flood_beside_an_honest_client(
-        |cfg| cfg.data_bytes_per_sec_per_address = SHARE,
+        |cfg| cfg.limits.data_bytes_per_sec_per_address = SHARE,
         IpAddr::from([127, 0, 0, 2]),
     )
     .await;
@@ -113,7 +113,7 @@ async fn an_address_flooding_data_is_read_at_its_share_and_another_address_is_no
 async fn a_peer_flooding_data_is_read_at_its_share_and_another_peer_of_its_address_is_not_held_behind_it()
  {
     let flooded = flood_beside_an_honest_client(
-        |cfg| cfg.data_bytes_per_sec_per_peer = SHARE,
+        |cfg| cfg.limits.data_bytes_per_sec_per_peer = SHARE,
         IpAddr::from([127, 0, 0, 1]),
     )
     .await;
@@ -124,12 +124,15 @@ async fn a_peer_flooding_data_is_read_at_its_share_and_another_peer_of_its_addre
 async fn without_a_data_budget_no_reader_waits() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
+        cfg.serving.serve_bytes = 64 << 20;
         cfg
     })
     .await;
-    assert_eq!(TcpConfig::default().data_bytes_per_sec_per_address, 0);
-    assert_eq!(TcpConfig::default().data_bytes_per_sec_per_peer, 0);
+    assert_eq!(
+        TcpConfig::default().limits.data_bytes_per_sec_per_address,
+        0
+    );
+    assert_eq!(TcpConfig::default().limits.data_bytes_per_sec_per_peer, 0);
     let addr = server.local_addr().unwrap();
     let (node, src, dst, peer) = good_client(addr, 9).await;
     for _ in 0..8 {

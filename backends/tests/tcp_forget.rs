@@ -1,4 +1,4 @@
-//! Strangers are forgotten (`TcpConfig::forget_peer_after`): peers that connected, took a region and left
+//! Strangers are forgotten (`Liveness::forget_peer_after`): peers that connected, took a region and left
 //! under engine ids of their own leave no link behind once idle, while a peer the node's user named and a
 //! client still connected are kept, and the client's transfers go on.
 
@@ -18,9 +18,9 @@ const STRANGERS: u32 = 50;
 async fn strangers_cycling_engine_ids_are_forgotten_and_named_or_connected_peers_are_kept() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.forget_peer_after = Duration::from_millis(300);
-        cfg.served_region_grace = Duration::from_millis(300);
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.liveness.forget_peer_after = Duration::from_millis(300);
+        cfg.serving.served_region_grace = Duration::from_millis(300);
         cfg
     })
     .await;

@@ -21,8 +21,8 @@ use transfer_engine::TransferRequest;
 async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.max_connections_per_address = 4;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.limits.max_connections_per_address = 4;
         cfg
     })
     .await;
@@ -53,8 +53,8 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
     // The node-wide lane limit is answered with its reason too.
     let small = TcpNode::start({
         let mut cfg = TcpConfig::with_engine_id(3);
-        cfg.serve_bytes = 64 << 20;
-        cfg.max_lanes = 2;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.limits.max_lanes = 2;
         cfg
     })
     .await
@@ -74,9 +74,9 @@ async fn one_address_cannot_take_every_lane_and_every_refusal_says_why() {
 async fn a_connect_flood_is_answered_a_bounded_number_at_a_time() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.max_connections_per_address = 1;
-        cfg.max_pending_refusals = 2;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.limits.max_connections_per_address = 1;
+        cfg.limits.max_pending_refusals = 2;
         cfg
     })
     .await;
@@ -121,8 +121,8 @@ async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_i
     let idle = Duration::from_millis(300);
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.inbound_idle_timeout = Some(idle);
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.liveness.inbound_idle_timeout = Some(idle);
         cfg
     })
     .await;
@@ -155,9 +155,9 @@ async fn a_lane_that_says_nothing_after_its_welcome_is_closed_unless_a_session_i
 async fn connections_that_send_nothing_hold_no_handshake_turn() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.handshake_timeout = Duration::from_secs(4);
-        cfg.max_connections_per_address = 512;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.liveness.handshake_timeout = Duration::from_secs(4);
+        cfg.limits.max_connections_per_address = 512;
         cfg
     })
     .await;
@@ -179,8 +179,8 @@ async fn connections_that_send_nothing_hold_no_handshake_turn() {
 async fn half_open_handshakes_hold_no_turn_a_real_client_needs() {
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.max_connections_per_address = 512;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.limits.max_connections_per_address = 512;
         cfg
     })
     .await;

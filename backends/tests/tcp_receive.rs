@@ -206,7 +206,7 @@ async fn a_peer_declared_unreachable_is_not_redialed_until_a_transfer_needs_it()
     let tx = TcpNode::start({
         let mut cfg = TcpConfig::with_engine_id(1);
         cfg.listen = None;
-        cfg.unreachable_hold = hold;
+        cfg.liveness.unreachable_hold = hold;
         cfg
     })
     .await

@@ -20,8 +20,8 @@ async fn one_address_holds_at_most_its_share_of_the_served_regions() {
     let region = layout().total_bytes();
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 4 * region;
-        cfg.serve_bytes_per_address = Some(2 * region);
+        cfg.serving.serve_bytes = 4 * region;
+        cfg.serving.serve_bytes_per_address = Some(2 * region);
         cfg
     })
     .await;
@@ -50,8 +50,8 @@ async fn a_departed_clients_region_is_kept_for_its_grace_then_served_to_another(
     let grace = Duration::from_secs(3);
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = layout().total_bytes();
-        cfg.served_region_grace = grace;
+        cfg.serving.serve_bytes = layout().total_bytes();
+        cfg.serving.served_region_grace = grace;
         cfg
     })
     .await;
@@ -88,7 +88,7 @@ async fn a_stranger_asking_for_regions_takes_none_from_a_connected_client() {
     // Room for two served regions.
     let server = server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 2 * layout().total_bytes();
+        cfg.serving.serve_bytes = 2 * layout().total_bytes();
         cfg
     })
     .await;

@@ -16,8 +16,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn config(id: u32, staged: bool, stage_bytes: usize) -> TcpConfig {
     let mut cfg = TcpConfig::with_engine_id(id);
-    cfg.stage_host_memory = staged;
-    cfg.stage_bytes = stage_bytes;
+    cfg.buffers.stage_host_memory = staged;
+    cfg.buffers.stage_bytes = stage_bytes;
     cfg
 }
 

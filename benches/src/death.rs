@@ -62,7 +62,7 @@ fn one_run(args: &PeerDeathArgs, run: usize) -> anyhow::Result<DeathRow> {
     let addr = server.addr;
     let mut cfg = TcpConfig::with_engine_id(1);
     cfg.listen = None;
-    let unreachable_after = cfg.unreachable_after;
+    let unreachable_after = cfg.liveness.unreachable_after;
     let node = BlockingNode::start(cfg)?;
     let src = node.kv_region(layout)?;
     let info = node.connect(addr, Some(layout))?;

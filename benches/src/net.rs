@@ -58,32 +58,32 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 2)]
     lanes: usize,
     /// Milliseconds a client may stall mid-frame, or leave what the server writes unread, before it
-    /// loses its lane (TcpConfig::stall_timeout).
+    /// loses its lane (Liveness::stall_timeout).
     #[arg(long, default_value_t = 10_000)]
     stall_ms: u64,
     /// Milliseconds a lane a client dialed may stay silent with no session live before it is closed
-    /// (TcpConfig::inbound_idle_timeout).
+    /// (Liveness::inbound_idle_timeout).
     #[arg(long, default_value_t = 120_000)]
     idle_ms: u64,
-    /// Milliseconds allowed for a connection's handshake (TcpConfig::handshake_timeout).
+    /// Milliseconds allowed for a connection's handshake (Liveness::handshake_timeout).
     #[arg(long, default_value_t = 5_000)]
     handshake_ms: u64,
-    /// Most connections one IP address may hold (TcpConfig::max_connections_per_address).
+    /// Most connections one IP address may hold (StrangerLimits::max_connections_per_address).
     #[arg(long, default_value_t = 128)]
     connections_per_address: usize,
-    /// Most engines one IP address may have connected at once (TcpConfig::max_peers_per_address).
+    /// Most engines one IP address may have connected at once (StrangerLimits::max_peers_per_address).
     #[arg(long, default_value_t = 64)]
     peers_per_address: usize,
     /// Most of --serve-bytes the clients of one IP address may hold, with a unit (default: all of it;
-    /// TcpConfig::serve_bytes_per_address).
+    /// Serving::serve_bytes_per_address).
     #[arg(long, value_parser = parse_size)]
     serve_bytes_per_address: Option<u64>,
     /// Data payload bytes a second the lanes of one IP address together are read at, with a unit (e.g.
-    /// 500MiB; default 0: unlimited; TcpConfig::data_bytes_per_sec_per_address).
+    /// 500MiB; default 0: unlimited; StrangerLimits::data_bytes_per_sec_per_address).
     #[arg(long, value_parser = parse_size, default_value = "0")]
     data_bytes_per_sec_per_address: u64,
     /// Data payload bytes a second the lanes of one peer (engine id) together are read at, with a unit
-    /// (default 0: unlimited; TcpConfig::data_bytes_per_sec_per_peer).
+    /// (default 0: unlimited; StrangerLimits::data_bytes_per_sec_per_peer).
     #[arg(long, value_parser = parse_size, default_value = "0")]
     data_bytes_per_sec_per_peer: u64,
     /// Stop after this many seconds; 0 serves until killed.
@@ -182,17 +182,17 @@ pub(crate) fn serve_main(args: &ServeArgs) -> anyhow::Result<()> {
     }
     let mut cfg = TcpConfig::with_engine_id(args.engine_id);
     cfg.listen = Some(args.listen);
-    cfg.secret = args.secret.as_deref().map(Secret::from);
-    cfg.serve_bytes = args.serve_bytes;
-    cfg.max_lanes_per_peer = args.lanes.max(1);
-    cfg.stall_timeout = Duration::from_millis(args.stall_ms);
-    cfg.inbound_idle_timeout = Some(Duration::from_millis(args.idle_ms));
-    cfg.handshake_timeout = Duration::from_millis(args.handshake_ms);
-    cfg.max_connections_per_address = args.connections_per_address;
-    cfg.max_peers_per_address = args.peers_per_address;
-    cfg.serve_bytes_per_address = args.serve_bytes_per_address;
-    cfg.data_bytes_per_sec_per_address = args.data_bytes_per_sec_per_address;
-    cfg.data_bytes_per_sec_per_peer = args.data_bytes_per_sec_per_peer;
+    cfg.security.secret = args.secret.as_deref().map(Secret::from);
+    cfg.serving.serve_bytes = args.serve_bytes;
+    cfg.limits.max_lanes_per_peer = args.lanes.max(1);
+    cfg.liveness.stall_timeout = Duration::from_millis(args.stall_ms);
+    cfg.liveness.inbound_idle_timeout = Some(Duration::from_millis(args.idle_ms));
+    cfg.liveness.handshake_timeout = Duration::from_millis(args.handshake_ms);
+    cfg.limits.max_connections_per_address = args.connections_per_address;
+    cfg.limits.max_peers_per_address = args.peers_per_address;
+    cfg.serving.serve_bytes_per_address = args.serve_bytes_per_address;
+    cfg.limits.data_bytes_per_sec_per_address = args.data_bytes_per_sec_per_address;
+    cfg.limits.data_bytes_per_sec_per_peer = args.data_bytes_per_sec_per_peer;
     let node = BlockingNode::start(cfg).context("starting the server")?;
     let addr = node.node().local_addr().context("no listener")?;
     println!(
@@ -408,8 +408,8 @@ pub(crate) fn connect_main(args: &ConnectArgs) -> anyhow::Result<()> {
     let layout = layout_for(args.block_bytes, args.total_bytes)?;
     let mut cfg = TcpConfig::with_engine_id(args.engine_id);
     cfg.listen = None;
-    cfg.secret = args.secret.as_deref().map(Secret::from);
-    cfg.max_lanes_per_peer = args.lanes.max(1);
+    cfg.security.secret = args.secret.as_deref().map(Secret::from);
+    cfg.limits.max_lanes_per_peer = args.lanes.max(1);
     let node = BlockingNode::start(cfg)?;
     let src = node.kv_region(layout)?;
     // Each client's own pattern, seeded by its engine id: a `serve --verify` checks it on arrival.

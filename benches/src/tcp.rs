@@ -41,13 +41,13 @@ pub(crate) fn run_tcp(
 ) -> anyhow::Result<TcpRun> {
     let receiver = BlockingNode::start({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.stage_host_memory = staged;
+        cfg.buffers.stage_host_memory = staged;
         cfg
     })?;
     let mut sender_cfg = TcpConfig::with_engine_id(1);
     sender_cfg.listen = None;
-    sender_cfg.stage_host_memory = staged;
-    let lanes = sender_cfg.max_lanes_per_peer;
+    sender_cfg.buffers.stage_host_memory = staged;
+    let lanes = sender_cfg.limits.max_lanes_per_peer;
     let sender = BlockingNode::start_beside(&receiver, sender_cfg)?;
     let (layout, dst_layout) = layouts;
     let src = sender.kv_region(layout)?;

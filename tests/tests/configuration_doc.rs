@@ -20,12 +20,20 @@ fn check_all(configs: &[(&str, String)]) {
 
 #[test]
 fn the_engine_and_transport_settings_are_documented_with_their_defaults() {
-    use backends::tcp::{SocketBuffers, TcpConfig};
+    use backends::tcp::{
+        Buffers, Dialing, Liveness, Security, Serving, SocketBuffers, StrangerLimits, TcpConfig,
+    };
     use transfer_engine::{EngineConfig, ShapingConfig};
     let mut configs = vec![
         ("EngineConfig", format!("{:?}", EngineConfig::default())),
         ("ShapingConfig", format!("{:?}", ShapingConfig::default())),
         ("TcpConfig", format!("{:?}", TcpConfig::default())),
+        ("Security", format!("{:?}", Security::default())),
+        ("Liveness", format!("{:?}", Liveness::default())),
+        ("Dialing", format!("{:?}", Dialing::default())),
+        ("StrangerLimits", format!("{:?}", StrangerLimits::default())),
+        ("Serving", format!("{:?}", Serving::default())),
+        ("Buffers", format!("{:?}", Buffers::default())),
         ("SocketBuffers", format!("{:?}", SocketBuffers::default())),
     ];
     #[cfg(target_os = "linux")]

@@ -32,8 +32,8 @@ use super::state::NodeState;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
-    let turns = Arc::new(Semaphore::new(node.ctx.cfg.max_handshakes.max(1)));
-    let refusals = Arc::new(Semaphore::new(node.ctx.cfg.max_pending_refusals));
+    let turns = Arc::new(Semaphore::new(node.ctx.cfg.limits.max_handshakes.max(1)));
+    let refusals = Arc::new(Semaphore::new(node.ctx.cfg.limits.max_pending_refusals));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -41,11 +41,11 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
                     let c = &node.ctx.counters;
                     let lanes = c.lanes_opened.load(Ordering::Relaxed)
                         .saturating_sub(c.lanes_closed.load(Ordering::Relaxed));
-                    let admitted = if lanes >= node.ctx.cfg.max_lanes as u64 {
+                    let admitted = if lanes >= node.ctx.cfg.limits.max_lanes as u64 {
                         Err(format!("this node already has {lanes} lanes, its most"))
                     } else {
                         node.admission
-                            .admit(from.ip(), node.ctx.cfg.max_connections_per_address)
+                            .admit(from.ip(), node.ctx.cfg.limits.max_connections_per_address)
                     };
                     let slot = match admitted {
                         Ok(slot) => slot,
@@ -113,7 +113,7 @@ async fn handshake_turn(
             "lane from {from}: socket settings refused ({e}); kept the kernel's"
         ));
     }
-    let limit = node.ctx.cfg.handshake_timeout;
+    let limit = node.ctx.cfg.liveness.handshake_timeout;
     let deadline = tokio::time::Instant::now() + limit;
     let late = move || Failed::Unanswered(format!("no handshake within {limit:?}"));
     let secret = node.ctx.secret();
@@ -203,7 +203,7 @@ async fn welcome(
     let id = PeerId(u64::from(peer.engine_id));
     let link = node.link(id);
     let admitted = slot
-        .join(id, node.ctx.cfg.max_peers_per_address)
+        .join(id, node.ctx.cfg.limits.max_peers_per_address)
         .and_then(|()| admit(node, &link, peer))
         .and_then(|token| {
             // A new group's predecessor goes first (its sessions end, its regions are freed), so a
@@ -236,7 +236,7 @@ async fn welcome(
 /// Returns the group's token (a fresh one for a new group).
 fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_LEN], String> {
     let lanes = link.lane_count();
-    if lanes >= node.ctx.cfg.max_lanes_per_peer {
+    if lanes >= node.ctx.cfg.limits.max_lanes_per_peer {
         return Err(format!(
             "engine {} already has {lanes} lanes here, the most this node allows per peer",
             peer.engine_id
@@ -259,7 +259,7 @@ fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_L
 
 /// Where a peer may be dialed back: the host its connection came from, at the port its Hello names.
 fn dial_back(node: &NodeState, peer: &Hello, from: SocketAddr) -> Option<SocketAddr> {
-    if !node.ctx.cfg.dial_back {
+    if !node.ctx.cfg.security.dial_back {
         return None;
     }
     let named: SocketAddr = peer.listen.as_deref()?.parse().ok()?;

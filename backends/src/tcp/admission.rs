@@ -2,11 +2,11 @@
 //! limit (this one or the node-wide lane limit) is told why before it closes.
 //!
 //! A connection from an address holds a [`ConnectionSlot`] from accept until its lane ends, so one
-//! address can hold at most `TcpConfig::max_connections_per_address` of the node's lanes and handshakes
+//! address can hold at most `StrangerLimits::max_connections_per_address` of the node's lanes and handshakes
 //! together, and the rest stay for everyone else; once its handshake names an engine, the slot joins it,
-//! and one address has at most `TcpConfig::max_peers_per_address` engines connected (so at most that
+//! and one address has at most `StrangerLimits::max_peers_per_address` engines connected (so at most that
 //! many times `EngineConfig::max_incoming_per_peer` sessions). Its handshake takes one of its address's
-//! `TcpConfig::max_handshakes_per_address` turns ([`ConnectionSlot::address_turn`]) before one of the
+//! `StrangerLimits::max_handshakes_per_address` turns ([`ConnectionSlot::address_turn`]) before one of the
 //! node's, so one address cannot hold every handshake turn either.
 
 use std::collections::HashMap;

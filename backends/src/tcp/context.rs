@@ -64,6 +64,6 @@ impl Context {
     }
 
     pub(crate) fn secret(&self) -> Option<&[u8]> {
-        self.cfg.secret.as_ref().map(Secret::as_bytes)
+        self.cfg.security.secret.as_ref().map(Secret::as_bytes)
     }
 }

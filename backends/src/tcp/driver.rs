@@ -46,7 +46,7 @@ fn step(node: &NodeState) -> Option<Instant> {
         engine.handle_timeout(now);
     }
     let mut touched: Vec<Arc<PeerLink>> = Vec::new();
-    while node.ctx.total_queued.load(Ordering::Relaxed) < node.ctx.cfg.queue_bytes {
+    while node.ctx.total_queued.load(Ordering::Relaxed) < node.ctx.cfg.buffers.queue_bytes {
         let Some(t) = engine.poll_transmit(now) else {
             break;
         };
@@ -66,7 +66,7 @@ fn step(node: &NodeState) -> Option<Instant> {
         // everyone shares: beyond its own share, control frames to it are dropped (the engines' timers
         // recover what matters). Data frames are bounded by the sessions' windows.
         if !matches!(t.body, Body::Payload(_))
-            && link.queued_bytes.load(Ordering::Relaxed) >= node.ctx.cfg.peer_queue_bytes
+            && link.queued_bytes.load(Ordering::Relaxed) >= node.ctx.cfg.limits.peer_queue_bytes
         {
             node.ctx
                 .counters
@@ -110,8 +110,8 @@ fn ensure_lanes(node: &Arc<NodeState>) {
         }
         let want = (lanes == 0 && redial)
             || (lanes > 0
-                && queued > node.ctx.cfg.batch_bytes as u64
-                && lanes < node.ctx.cfg.max_lanes_per_peer);
+                && queued > node.ctx.cfg.buffers.batch_bytes as u64
+                && lanes < node.ctx.cfg.limits.max_lanes_per_peer);
         if want && let Some(addr) = link.dial_due(now, &node.ctx) {
             tokio::spawn(lane::redial(node.clone(), link, addr));
         }

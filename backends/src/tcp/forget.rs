@@ -1,6 +1,6 @@
 //! Forgetting strangers: the link of a peer that connected here (never one this node's user dialed, added
 //! or sent a transfer to) is dropped once it has had no lane, nothing queued and no session for
-//! [`super::TcpConfig::forget_peer_after`] (and at least the served-region grace), with any region served
+//! [`super::Liveness::forget_peer_after`] (and at least the served-region grace), with any region served
 //! to it. A stranger cycling through engine ids therefore cannot grow the node's memory, or the work of
 //! its driver's pass over every link, without bound; a peer that comes back is a new connection group.
 
@@ -16,7 +16,11 @@ use super::state::NodeState;
 /// Forgets the strangers idle long enough; returns how many.
 pub(crate) fn forget_idle_strangers(node: &NodeState, now: Instant) -> usize {
     let cfg = &node.ctx.cfg;
-    let Some(cutoff) = now.checked_sub(cfg.forget_peer_after.max(cfg.served_region_grace)) else {
+    let Some(cutoff) = now.checked_sub(
+        cfg.liveness
+            .forget_peer_after
+            .max(cfg.serving.served_region_grace),
+    ) else {
         return 0;
     };
     // Candidates first, from a snapshot (the engine is never locked under the map: the driver takes

@@ -28,7 +28,7 @@ pub(crate) async fn dial(
     expect: Option<PeerId>,
     want: Option<KvLayout>,
 ) -> Result<PeerInfo, TcpError> {
-    let limit = node.ctx.cfg.handshake_timeout;
+    let limit = node.ctx.cfg.liveness.handshake_timeout;
     let mut stream = tokio::time::timeout(limit, TcpStream::connect(addr))
         .await
         .map_err(|_| TcpError::Timeout {

@@ -1,10 +1,10 @@
 //! The TCP backend: a tokio driver for the sans-IO engine, one [`TcpNode`] per engine.
 //!
 //! - Lanes: a bounded pool of TCP connections per peer, opened on demand (up to
-//!   [`TcpConfig::max_lanes_per_peer`]), reused across transfers, and closed when idle. A lost lane is
+//!   [`StrangerLimits::max_lanes_per_peer`](crate::tcp::StrangerLimits::max_lanes_per_peer)), reused across transfers, and closed when idle. A lost lane is
 //!   redialed with exponential backoff; what it carried and was not acknowledged is sent again by the
 //!   engine's retransmit timer, and blocks that miss the session deadline are reported for recompute.
-//! - Writes: each lane's writer takes a batch of frames (up to [`TcpConfig::batch_bytes`]) and hands the
+//! - Writes: each lane's writer takes a batch of frames (up to [`Buffers::batch_bytes`](crate::tcp::Buffers::batch_bytes)) and hands the
 //!   kernel their sealed headers and payloads in one vectored `sendmsg`, the payloads read straight from
 //!   the source region. An exclusive-lane unit is a batch of its own.
 //! - Sockets: `TCP_NODELAY`, and a small send buffer when the peer is on this host, so the bytes the
@@ -23,42 +23,42 @@
 //! - Strangers: a peer's lanes are bound to the connection group of its first handshake by a
 //!   token; served regions belong to the peer that asked; dial-back goes only to the address a connection
 //!   came from; a peer that stalls mid-frame or stops reading loses its lane after
-//!   [`TcpConfig::stall_timeout`]; a new connection group claiming an engine id ends the earlier group's
+//!   [`Liveness::stall_timeout`](crate::tcp::Liveness::stall_timeout); a new connection group claiming an engine id ends the earlier group's
 //!   sessions (recompute), so none of its frames reach them; a lane a peer dialed and then left silent,
-//!   with no session live, is closed after [`TcpConfig::inbound_idle_timeout`]; one IP address holds at most
-//!   [`TcpConfig::max_connections_per_address`] connections and
-//!   [`TcpConfig::max_handshakes_per_address`] handshake turns (a turn is held only to check a message
+//!   with no session live, is closed after [`Liveness::inbound_idle_timeout`](crate::tcp::Liveness::inbound_idle_timeout); one IP address holds at most
+//!   [`StrangerLimits::max_connections_per_address`](crate::tcp::StrangerLimits::max_connections_per_address) connections and
+//!   [`StrangerLimits::max_handshakes_per_address`](crate::tcp::StrangerLimits::max_handshakes_per_address) handshake turns (a turn is held only to check a message
 //!   that arrived whole, never while waiting for one), and has at most
-//!   [`TcpConfig::max_peers_per_address`] engines connected and
-//!   [`TcpConfig::serve_bytes_per_address`] of served regions; every refusal at a node limit is answered
-//!   with a `Reject`, at most [`TcpConfig::max_pending_refusals`] at once (beyond, the connection is
+//!   [`StrangerLimits::max_peers_per_address`](crate::tcp::StrangerLimits::max_peers_per_address) engines connected and
+//!   [`Serving::serve_bytes_per_address`](crate::tcp::Serving::serve_bytes_per_address) of served regions; every refusal at a node limit is answered
+//!   with a `Reject`, at most [`StrangerLimits::max_pending_refusals`](crate::tcp::StrangerLimits::max_pending_refusals) at once (beyond, the connection is
 //!   closed without one).
-//! - Floods: a lane's reader hands the engine at most [`TcpConfig::control_frames_per_sec`] control
+//! - Floods: a lane's reader hands the engine at most [`StrangerLimits::control_frames_per_sec`](crate::tcp::StrangerLimits::control_frames_per_sec) control
 //!   frames a second, and the inbound lanes of one IP address together at most
-//!   [`TcpConfig::control_frames_per_sec_per_address`] (then stops reading, so TCP holds the sender
-//!   back); with [`TcpConfig::data_bytes_per_sec_per_address`] and
-//!   [`TcpConfig::data_bytes_per_sec_per_peer`], an address's lanes and a peer's together read at most
+//!   [`StrangerLimits::control_frames_per_sec_per_address`](crate::tcp::StrangerLimits::control_frames_per_sec_per_address) (then stops reading, so TCP holds the sender
+//!   back); with [`StrangerLimits::data_bytes_per_sec_per_address`](crate::tcp::StrangerLimits::data_bytes_per_sec_per_address) and
+//!   [`StrangerLimits::data_bytes_per_sec_per_peer`](crate::tcp::StrangerLimits::data_bytes_per_sec_per_peer), an address's lanes and a peer's together read at most
 //!   that many payload bytes a second; and the engine queues at most
 //!   [`transfer_engine::MAX_REPLIES_PER_PEER`] answers to refused frames per peer.
 //!
 //! # Memory a node can be made to hold
 //! Whatever peers send, a node's memory stays within:
-//! - the regions the caller registers, plus served regions up to [`TcpConfig::serve_bytes`] (one
-//!   address's peers at most [`TcpConfig::serve_bytes_per_address`]);
-//! - queued frames up to [`TcpConfig::queue_bytes`] plus one frame (payloads are not copied into the
+//! - the regions the caller registers, plus served regions up to [`Serving::serve_bytes`](crate::tcp::Serving::serve_bytes) (one
+//!   address's peers at most [`Serving::serve_bytes_per_address`](crate::tcp::Serving::serve_bytes_per_address));
+//! - queued frames up to [`Buffers::queue_bytes`](crate::tcp::Buffers::queue_bytes) plus one frame (payloads are not copied into the
 //!   queue: it holds headers and references; control frames to one peer stop at
-//!   [`TcpConfig::peer_queue_bytes`], and a peer's queue is released when it can never be sent);
-//! - [`TcpConfig::max_lanes`] lanes, each with a 64 KiB discard buffer and at most one control payload
+//!   [`StrangerLimits::peer_queue_bytes`](crate::tcp::StrangerLimits::peer_queue_bytes), and a peer's queue is released when it can never be sent);
+//! - [`StrangerLimits::max_lanes`](crate::tcp::StrangerLimits::max_lanes) lanes, each with a 64 KiB discard buffer and at most one control payload
 //!   being read (4 MiB at most, the wire's limit for control frames);
-//! - [`TcpConfig::max_handshakes`] handshakes in progress, each with messages of 64 KiB at most, and each
-//!   ended after [`TcpConfig::handshake_timeout`];
+//! - [`StrangerLimits::max_handshakes`](crate::tcp::StrangerLimits::max_handshakes) handshakes in progress, each with messages of 64 KiB at most, and each
+//!   ended after [`Liveness::handshake_timeout`](crate::tcp::Liveness::handshake_timeout);
 //! - per peer at most `EngineConfig::max_incoming_per_peer` receiving sessions (and per address at most
-//!   [`TcpConfig::max_peers_per_address`] peers with inbound lanes), each holding state in
+//!   [`StrangerLimits::max_peers_per_address`](crate::tcp::StrangerLimits::max_peers_per_address) peers with inbound lanes), each holding state in
 //!   proportion to its plan (a few bytes per slice; a plan covers at most its region once, since
 //!   destination blocks are distinct);
 //! - per peer at most [`transfer_engine::MAX_REPLIES_PER_PEER`] queued answers to refused frames;
 //! - a link (a few hundred bytes) per peer: those this node's user named, and strangers connected now or
-//!   within [`TcpConfig::forget_peer_after`] (then forgotten), so engine ids cycled by strangers do not
+//!   within [`Liveness::forget_peer_after`](crate::tcp::Liveness::forget_peer_after) (then forgotten), so engine ids cycled by strangers do not
 //!   accumulate;
 //! - the board's bounded retention (65,536 events behind a subscriber, 4,096 finished sessions per role,
 //!   4,096 unaccepted incoming sessions) and a log of 1,024 lines.
@@ -67,6 +67,7 @@ mod accept;
 mod admission;
 mod blocking;
 mod budget;
+mod config;
 mod context;
 mod driver;
 mod forget;
@@ -88,7 +89,6 @@ mod stage;
 mod staged_io;
 mod state;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use transfer_engine::{EngineConfig, PeerId};
@@ -97,189 +97,13 @@ mod writer;
 
 pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
 pub use blocking::BlockingNode;
+pub use config::{Buffers, Dialing, Liveness, Security, Serving, StrangerLimits, TcpConfig};
 pub use handshake::Segment;
 pub use node::{NodeStats, TcpDriver, TcpNode};
 pub use secret::Secret;
 pub use socket::SocketBuffers;
 pub use state::PeerInfo;
 pub use transfer_engine::Namespace;
-
-/// Settings of one TCP node.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct TcpConfig {
-    /// The engine's settings; `engine.engine_id` is the node's identity on the wire.
-    pub engine: EngineConfig,
-    /// The KV namespace this node serves; peers must match it exactly.
-    pub namespace: Namespace,
-    /// Address to listen on (`127.0.0.1:0` picks a free port); `None` for a node that only dials.
-    pub listen: Option<SocketAddr>,
-    /// Shared secret; when set, every lane is authenticated with HMAC-SHA256 in both directions (its
-    /// `Debug` never shows the bytes).
-    pub secret: Option<Secret>,
-    /// Allow listening on a non-loopback address without a secret (off by default).
-    pub allow_unauthenticated_remote: bool,
-    /// Most lanes (connections) to one peer.
-    pub max_lanes_per_peer: usize,
-    /// A lane this node dialed, with nothing to write and nothing received for this long, is closed.
-    pub idle_timeout: Duration,
-    /// A lane a peer dialed, with nothing to write, nothing received for this long and no session with
-    /// that peer, is closed (`None`: never), so a peer that connects and then says nothing does not hold
-    /// a lane forever. Longer than `idle_timeout` by default: an honest dialer closes its idle lanes first.
-    pub inbound_idle_timeout: Option<Duration>,
-    /// A peer that connected here (one this node's user never dialed, added or sent a transfer to), with
-    /// no lane, nothing queued and no session for this long (and at least `served_region_grace`), is
-    /// forgotten with any region served to it, so strangers cycling through engine ids cannot grow the
-    /// node's memory without bound. When it connects again it is a new connection group.
-    pub forget_peer_after: Duration,
-    /// First redial delay after a failed dial; doubles each failure up to `redial_max`.
-    pub redial_base: Duration,
-    /// Most dials to one peer (successful or not) within `dial_window`; beyond, the next waits, so a peer
-    /// whose lanes die right after each dial cannot make this node dial it in a loop.
-    pub max_dials_per_window: usize,
-    /// The window of `max_dials_per_window`.
-    pub dial_window: Duration,
-    /// Largest redial delay.
-    pub redial_max: Duration,
-    /// How long a peer with live sessions may have no lane, with redialing refused (or impossible), before
-    /// its sessions end with recompute and new transfers to it are refused.
-    pub unreachable_after: Duration,
-    /// How long new transfers to a peer declared unreachable fail at once. Nothing redials it meanwhile
-    /// (a lane it opens to this node clears the verdict); the first transfer after this dials it again and
-    /// is judged afresh by `unreachable_after`.
-    pub unreachable_hold: Duration,
-    /// Time allowed for connecting and the handshake.
-    pub handshake_timeout: Duration,
-    /// Most bytes a lane hands the kernel in one vectored write.
-    pub batch_bytes: usize,
-    /// Frame bytes queued for lanes before the engine is asked for more.
-    pub queue_bytes: u64,
-    /// Bytes of regions this node will allocate for peers that ask for one in the handshake (0: none).
-    pub serve_bytes: u64,
-    /// Most of `serve_bytes` the peers of one IP address may hold (`None`: all of it). With clients on
-    /// several hosts, a share keeps one host (or a stranger asking under many engine ids) from taking
-    /// every region.
-    pub serve_bytes_per_address: Option<u64>,
-    /// A served region whose peer has lost its lanes stays its peer's, not freed for another asker, for
-    /// this long after its last lane closed, so a client that reconnects finds it (a new connection
-    /// group of the same engine id frees it at once).
-    pub served_region_grace: Duration,
-    /// A peer that starts a frame and then sends nothing for this long, or does not read what this node
-    /// writes for this long, loses its lane.
-    pub stall_timeout: Duration,
-    /// Frame bytes queued for one peer beyond which control frames to it (acks, nacks, progress) are
-    /// dropped: a peer that floods and does not read cannot fill the node's queue for everyone.
-    pub peer_queue_bytes: u64,
-    /// Control frames (everything but Data) one lane's reader hands the engine per second, in bursts of
-    /// up to a tenth of that; beyond it the reader waits, so the lane's sender is held back by TCP and a
-    /// peer flooding control frames costs the engine a bounded share of its time, not everyone's
-    /// transfers. 0: unlimited. An honest lane sends far fewer (acknowledgements cover many slices).
-    pub control_frames_per_sec: u64,
-    /// Control frames the inbound lanes of one IP address together hand the engine per second, on top
-    /// of each lane's own budget, so a peer opening many lanes cannot multiply its flood. 0: unlimited.
-    pub control_frames_per_sec_per_address: u64,
-    /// Payload bytes of Data frames the inbound lanes of one IP address together hand the engine per
-    /// second, in bursts of a tenth of that (at least 1 MiB); beyond it their readers wait, so TCP holds
-    /// the sender back and the address holds that share of the node's receiving, whatever its peers
-    /// send. 0 (the default): unlimited, each lane reads as fast as it can. On a node that receives from
-    /// addresses it does not trust, set it to the share of the NIC one address may take.
-    pub data_bytes_per_sec_per_address: u64,
-    /// Payload bytes of Data frames the lanes of one peer (one engine id, inbound and outbound lanes
-    /// together) hand the engine per second, in the same bursts; beyond it their readers wait. With
-    /// [`TcpConfig::data_bytes_per_sec_per_address`] it bounds what each engine of an address may take
-    /// of that address's share. 0 (the default): unlimited.
-    pub data_bytes_per_sec_per_peer: u64,
-    /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
-    pub max_lanes: usize,
-    /// Most handshake checks in progress at once; more connections wait for a turn (within the
-    /// handshake time limit). A connection holds a turn only to check a handshake message that has
-    /// arrived whole and answer it, never while it waits for the peer's next one, so connections that
-    /// send nothing, part of a message, or a Hello and no Auth hold none.
-    pub max_handshakes: usize,
-    /// Most of those turns one IP address may hold at once; its other connections wait (within the
-    /// handshake time limit), so one address cannot hold every turn.
-    pub max_handshakes_per_address: usize,
-    /// Most inbound connections (handshakes and lanes together) one IP address may hold; beyond it a
-    /// connection is refused with a Reject naming the reason. Keeps one address from taking every lane.
-    pub max_connections_per_address: usize,
-    /// Most engines (connection groups) one IP address may have connected here at once; a lane of
-    /// another is refused with a Reject naming the reason. With `EngineConfig::max_incoming_per_peer`
-    /// it bounds the sessions one address can hold open here.
-    pub max_peers_per_address: usize,
-    /// Most refused connections being told why at once (each is answered with a Reject within about a
-    /// second); beyond it a refused connection is closed at once without a reason, and counted in
-    /// `NodeStats::refusals_unanswered`. Keeps a connect flood from holding a task and a socket per
-    /// refusal.
-    pub max_pending_refusals: usize,
-    /// Whether a peer that names a listening port in its handshake may be dialed back (only ever at the
-    /// address its connection came from).
-    pub dial_back: bool,
-    /// Kernel socket buffers of lanes: small send buffers between nodes on one host, the kernel's
-    /// autotuning across hosts (see [`SocketBuffers`]).
-    pub socket_buffers: SocketBuffers,
-    /// Bytes of each of a lane's two staging buffers, through which GPU regions are sent and received
-    /// (feature `cuda`: pinned buffers). A frame larger than this is staged a buffer at a time.
-    pub stage_bytes: usize,
-    /// Stage host regions too, through host buffers, as GPU regions are through pinned ones: the staged
-    /// path then runs (and can be measured) without a GPU. Off by default: host regions are sent from and
-    /// received into in place.
-    pub stage_host_memory: bool,
-}
-
-impl Default for TcpConfig {
-    fn default() -> Self {
-        Self {
-            engine: tcp_engine_config(1),
-            namespace: Namespace::default(),
-            listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            secret: None,
-            allow_unauthenticated_remote: false,
-            max_lanes_per_peer: 2,
-            idle_timeout: Duration::from_secs(30),
-            inbound_idle_timeout: Some(Duration::from_secs(120)),
-            forget_peer_after: Duration::from_secs(60),
-            redial_base: Duration::from_millis(10),
-            redial_max: Duration::from_secs(2),
-            max_dials_per_window: 8,
-            dial_window: Duration::from_secs(10),
-            unreachable_after: Duration::from_secs(1),
-            unreachable_hold: Duration::from_secs(5),
-            handshake_timeout: Duration::from_secs(5),
-            batch_bytes: 4 << 20,
-            queue_bytes: 16 << 20,
-            serve_bytes: 0,
-            serve_bytes_per_address: None,
-            served_region_grace: Duration::from_secs(10),
-            stall_timeout: Duration::from_secs(10),
-            peer_queue_bytes: 8 << 20,
-            control_frames_per_sec: 100_000,
-            control_frames_per_sec_per_address: 400_000,
-            data_bytes_per_sec_per_address: 0,
-            data_bytes_per_sec_per_peer: 0,
-            dial_back: true,
-            max_lanes: 256,
-            max_handshakes: 64,
-            max_handshakes_per_address: 8,
-            max_connections_per_address: 128,
-            max_peers_per_address: 64,
-            max_pending_refusals: 64,
-            socket_buffers: SocketBuffers::default(),
-            stage_bytes: 4 << 20,
-            stage_host_memory: false,
-        }
-    }
-}
-
-impl TcpConfig {
-    /// Default settings for engine `engine_id` (other engine settings default).
-    #[must_use]
-    pub fn with_engine_id(engine_id: u32) -> Self {
-        Self {
-            engine: tcp_engine_config(engine_id),
-            ..Self::default()
-        }
-    }
-}
 
 /// Most payload bytes in one coalesced data frame on a TCP lane: 512 KiB, the size the writer takes each
 /// group's CRC over before the kernel copies it. On the 2-core development VM, 4 MiB blocks in 64 KiB slices

@@ -39,7 +39,7 @@ pub struct NodeStats {
     pub lanes_closed: u64,
     /// Connections refused in the handshake.
     pub handshakes_refused: u64,
-    /// Refused connections closed without a Reject, because `TcpConfig::max_pending_refusals` were being
+    /// Refused connections closed without a Reject, because `StrangerLimits::max_pending_refusals` were being
     /// answered already (a connect flood).
     pub refusals_unanswered: u64,
     /// Lanes closed because their peer sent a frame that failed to decode or addressed memory it may not.
@@ -51,20 +51,20 @@ pub struct NodeStats {
     /// Control frames dropped because their peer's queue was over its share (a peer not reading).
     pub control_frames_dropped: u64,
     /// Times a lane's reader waited because its peer sent control frames beyond
-    /// `TcpConfig::control_frames_per_sec`.
+    /// `StrangerLimits::control_frames_per_sec`.
     pub control_frames_throttled: u64,
     /// Times a lane's reader waited because its peer, or its peer's address, sent Data payload beyond
-    /// `TcpConfig::data_bytes_per_sec_per_peer` or `TcpConfig::data_bytes_per_sec_per_address`.
+    /// `StrangerLimits::data_bytes_per_sec_per_peer` or `StrangerLimits::data_bytes_per_sec_per_address`.
     pub data_frames_throttled: u64,
-    /// Peers this node holds a link to now (see [`TcpConfig::forget_peer_after`]).
+    /// Peers this node holds a link to now (see [`Liveness::forget_peer_after`](crate::tcp::Liveness::forget_peer_after)).
     pub peers_known: u64,
-    /// Strangers forgotten after idling past `TcpConfig::forget_peer_after`.
+    /// Strangers forgotten after idling past `Liveness::forget_peer_after`.
     pub peers_forgotten: u64,
     /// Incoming sessions whose notice was dropped because nobody accepted them in time (their transfers
     /// ran all the same).
     pub incoming_dropped: u64,
     /// Payload bytes lanes sent through staging buffers (GPU regions, or host regions with
-    /// [`crate::tcp::TcpConfig::stage_host_memory`]).
+    /// [`crate::tcp::Buffers::stage_host_memory`]).
     pub staged_bytes_sent: u64,
     /// Payload bytes lanes received through staging buffers.
     pub staged_bytes_received: u64,
@@ -78,7 +78,7 @@ pub struct NodeStats {
 /// [`TcpNode::local_addr`], [`TcpNode::add_peer`], ... Dropping it stops its tasks and closes its lanes.
 pub type TcpNode = Node<TcpDriver>;
 
-/// What a [`TcpNode`] moves bytes with: its listener, lanes and driver task (see the [module docs](self)).
+/// What a [`TcpNode`] moves bytes with: its listener, lanes and the driver task that polls the engine.
 pub struct TcpDriver {
     state: Arc<NodeState>,
 }
@@ -167,12 +167,16 @@ impl Driver for TcpDriver {
     }
 
     /// Fails at once when the peer cannot be reached: no lane and no address to dial, or declared
-    /// unreachable after its connections were lost, for [`TcpConfig::unreachable_hold`] (or until a lane
+    /// unreachable after its connections were lost, for [`Liveness::unreachable_hold`](crate::tcp::Liveness::unreachable_hold) (or until a lane
     /// to it opens again). The first transfer after that hold dials the peer again.
     fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
         let link = self.state.link(req.peer);
         link.pin();
-        let reach = reach::check_held(&link, self.state.ctx.cfg.unreachable_hold, Instant::now())?;
+        let reach = reach::check_held(
+            &link,
+            self.state.ctx.cfg.liveness.unreachable_hold,
+            Instant::now(),
+        )?;
         if !link.routable() {
             return Err(TcpError::NoRoute(req.peer).into());
         }
@@ -196,7 +200,10 @@ impl Driver for TcpDriver {
 impl Node<TcpDriver> {
     /// Starts a node: binds its listener (if any) and spawns its driver on the current tokio runtime.
     pub async fn start(cfg: TcpConfig) -> Result<Self, TcpError> {
-        if cfg.max_lanes_per_peer == 0 || cfg.batch_bytes == 0 || cfg.stage_bytes == 0 {
+        if cfg.limits.max_lanes_per_peer == 0
+            || cfg.buffers.batch_bytes == 0
+            || cfg.buffers.stage_bytes == 0
+        {
             return Err(TcpError::Config(
                 "max_lanes_per_peer, batch_bytes and stage_bytes must be at least 1".into(),
             ));
@@ -204,8 +211,8 @@ impl Node<TcpDriver> {
         let listener = match cfg.listen {
             Some(addr) => {
                 if !addr.ip().is_loopback()
-                    && cfg.secret.is_none()
-                    && !cfg.allow_unauthenticated_remote
+                    && cfg.security.secret.is_none()
+                    && !cfg.security.allow_unauthenticated_remote
                 {
                     return Err(TcpError::Config(format!(
                         "refusing to listen on {addr} without a shared secret: set a secret, listen on \

@@ -33,7 +33,7 @@ pub(crate) struct PeerLink {
     token: Mutex<Option<[u8; TOKEN_LEN]>>,
     /// When it last lost its last lane.
     last_lane_closed: Mutex<Option<Instant>>,
-    /// The Data byte budget its lanes share (`TcpConfig::data_bytes_per_sec_per_peer`; `None`: unlimited).
+    /// The Data byte budget its lanes share (`StrangerLimits::data_bytes_per_sec_per_peer`; `None`: unlimited).
     data_budget: Option<Mutex<TokenBucket>>,
     /// Whether this node's own user named the peer (dialed it, added its address, or sent it a transfer):
     /// such a link is never forgotten.
@@ -47,7 +47,7 @@ struct DialState {
     failures: u32,
     next_at: Instant,
     last_error: Option<String>,
-    /// When the dials of the last `TcpConfig::dial_window` started (at most `max_dials_per_window`).
+    /// When the dials of the last `Dialing::dial_window` started (at most `max_dials_per_window`).
     recent: VecDeque<Instant>,
 }
 
@@ -57,7 +57,7 @@ pub(crate) struct Reach {
     /// Since when the peer has had no lane while sessions with it were live.
     pub(crate) lost_since: Option<Instant>,
     /// Set once the peer was declared unreachable (its sessions were ended): the reason and when. Cleared
-    /// when a lane opens, or by the first transfer submitted after `TcpConfig::unreachable_hold`.
+    /// when a lane opens, or by the first transfer submitted after `Liveness::unreachable_hold`.
     pub(crate) unreachable: Option<(String, Instant)>,
 }
 
@@ -185,7 +185,7 @@ impl PeerLink {
         if d.dialing || now < d.next_at {
             return None;
         }
-        let window = ctx.cfg.dial_window;
+        let window = ctx.cfg.dialing.dial_window;
         while d
             .recent
             .front()
@@ -193,7 +193,7 @@ impl PeerLink {
         {
             d.recent.pop_front();
         }
-        if d.recent.len() >= ctx.cfg.max_dials_per_window.max(1) {
+        if d.recent.len() >= ctx.cfg.dialing.max_dials_per_window.max(1) {
             // A peer whose lanes keep dying right after each dial (or that makes them die) waits.
             d.next_at = d.recent[0] + window;
             return None;
@@ -215,9 +215,10 @@ impl PeerLink {
                 let factor = 1u32 << d.failures.min(16);
                 let delay = ctx
                     .cfg
+                    .dialing
                     .redial_base
                     .saturating_mul(factor)
-                    .min(ctx.cfg.redial_max);
+                    .min(ctx.cfg.dialing.redial_max);
                 d.failures += 1;
                 d.next_at = Instant::now() + delay;
                 d.last_error = Some(e);
@@ -233,7 +234,7 @@ impl PeerLink {
             let exclusive = t.channel == Channel::Exclusive;
             if !out.is_empty()
                 && (exclusive
-                    || bytes + t.wire_len() > ctx.cfg.batch_bytes
+                    || bytes + t.wire_len() > ctx.cfg.buffers.batch_bytes
                     || out.len() >= MAX_BATCH_FRAMES)
             {
                 break;
@@ -299,11 +300,10 @@ mod tests {
 
     #[test]
     fn dials_to_a_peer_are_limited_per_window_even_when_each_succeeds() {
-        let ctx = Context::new(TcpConfig {
-            max_dials_per_window: 3,
-            dial_window: Duration::from_secs(10),
-            ..TcpConfig::default()
-        });
+        let mut cfg = TcpConfig::default();
+        cfg.dialing.max_dials_per_window = 3;
+        cfg.dialing.dial_window = Duration::from_secs(10);
+        let ctx = Context::new(cfg);
         let link = PeerLink::new(PeerId(7), 0);
         link.set_addr("127.0.0.1:9".parse().unwrap());
         let t0 = Instant::now();

@@ -1,7 +1,7 @@
 //! Fast failure on a dead peer: when every lane to a peer with live sessions is gone and redialing it is
-//! refused (or it cannot be redialed at all) for [`super::TcpConfig::unreachable_after`], its sessions end
+//! refused (or it cannot be redialed at all) for [`super::Liveness::unreachable_after`], its sessions end
 //! at once with recompute and a reason, and new transfers to it fail at once for
-//! [`super::TcpConfig::unreachable_hold`] or until a lane opens again. Nothing redials a peer so declared:
+//! [`super::Liveness::unreachable_hold`] or until a lane opens again. Nothing redials a peer so declared:
 //! only a transfer submitted after the hold (a session that needs it) does.
 
 use std::sync::{Arc, MutexGuard};
@@ -47,7 +47,7 @@ pub(crate) fn judge(node: &NodeState, link: &Arc<PeerLink>, now: Instant) -> Ver
     let (failures, last_error) = link.dial_failures();
     let addr = link.addr();
     let refused = addr.is_none() || failures > 0;
-    if now.duration_since(since) < node.ctx.cfg.unreachable_after || !refused {
+    if now.duration_since(since) < node.ctx.cfg.liveness.unreachable_after || !refused {
         return Verdict::Redial;
     }
     let reason = unreachable_reason(link.peer, addr, last_error, now.duration_since(since));

@@ -70,7 +70,7 @@ async fn read_loop(
     rd: &OwnedReadHalf,
 ) -> Option<CloseReason> {
     let peer = link.peer;
-    let stall = ctx.cfg.stall_timeout;
+    let stall = ctx.cfg.liveness.stall_timeout;
     let mut hdr = [0u8; HEADER_LEN];
     let mut have = 0usize;
     let mut scratch = vec![0u8; SCRATCH];
@@ -133,7 +133,7 @@ async fn read_loop(
         let result = match placement {
             Some(Ok(Some((memory, range)))) if staged_kind.is_some() => {
                 let len = range.len();
-                let stager = match stagers.get(memory.kind(), ctx.cfg.stage_bytes) {
+                let stager = match stagers.get(memory.kind(), ctx.cfg.buffers.stage_bytes) {
                     Ok(stager) => stager,
                     Err(e) => return Some(CloseReason::from_error(&e)),
                 };

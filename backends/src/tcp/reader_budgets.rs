@@ -29,7 +29,7 @@ impl<'a> ReaderBudgets<'a> {
             ctx,
             link,
             lane,
-            own_control: control_budget(ctx.cfg.control_frames_per_sec),
+            own_control: control_budget(ctx.cfg.limits.control_frames_per_sec),
         }
     }
 

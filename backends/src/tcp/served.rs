@@ -1,7 +1,7 @@
 //! Regions served to peers that ask for one in their handshake: each belongs to the connection group of
-//! the peer that asked, comes out of the node's `TcpConfig::serve_bytes` and its address's
-//! `TcpConfig::serve_bytes_per_address`, and is freed for others only when idle and its peer has been
-//! gone longer than `TcpConfig::served_region_grace`.
+//! the peer that asked, comes out of the node's `Serving::serve_bytes` and its address's
+//! `Serving::serve_bytes_per_address`, and is freed for others only when idle and its peer has been
+//! gone longer than `Serving::served_region_grace`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -66,8 +66,12 @@ pub(crate) fn free_all_of(node: &NodeState, peer: PeerId) {
 fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, String> {
     let cfg = &node.ctx.cfg;
     let bytes = layout.total_bytes();
-    let limit = cfg.serve_bytes;
-    let share = cfg.serve_bytes_per_address.unwrap_or(limit).min(limit);
+    let limit = cfg.serving.serve_bytes;
+    let share = cfg
+        .serving
+        .serve_bytes_per_address
+        .unwrap_or(limit)
+        .min(limit);
     if bytes > share {
         let what = if share < limit {
             "one address's share"
@@ -82,8 +86,9 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
     // Peers whose regions stay (taken before the served list: the links are never locked under it).
     let kept = kept_peers(node, asker.peer);
     let now = Instant::now();
-    let handed_out_lately =
-        |r: &ServedRegion| now.saturating_duration_since(r.handed_out) < cfg.served_region_grace;
+    let handed_out_lately = |r: &ServedRegion| {
+        now.saturating_duration_since(r.handed_out) < cfg.serving.served_region_grace
+    };
     let mut served = lock(&node.served);
     if let Some(r) = served.iter_mut().find(|r| {
         r.owner == asker.peer && r.group == asker.group && r.segment.handle.layout == Some(layout)
@@ -154,7 +159,7 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
 /// Peers other than `asker` with a lane here now, or whose last lane closed within the grace.
 fn kept_peers(node: &NodeState, asker: PeerId) -> BTreeSet<PeerId> {
     let now = Instant::now();
-    let grace = node.ctx.cfg.served_region_grace;
+    let grace = node.ctx.cfg.serving.served_region_grace;
     node.all_links()
         .iter()
         .filter(|l| l.peer != asker)

@@ -45,7 +45,7 @@ impl Default for SocketBuffers {
 /// written whole, never in pieces worth delaying) and the buffers of [`SocketBuffers`].
 pub(super) fn configure(stream: &TcpStream, peer: IpAddr, cfg: &TcpConfig) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    let buffers = &cfg.socket_buffers;
+    let buffers = &cfg.buffers.socket_buffers;
     let send = if same_host(peer) {
         buffers.same_host_send
     } else {
@@ -100,8 +100,8 @@ mod tests {
         let (a, b) = pair().await;
         let autotuned = send_buffer(&b);
         let mut cfg = TcpConfig::default();
-        cfg.socket_buffers.same_host_send = Some(96 << 10);
-        cfg.socket_buffers.send = Some(3 << 20);
+        cfg.buffers.socket_buffers.same_host_send = Some(96 << 10);
+        cfg.buffers.socket_buffers.send = Some(3 << 20);
         configure(&a, a.peer_addr().unwrap().ip(), &cfg).unwrap();
         assert!(a.nodelay().unwrap());
         let set = send_buffer(&a);
@@ -110,10 +110,10 @@ mod tests {
             "a loopback peer gets same_host_send: {set}"
         );
         // Left to the kernel: the buffer is what it was.
-        cfg.socket_buffers.same_host_send = None;
+        cfg.buffers.socket_buffers.same_host_send = None;
         configure(&b, b.peer_addr().unwrap().ip(), &cfg).unwrap();
         assert_eq!(send_buffer(&b), autotuned);
-        cfg.socket_buffers.receive = Some(200 << 10);
+        cfg.buffers.socket_buffers.receive = Some(200 << 10);
         configure(&b, b.peer_addr().unwrap().ip(), &cfg).unwrap();
         let received = socket2::SockRef::from(&b).recv_buffer_size().unwrap();
         assert!(

@@ -1,5 +1,5 @@
 //! Staging on lanes: which regions a lane cannot send from or receive into in place (GPU memory, and host
-//! memory when [`super::TcpConfig::stage_host_memory`] asks), and the stagers a lane keeps for them, one per
+//! memory when [`super::Buffers::stage_host_memory`] asks), and the stagers a lane keeps for them, one per
 //! kind of memory, made the first time the lane meets it.
 
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub(crate) const RELEASE_IDLE_STAGERS: Duration = Duration::from_secs(1);
 
 /// Whether lanes stage the bytes of memory of `kind`.
 pub(crate) fn staged(cfg: &TcpConfig, kind: MemoryKind) -> bool {
-    !kind.is_host() || cfg.stage_host_memory
+    !kind.is_host() || cfg.buffers.stage_host_memory
 }
 
 /// Checks, at registration, that lanes will be able to stage memory of `kind` (a driver for its GPU).

@@ -4,7 +4,7 @@
 //! before its header is written. Frames of at most one buffer are pipelined: the device copy of frame N+1
 //! runs while frame N is on the socket. A larger frame is staged twice, a buffer at a time: once for its
 //! CRC, once to send (the price of a header that comes first; lanes meet it only with exclusive units
-//! larger than [`super::TcpConfig::stage_bytes`]).
+//! larger than [`super::Buffers::stage_bytes`]).
 //!
 //! Receiving: a payload lands in a buffer a piece at a time, its CRC folded into the receive; each piece's
 //! device copy starts once it has landed. A frame is handed to the engine only once its device copy has
@@ -106,7 +106,7 @@ pub(crate) async fn send_staged(
     frames: &mut [Outgoing],
     wr: &OwnedWriteHalf,
 ) -> io::Result<usize> {
-    let (cap, stall) = (stager.unit_capacity(), ctx.cfg.stall_timeout);
+    let (cap, stall) = (stager.unit_capacity(), ctx.cfg.liveness.stall_timeout);
     let mut sent = 0;
     // Whether frame i's unit was prefetched while frame i - 1 was sent.
     let mut prefetched = false;

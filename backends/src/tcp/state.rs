@@ -34,9 +34,9 @@ pub(crate) struct NodeState {
 impl NodeState {
     pub(crate) fn new(ctx: Context, listen: Option<SocketAddr>) -> Self {
         let admission = super::admission::Admission::new(
-            ctx.cfg.max_handshakes_per_address,
-            ctx.cfg.control_frames_per_sec_per_address,
-            ctx.cfg.data_bytes_per_sec_per_address,
+            ctx.cfg.limits.max_handshakes_per_address,
+            ctx.cfg.limits.control_frames_per_sec_per_address,
+            ctx.cfg.limits.data_bytes_per_sec_per_address,
         );
         Self {
             ctx: Arc::new(ctx),
@@ -53,7 +53,7 @@ impl NodeState {
         let cfg = &self.ctx.cfg;
         let mut h = Hello::new(cfg.engine.engine_id, cfg.namespace.clone())?;
         h.listen = self.listen.map(|a| a.to_string());
-        h.authenticated = cfg.secret.is_some();
+        h.authenticated = cfg.security.secret.is_some();
         Ok(h)
     }
 
@@ -72,7 +72,7 @@ impl NodeState {
             .or_insert_with(|| {
                 Arc::new(PeerLink::new(
                     peer,
-                    self.ctx.cfg.data_bytes_per_sec_per_peer,
+                    self.ctx.cfg.limits.data_bytes_per_sec_per_peer,
                 ))
             })
             .clone()

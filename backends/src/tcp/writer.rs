@@ -67,7 +67,7 @@ async fn write_loop(
             scratch.clear();
             scratch.goodbye = bytes;
             scratch.push(Piece::Goodbye, scratch.goodbye.len());
-            let _ = write_all(wr, &scratch, &[], ctx.cfg.stall_timeout).await;
+            let _ = write_all(wr, &scratch, &[], ctx.cfg.liveness.stall_timeout).await;
             return CloseReason::Refused("closed after refusing a frame".into());
         }
         if closed.borrow().is_some() {
@@ -77,11 +77,11 @@ async fn write_loop(
         link.take_batch(ctx, &mut batch);
         if batch.is_empty() {
             let idle = if lane.outbound {
-                Some(ctx.cfg.idle_timeout)
+                Some(ctx.cfg.liveness.idle_timeout)
             } else {
-                ctx.cfg.inbound_idle_timeout
+                ctx.cfg.liveness.inbound_idle_timeout
             };
-            let check = idle.unwrap_or(ctx.cfg.idle_timeout);
+            let check = idle.unwrap_or(ctx.cfg.liveness.idle_timeout);
             // A lane holding staging buffers wakes early to let them go.
             let wait = if stagers.is_empty() {
                 check
@@ -223,7 +223,7 @@ async fn send_groups(
                 end += 1;
             }
             let stager = stagers
-                .get(kind, ctx.cfg.stage_bytes)
+                .get(kind, ctx.cfg.buffers.stage_bytes)
                 .map_err(io::Error::other)?;
             let sent = send_staged(ctx, stager, &mut scratch.staged, wr).await?;
             ctx.staged.add_sent(sent);
@@ -240,7 +240,7 @@ async fn send_groups(
             group_bytes += seal(ctx, &mut batch[end], end, scratch);
             end += 1;
         }
-        write_all(wr, scratch, batch, ctx.cfg.stall_timeout).await?;
+        write_all(wr, scratch, batch, ctx.cfg.liveness.stall_timeout).await?;
         start = end;
     }
     Ok(())

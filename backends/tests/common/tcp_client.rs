@@ -26,9 +26,9 @@ pub(crate) fn layout() -> KvLayout {
 pub(crate) async fn server() -> TcpNode {
     server_with({
         let mut cfg = TcpConfig::with_engine_id(2);
-        cfg.serve_bytes = 64 << 20;
-        cfg.stall_timeout = Duration::from_millis(500);
-        cfg.peer_queue_bytes = 1 << 20;
+        cfg.serving.serve_bytes = 64 << 20;
+        cfg.liveness.stall_timeout = Duration::from_millis(500);
+        cfg.limits.peer_queue_bytes = 1 << 20;
         cfg
     })
     .await
