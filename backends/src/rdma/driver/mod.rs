@@ -181,7 +181,13 @@ impl Driver<'_> {
         {
             // Refused first, so no session submitted meanwhile waits for the same verdict again.
             lock(&self.shared.unreachable).insert(peer, (reason.clone(), now));
-            let ended = self.shared.station.engine().abort_peer(peer, &reason);
+            // Waiters learn at once, as on every backend, not on the driver's next step.
+            let ended = {
+                let mut engine = self.shared.station.engine();
+                let ended = engine.abort_peer(peer, &reason);
+                self.shared.station.drain_events(&mut engine);
+                ended
+            };
             self.shared.log(format!("{reason}: {ended} sessions ended"));
         }
     }
