@@ -161,12 +161,7 @@ impl Driver for LoopbackDriver {
 
     fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
         self.end().memory(handle.id)?;
-        let mut segments = lock(&self.end().segments);
-        segments.retain(|s| s.name != name);
-        segments.push(Segment {
-            name: name.to_owned(),
-            handle,
-        });
+        Segment::offer(&mut lock(&self.end().segments), name, handle);
         Ok(())
     }
 

@@ -198,6 +198,20 @@ mod gpu {
             }
         }
 
+        /// Copies `piece` of GPU memory `src` (at most [`PIECE`] bytes) to the start of the scratch buffer;
+        /// returns the CRC-32C of the bytes copied.
+        fn stage_piece(
+            &mut self,
+            src: &MemoryRegion,
+            piece: Range<usize>,
+        ) -> Result<u32, CudaError> {
+            let len = piece.len();
+            let report = self.mover.place(src, piece, &self.scratch, 0..len)?;
+            report.crc32c.ok_or_else(|| {
+                CudaError::Invalid("a copy to host memory came back without a checksum".into())
+            })
+        }
+
         pub(super) fn crc32c(
             &mut self,
             memory: &MemoryRegion,
@@ -206,12 +220,7 @@ mod gpu {
             let mut crc = transfer_engine::crc32c(&[]);
             for start in range.clone().step_by(PIECE) {
                 let end = (start + PIECE).min(range.end);
-                let report = self
-                    .mover
-                    .place(memory, start..end, &self.scratch, 0..end - start)?;
-                let piece = report.crc32c.ok_or_else(|| {
-                    CudaError::Invalid("a copy to host memory came back without a checksum".into())
-                })?;
+                let piece = self.stage_piece(memory, start..end)?;
                 crc = transfer_engine::crc32c_combine(crc, piece, end - start);
             }
             Ok(crc)
@@ -228,12 +237,7 @@ mod gpu {
             let mut crc = transfer_engine::crc32c(&[]);
             for start in range.clone().step_by(PIECE) {
                 let end = (start + PIECE).min(range.end);
-                let report = self
-                    .mover
-                    .place(src, start..end, &self.scratch, 0..end - start)?;
-                let piece = report.crc32c.ok_or_else(|| {
-                    CudaError::Invalid("a copy to host memory came back without a checksum".into())
-                })?;
+                let piece = self.stage_piece(src, start..end)?;
                 let staged = self
                     .scratch
                     .read(0..end - start)

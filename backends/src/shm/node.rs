@@ -126,12 +126,7 @@ impl Driver for ShmDriver {
     /// The segment is offered in hellos and welcomes from now on.
     fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
         self.shared.station.engine().region(handle.id)?;
-        let mut published = lock(&self.shared.published);
-        published.retain(|s| s.name != name);
-        published.push(Segment {
-            name: name.to_owned(),
-            handle,
-        });
+        Segment::offer(&mut lock(&self.shared.published), name, handle);
         Ok(())
     }
 

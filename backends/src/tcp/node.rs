@@ -157,12 +157,7 @@ impl Driver for TcpDriver {
     /// The segment is listed in the handshake's welcome from now on.
     fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
         self.state.ctx.station.engine().region(handle.id)?;
-        let mut segs = lock(&self.state.segments);
-        segs.retain(|s| s.name != name);
-        segs.push(Segment {
-            name: name.into(),
-            handle,
-        });
+        Segment::offer(&mut lock(&self.state.segments), name, handle);
         Ok(())
     }
 
