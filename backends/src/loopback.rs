@@ -12,13 +12,11 @@
 //! subscribe to events.
 
 mod credit;
-mod error;
 mod gpu;
 mod node;
 mod threads;
 mod tier_moves;
 
-pub use error::LoopbackError;
 pub use node::{LoopbackDriver, LoopbackNode, Side};
 
 pub use tier_moves::{TierMoveReport, TierRegions};
@@ -35,6 +33,7 @@ use transfer_engine::{
     SessionId, ShapingConfig, TransferRequest,
 };
 
+use crate::TransportError;
 use crate::board::{IncomingSession, Outcome, Received, WaitError};
 use crate::lock::lock;
 use crate::node::station::Station;
@@ -99,61 +98,64 @@ impl LoopbackEnd {
         &self,
         layout: KvLayout,
         memory: MemoryRegion,
-    ) -> Result<RegionHandle, LoopbackError> {
+    ) -> Result<RegionHandle, TransportError> {
         Ok(self.station.register_kv_region(layout, memory)?)
     }
 
     /// Sets this end's traffic shaping (link rate, KV share of it, per-class rates, bursts): a KV bandwidth
     /// cap. Takes effect for every frame from now on.
-    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), LoopbackError> {
+    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), TransportError> {
         self.station.engine().set_shaping(shaping)?;
         self.wake();
         Ok(())
     }
 
     /// Registers a KV region of `layout` over zeroed host memory the engine allocates.
-    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, LoopbackError> {
+    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TransportError> {
         let memory = MemoryRegion::zeroed(usize::try_from(layout.total_bytes()).map_err(|_| {
-            Error::InvalidRequest("the layout does not fit in this machine's memory".into())
+            TransportError::Unsupported {
+                backend: "loopback",
+                what: "hold a layout larger than this machine's address space".into(),
+            }
         })?);
         self.register_kv_region(layout, memory)
     }
 
     /// The memory behind a registered region.
-    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, LoopbackError> {
+    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
         Ok(self.station.engine().memory(id)?.clone())
     }
 
     /// Unregisters a region no live session uses and hands back its memory.
-    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, LoopbackError> {
+    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
         Ok(self.station.engine().unregister_region(id)?)
     }
 
     /// Waits until sending session `session` is over.
-    pub async fn wait(&self, session: SessionId) -> Result<Outcome, LoopbackError> {
+    pub async fn wait(&self, session: SessionId) -> Result<Outcome, TransportError> {
         Ok(self.station.board.wait_sent(session).await?)
     }
 
     /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
     /// admitted it when its open arrived), waiting for one.
-    pub async fn next_incoming(&self) -> Result<IncomingSession, LoopbackError> {
+    pub async fn next_incoming(&self) -> Result<IncomingSession, TransportError> {
         Ok(self.station.board.next_incoming().await?)
     }
 
     /// Waits until `layer` of receiving session `session` has arrived whole (an error names its blocks to
     /// recompute if the session ended without it).
-    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), LoopbackError> {
+    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), TransportError> {
         Ok(self.station.board.wait_layer(session, layer).await?)
     }
 
     /// Waits until receiving session `session` is over.
-    pub async fn wait_received(&self, session: SessionId) -> Result<Received, LoopbackError> {
+    pub async fn wait_received(&self, session: SessionId) -> Result<Received, TransportError> {
         Ok(self.station.board.wait_received(session).await?)
     }
 
     /// The consumer is about to compute `layer` of receiving session `session` (layers in order): the
     /// producer may then send up to its prefetch depth beyond it. Returns whether the layer is complete.
-    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, LoopbackError> {
+    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, TransportError> {
         let complete = self.station.consume_layer(session, layer)?;
         self.wake();
         Ok(complete)
@@ -161,7 +163,7 @@ impl LoopbackEnd {
 
     /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
     /// verified are reported for recompute.
-    pub fn abandon_receive(&self, session: SessionId) -> Result<(), LoopbackError> {
+    pub fn abandon_receive(&self, session: SessionId) -> Result<(), TransportError> {
         self.station.abandon_receive(session)?;
         self.wake();
         Ok(())
@@ -175,7 +177,7 @@ impl LoopbackEnd {
 
     /// Frames this end refused, newest last (the newest 1024), with the total count.
     #[must_use]
-    pub fn refused(&self) -> (Vec<Error>, u64) {
+    pub fn refused(&self) -> (Vec<TransportError>, u64) {
         self.refused.snapshot()
     }
 
@@ -302,30 +304,24 @@ impl LoopbackPair {
     }
 
     /// Starts a transfer from the producer to the consumer; await it with [`LoopbackEnd::wait`].
-    pub fn submit(&self, req: TransferRequest) -> Result<SessionId, LoopbackError> {
+    pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
         // Held until the session is in the engine: a shutdown of the consumer either comes first (and
         // this submit is refused) or ends this session with the rest.
         let gone = lock(&self.producer.peer_gone);
         if let Some(reason) = gone.clone() {
-            return Err(LoopbackError::Unreachable(reason));
+            return Err(TransportError::Unreachable(reason));
         }
         if req.peer != CONSUMER {
-            return Err(Error::InvalidRequest(format!(
-                "a loopback producer sends only to its consumer ({CONSUMER:?}), not {:?}",
-                req.peer
-            ))
-            .into());
+            return Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: format!("a loopback producer sends only to its consumer ({CONSUMER:?})"),
+            });
         }
         let src = self.producer.memory(req.src_region)?;
         if let Ok(dst) = self.consumer.memory(req.dst_region)
             && src.same_memory(&dst)
         {
-            return Err(Error::InvalidRequest(
-                "the source and destination regions are the same memory: register distinct memory on \
-                 each end"
-                    .into(),
-            )
-            .into());
+            return Err(Error::SameRegion.into());
         }
         let id = self.producer.station.submit(req)?;
         drop(gone);
@@ -335,7 +331,7 @@ impl LoopbackPair {
 
     /// The producer of sending session `session` has written every layer below `until`: those layers may
     /// go out (for requests made with `TransferRequest::with_layers_written`).
-    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), LoopbackError> {
+    pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), TransportError> {
         self.producer
             .station
             .engine()
@@ -346,7 +342,7 @@ impl LoopbackPair {
 
     /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, at
     /// both ends.
-    pub fn cancel(&self, session: SessionId) -> Result<(), LoopbackError> {
+    pub fn cancel(&self, session: SessionId) -> Result<(), TransportError> {
         self.producer.station.engine().cancel(session)?;
         self.producer.wake();
         Ok(())
@@ -357,7 +353,7 @@ impl LoopbackPair {
         &self,
         req: TransferRequest,
         limit: Duration,
-    ) -> Result<Outcome, LoopbackError> {
+    ) -> Result<Outcome, TransportError> {
         let mut out = self.transfer_all(vec![req], limit)?;
         Ok(out.remove(0))
     }
@@ -368,16 +364,13 @@ impl LoopbackPair {
         &self,
         reqs: Vec<TransferRequest>,
         limit: Duration,
-    ) -> Result<Vec<Outcome>, LoopbackError> {
+    ) -> Result<Vec<Outcome>, TransportError> {
         let sessions = reqs
             .into_iter()
             .map(|r| self.submit(r))
             .collect::<Result<Vec<_>, _>>()?;
         self.wait_all(&sessions, limit)
-            .map_err(|pending| LoopbackError::Stalled {
-                pending: pending.len(),
-                waited: limit,
-            })?
+            .map_err(|pending| stalled(pending.len(), limit))?
             .into_iter()
             .map(|out| Ok(out?))
             .collect()
@@ -466,6 +459,14 @@ impl Drop for LoopbackPair {
         {
             rt.shutdown_background();
         }
+    }
+}
+
+/// `pending` sessions did not finish within `waited`.
+fn stalled(pending: usize, waited: Duration) -> TransportError {
+    TransportError::Timeout {
+        what: format!("{pending} session(s)"),
+        waited,
     }
 }
 

@@ -305,7 +305,7 @@ fn a_dead_receiver_ends_its_sessions_with_recompute(pair: &Pair) {
     assert!(!out.recompute.is_empty(), "{out:?}");
     assert!(out.reason.is_some(), "{out:?}");
     let e = pair.sender.submit(s.request()).unwrap_err();
-    assert_eq!(e.fault(), Fault::Peer, "{e}");
+    assert_eq!(e.fault(), Fault::Transport, "{e}");
     assert!(matches!(e, TransportError::Unreachable(_)), "{e}");
 }
 

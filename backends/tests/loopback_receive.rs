@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use backends::TransportError;
 use backends::WaitError;
-use backends::loopback::{CONSUMER, LoopbackError, LoopbackPair};
+use backends::loopback::{CONSUMER, LoopbackPair};
 use tokio::sync::broadcast::error::TryRecvError;
 use transfer_engine::{BlockId, Dtype, Event, KvLayout, MemoryRegion, TransferRequest};
 
@@ -89,6 +90,6 @@ fn layers_are_awaited_and_consumed_and_the_prefetch_window_holds() {
     assert!(out.recompute.is_empty());
     assert!(matches!(
         pair.block_on(pair.consumer().wait_layer(session, 6)),
-        Err(LoopbackError::Wait(WaitError::NoSuchLayer { .. }))
+        Err(TransportError::Wait(WaitError::NoSuchLayer { .. }))
     ));
 }

@@ -30,7 +30,7 @@ fn each_mode_through(
     dst: MemoryRegion,
     mut clear: impl FnMut(),
     mut check: impl FnMut(TransferMode),
-) -> Result<(), backends::rdma::RdmaError> {
+) -> Result<(), backends::TransportError> {
     let start = |id: u32| {
         let mut cfg = cfg.clone();
         cfg.engine.engine_id = id;

@@ -8,7 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use backends::rdma::{Provider, RdmaConfig, RdmaError, RdmaNode, parked_endpoints};
+use backends::TransportError;
+use backends::rdma::{Provider, RdmaConfig, RdmaNode, parked_endpoints};
 use transfer_engine::{Dtype, KvLayout, MemoryRegion, TransferRequest};
 
 /// A node on shm: `None` (a "not run") only where libfabric lists no shm provider; a listed one that
@@ -101,7 +102,7 @@ fn closing_in_process_peers_costs_recompute_not_a_crash_and_releases_every_endpo
         // A closed endpoint's address is refused with a clear error, not handed its old mapping.
         let refused = rt.block_on(producer.connect(&targets[0].0)).unwrap_err();
         assert!(
-            matches!(&refused, RdmaError::Protocol(m) if m.contains("is closed")),
+            matches!(&refused, TransportError::Unreachable(m) if m.contains("is closed")),
             "{refused}"
         );
         drop(producer);

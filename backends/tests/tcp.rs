@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use backends::tcp::handshake::{self, Hello, Message, PROTOCOL_VERSION};
-use backends::tcp::{Namespace, Secret, TcpConfig, TcpError, TcpNode};
+use backends::tcp::{Namespace, Secret, TcpConfig, TcpNode};
+use backends::{Fault, TransportError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -344,7 +345,8 @@ async fn a_wrong_namespace_is_refused_on_both_sides() {
         .connect(rx.local_addr().unwrap(), None)
         .await
         .unwrap_err();
-    assert!(matches!(err, TcpError::Handshake(_)), "{err}");
+    assert!(matches!(err, TransportError::Refused(_)), "{err}");
+    assert_eq!(err.fault(), Fault::Peer, "{err}");
     assert!(err.to_string().contains("namespace"), "{err}");
     assert!(rx.log()[0].contains("namespace"), "{:?}", rx.log());
     assert!(tx.log()[0].contains("namespace"), "{:?}", tx.log());
@@ -395,7 +397,7 @@ async fn a_shared_secret_authenticates_both_ends() {
     open.listen = Some("0.0.0.0:0".parse().unwrap());
     assert!(matches!(
         TcpNode::start(open).await,
-        Err(TcpError::Config(_))
+        Err(TransportError::Config { .. })
     ));
 }
 

@@ -68,22 +68,30 @@ pub enum ConnectorError {
     Io(#[from] std::io::Error),
 }
 
-impl From<backends::tcp::TcpError> for ConnectorError {
-    fn from(e: backends::tcp::TcpError) -> Self {
-        ConnectorError::Transport(e.into())
-    }
-}
-
-#[cfg(feature = "rdma")]
-impl From<backends::rdma::RdmaError> for ConnectorError {
-    fn from(e: backends::rdma::RdmaError) -> Self {
-        ConnectorError::Transport(e.into())
-    }
-}
-
-#[cfg(target_os = "linux")]
-impl From<backends::shm::ShmError> for ConnectorError {
-    fn from(e: backends::shm::ShmError) -> Self {
-        ConnectorError::Transport(e.into())
+impl ConnectorError {
+    /// Whose fault this is: who must act on it.
+    #[must_use]
+    pub fn fault(&self) -> backends::Fault {
+        use backends::Fault;
+        match self {
+            ConnectorError::Config(_)
+            | ConnectorError::WrongRole { .. }
+            | ConnectorError::NoKvCaches(_)
+            | ConnectorError::UnknownRequest(_)
+            | ConnectorError::Blocks(_)
+            | ConnectorError::Policy(_)
+            | ConnectorError::TensorParallel(_) => Fault::Caller,
+            ConnectorError::Engine(e) => e.fault(),
+            ConnectorError::Transport(e) => e.fault(),
+            ConnectorError::Gpu(_) => Fault::Device,
+            // The producer (or the registry) failed or answered with an error: another may serve.
+            ConnectorError::Control { .. } => Fault::Peer,
+            ConnectorError::LayerLost { .. } | ConnectorError::Io(_) => Fault::Transport,
+            ConnectorError::Disk(e) => match e {
+                crate::disk::DiskError::Config(_)
+                | crate::disk::DiskError::DirectUnsupported(_) => Fault::Caller,
+                _ => Fault::Transport,
+            },
+        }
     }
 }

@@ -63,7 +63,7 @@ impl TokenBucket {
     }
 
     fn limiter(rate: u64, burst: u64, cell_bytes: u64) -> Result<(Quota, u32), Error> {
-        let invalid = |what: String| Error::InvalidRequest(format!("token bucket: {what}"));
+        let invalid = |what: String| Error::InvalidShaping(format!("token bucket: {what}"));
         if rate == 0 || cell_bytes == 0 {
             return Err(invalid(format!(
                 "rate {rate} B/s and cell {cell_bytes} B must be positive"

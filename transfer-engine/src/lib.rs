@@ -85,7 +85,7 @@ pub use budget::RetransmitBudget;
 pub use checksum::{copy_and_crc32c, crc32c, crc32c_combine};
 pub use config::{EngineConfig, Placement};
 pub use engine::{Engine, MAX_REPLIES_PER_PEER};
-pub use error::Error;
+pub use error::{Error, Fault};
 pub use event::{Event, Role};
 pub use layout::{
     BlockId, BlockPlacement, ChunkSplit, Dtype, KvHeads, KvKind, KvLayout, TensorView,

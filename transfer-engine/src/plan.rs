@@ -90,13 +90,13 @@ impl TransferMode {
         if let Some(slice) = slice
             && !(MIN_SLICE_BYTES..=MAX_PAYLOAD).contains(&slice)
         {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidUnits(format!(
                 "slice of {slice} bytes is outside {MIN_SLICE_BYTES}..={MAX_PAYLOAD}"
             )));
         }
         if !matches!(self, TransferMode::Packetized { .. }) && block_bytes > u64::from(MAX_PAYLOAD)
         {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidUnits(format!(
                 "block of {block_bytes} bytes is larger than the {MAX_PAYLOAD}-byte exclusive unit limit: \
                  use packetized mode"
             )));
@@ -188,22 +188,22 @@ impl Plan {
         let block_bytes = shape.block_bytes;
         mode.validate(block_bytes)?;
         if src.len() != dst.len() {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidBlocks(format!(
                 "{} source blocks but {} destination blocks",
                 src.len(),
                 dst.len()
             )));
         }
         let blocks_per_layer = u32::try_from(src.len())
-            .map_err(|_| Error::InvalidRequest("too many blocks in one transfer".into()))?;
+            .map_err(|_| Error::InvalidBlocks("too many blocks in one transfer".into()))?;
         if blocks_per_layer == 0 || layers.is_empty() {
-            return Err(Error::InvalidRequest(
+            return Err(Error::InvalidBlocks(
                 "a transfer needs at least one layer and one block".into(),
             ));
         }
         let slots = u64::from(layers.end - layers.start) * u64::from(blocks_per_layer);
         let slots = usize::try_from(slots)
-            .map_err(|_| Error::InvalidRequest("transfer too large".into()))?;
+            .map_err(|_| Error::InvalidBlocks("transfer too large".into()))?;
         let mut plan = Plan {
             units: Vec::new(),
             cuts: shape.cuts.clone(),
@@ -258,7 +258,7 @@ impl Plan {
             }
         }
         u32::try_from(plan.units.len())
-            .map_err(|_| Error::InvalidRequest("more than 2^32 units: use larger slices".into()))?;
+            .map_err(|_| Error::InvalidUnits("more than 2^32 units: use larger slices".into()))?;
         Ok(plan)
     }
 

@@ -65,10 +65,10 @@ impl RegionTable {
         layout: Option<KvLayout>,
     ) -> Result<RegionHandle, Error> {
         if len > memory.len() as u64 {
-            return Err(Error::InvalidRequest(format!(
-                "a region of {len} bytes needs at least that much memory, but {} bytes were given",
-                memory.len()
-            )));
+            return Err(Error::MemoryTooSmall {
+                len,
+                given: memory.len() as u64,
+            });
         }
         self.next_id += 1;
         let handle = RegionHandle {

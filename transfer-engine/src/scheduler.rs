@@ -51,7 +51,7 @@ pub(crate) struct Scheduler {
 impl Scheduler {
     pub(crate) fn new(cfg: ShapingConfig) -> Result<Self, Error> {
         if !(cfg.kv_share > 0.0 && cfg.kv_share <= 1.0) {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidShaping(format!(
                 "KV share {} must be in (0, 1]",
                 cfg.kv_share
             )));

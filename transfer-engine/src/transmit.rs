@@ -127,14 +127,14 @@ impl TransferRequest {
     /// Checks the block lists and layers against both layouts.
     pub(crate) fn check_blocks(&self) -> Result<(), Error> {
         if self.src_blocks.len() != self.dst_blocks.len() {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidBlocks(format!(
                 "{} source blocks but {} destination blocks: the lists pair up one to one",
                 self.src_blocks.len(),
                 self.dst_blocks.len()
             )));
         }
         if self.src_blocks.is_empty() {
-            return Err(Error::InvalidRequest(
+            return Err(Error::InvalidBlocks(
                 "a transfer needs at least one block".into(),
             ));
         }
@@ -264,7 +264,7 @@ fn layouts(
 ) -> Result<(KvLayout, KvLayout), Error> {
     match (src.layout, dst.layout) {
         (Some(s), Some(d)) => Ok((s, d)),
-        _ => Err(Error::InvalidRequest(format!(
+        _ => Err(Error::InvalidLayout(format!(
             "{what} transfers need regions registered with a layout"
         ))),
     }
@@ -278,13 +278,13 @@ pub(crate) fn check_blocks(
     side: &str,
 ) -> Result<(), Error> {
     if layers.end > layout.layers || layers.is_empty() {
-        return Err(Error::InvalidRequest(format!(
+        return Err(Error::InvalidBlocks(format!(
             "layers {layers:?} are not within the {side} layout's {} layers",
             layout.layers
         )));
     }
     if let Some(b) = blocks.iter().find(|&&b| b >= layout.blocks_per_layer) {
-        return Err(Error::InvalidRequest(format!(
+        return Err(Error::InvalidBlocks(format!(
             "{side} block {b} is beyond the layout's {} blocks per layer",
             layout.blocks_per_layer
         )));
@@ -297,7 +297,7 @@ pub(crate) fn check_distinct(dst_blocks: &[u32]) -> Result<(), Error> {
     let mut seen = dst_blocks.to_vec();
     seen.sort_unstable();
     match seen.windows(2).find(|w| w[0] == w[1]) {
-        Some(w) => Err(Error::InvalidRequest(format!(
+        Some(w) => Err(Error::InvalidBlocks(format!(
             "destination block {} is named twice: two source blocks cannot land in one place",
             w[0]
         ))),

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{A, B, KvZeroed, Pair, layout};
+use common::{A, B, KvZeroed, Offer, Pair, layout};
 use transfer_engine::wire::{FrameKind, HEADER_LEN, Header, WireError, encode_frame};
 use transfer_engine::{
     AccessKey, Dtype, Error, Event, KvLayout, MemoryRegion, Role, SessionId, TransferMode,
@@ -195,14 +195,14 @@ fn out_of_bounds_addresses_are_refused() {
     h.sequence = 0;
     let err = pair
         .b
-        .handle_datagram(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
+        .offer(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
         .unwrap_err();
     assert!(matches!(err, Error::FrameMismatch { .. }), "{err}");
     h.offset = 0;
     h.sequence = 1 << 30;
     let err = pair
         .b
-        .handle_datagram(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
+        .offer(pair.now, A, &encode_frame(&h, &[0u8; 1024]))
         .unwrap_err();
     assert!(err.to_string().contains("unit 1073741824"), "{err}");
     // Locally: a source region too small for its layout.
@@ -237,12 +237,12 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     };
     let b = &mut pair.b;
     assert_eq!(
-        b.handle_datagram(now, A, &data(999)),
+        b.offer(now, A, &data(999)),
         Err(Error::UnknownSession(SessionId(999)))
     );
     let ack = encode_frame(&Header::new(FrameKind::Ack, 12345), &[0, 0, 0, 0]);
     assert_eq!(
-        pair.a.handle_datagram(now, B, &ack),
+        pair.a.offer(now, B, &ack),
         Err(Error::UnknownSession(SessionId(12345)))
     );
     // The good session's id from the wrong peer is unknown too: sessions are bound to their peer.
@@ -250,15 +250,13 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     let from_stranger = encode_frame(&Header::new(FrameKind::Close, session.0), &[]);
     assert_eq!(
         pair.b
-            .handle_datagram(now, transfer_engine::PeerId(77), &from_stranger),
+            .offer(now, transfer_engine::PeerId(77), &from_stranger),
         Err(Error::UnknownSession(session))
     );
 
     let good = data(1);
     let b = &mut pair.b;
-    let truncated = b
-        .handle_datagram(now, A, &good[..HEADER_LEN - 1])
-        .unwrap_err();
+    let truncated = b.offer(now, A, &good[..HEADER_LEN - 1]).unwrap_err();
     assert_eq!(
         truncated,
         Error::Wire(WireError::Truncated {
@@ -266,9 +264,7 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
             got: HEADER_LEN - 1
         })
     );
-    let short_payload = b
-        .handle_datagram(now, A, &good[..good.len() - 1])
-        .unwrap_err();
+    let short_payload = b.offer(now, A, &good[..good.len() - 1]).unwrap_err();
     assert!(matches!(
         short_payload,
         Error::Wire(WireError::Truncated { .. })
@@ -276,19 +272,19 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     let mut long = good.clone();
     long.extend_from_slice(&[0; 5]);
     assert_eq!(
-        b.handle_datagram(now, A, &long),
+        b.offer(now, A, &long),
         Err(Error::Wire(WireError::TrailingBytes { extra: 5 }))
     );
     let mut huge = Header::new(FrameKind::Open, 5);
     huge.length = u32::MAX;
-    let err = b.handle_datagram(now, A, &huge.encode()).unwrap_err();
+    let err = b.offer(now, A, &huge.encode()).unwrap_err();
     assert!(
         matches!(err, Error::Wire(WireError::Oversized { .. })),
         "{err}"
     );
     let mut v9 = good.clone();
     v9[2] = 9;
-    let err = b.handle_datagram(now, A, &v9).unwrap_err();
+    let err = b.offer(now, A, &v9).unwrap_err();
     assert_eq!(
         err,
         Error::Wire(WireError::UnsupportedVersion {
@@ -300,19 +296,19 @@ fn unknown_sessions_and_malformed_frames_get_clear_errors() {
     let mut flipped = good.clone();
     flipped[20] ^= 1;
     assert_eq!(
-        b.handle_datagram(now, A, &flipped),
+        b.offer(now, A, &flipped),
         Err(Error::Wire(WireError::HeaderChecksum))
     );
     let garbage: Vec<u8> = (0..200u8).collect();
-    assert!(b.handle_datagram(now, A, &garbage).is_err());
+    assert!(b.offer(now, A, &garbage).is_err());
     // A malformed open and a malformed ack.
     let open = encode_frame(&Header::new(FrameKind::Open, 77), &[1, 2, 3]);
     assert!(matches!(
-        b.handle_datagram(now, A, &open),
+        b.offer(now, A, &open),
         Err(Error::Wire(WireError::BadControl { what: "open" }))
     ));
     let bad_ack = encode_frame(&Header::new(FrameKind::Ack, session.0), &[9, 9]);
-    let err = pair.a.handle_datagram(now, B, &bad_ack).unwrap_err();
+    let err = pair.a.offer(now, B, &bad_ack).unwrap_err();
     assert_eq!(err, Error::Wire(WireError::BadControl { what: "ack" }));
     assert!(pair.b.stats().frames_refused >= 10);
     finish_and_check_good_transfer(pair, src, dst);

@@ -107,7 +107,7 @@ fn malformed_block_lists_are_refused_with_clear_errors() {
     req.dst_blocks.pop();
     assert!(matches!(
         pair.a.submit(pair.now, req),
-        Err(Error::InvalidRequest(_))
+        Err(Error::InvalidBlocks(_))
     ));
     assert_eq!(pair.a.live_sessions(), 0);
 }

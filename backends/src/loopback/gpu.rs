@@ -9,7 +9,9 @@
 
 use std::ops::Range;
 
-use transfer_engine::{Error, MemoryRegion};
+use transfer_engine::MemoryRegion;
+
+use crate::TransportError;
 
 /// Moves bytes for the loopback consumer when either region is GPU memory.
 #[derive(Debug)]
@@ -40,11 +42,14 @@ impl GpuPlacer {
         src_range: Range<usize>,
         dst: &MemoryRegion,
         dst_range: Range<usize>,
-    ) -> Result<Option<u32>, Error> {
+    ) -> Result<Option<u32>, TransportError> {
         self.mover
             .place(src, src_range, dst, dst_range)
             .map(|report| report.crc32c)
-            .map_err(|e| Error::InvalidRequest(format!("GPU copy failed: {e}")))
+            .map_err(|e| TransportError::Device {
+                backend: "loopback",
+                message: format!("GPU copy failed: {e}"),
+            })
     }
 
     /// Without feature `cuda`, GPU memory cannot be moved: refused with a clear error.
@@ -55,15 +60,15 @@ impl GpuPlacer {
         _src_range: Range<usize>,
         dst: &MemoryRegion,
         _dst_range: Range<usize>,
-    ) -> Result<Option<u32>, Error> {
+    ) -> Result<Option<u32>, TransportError> {
         let kind = if src.kind().is_host() {
             dst.kind()
         } else {
             src.kind()
         };
-        Err(Error::InvalidRequest(format!(
-            "{kind} cannot be moved by the loopback backend: {}",
-            crate::NO_GPU_SUPPORT
-        )))
+        Err(TransportError::Unsupported {
+            backend: "loopback",
+            what: format!("move {kind}: {}", crate::NO_GPU_SUPPORT),
+        })
     }
 }

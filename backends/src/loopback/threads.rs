@@ -16,6 +16,7 @@ use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
 use super::credit::Credit;
 use super::gpu::GpuPlacer;
 use super::{CONSUMER, LoopbackEnd, PRODUCER};
+use crate::TransportError;
 use crate::node::log::Log;
 use crate::node::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
 
@@ -42,7 +43,7 @@ pub(super) enum Frame {
 /// log.
 #[derive(Debug)]
 pub(super) struct RefusalLog {
-    refused: Mutex<(VecDeque<Error>, u64)>,
+    refused: Mutex<(VecDeque<TransportError>, u64)>,
     pub(super) lines: Log,
 }
 
@@ -54,7 +55,8 @@ impl RefusalLog {
         }
     }
 
-    fn push(&self, e: Error) {
+    fn push(&self, e: impl Into<TransportError>) {
+        let e = e.into();
         self.lines.note(format!("refused a frame: {e}"));
         let mut log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         if log.0.len() >= KEEP_REFUSED {
@@ -64,7 +66,7 @@ impl RefusalLog {
         log.1 += 1;
     }
 
-    pub(super) fn snapshot(&self) -> (Vec<Error>, u64) {
+    pub(super) fn snapshot(&self) -> (Vec<TransportError>, u64) {
         let log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         (log.0.iter().cloned().collect(), log.1)
     }
@@ -296,15 +298,17 @@ fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, c
                     end.station
                         .engine()
                         .handle_data(Instant::now(), PRODUCER, &sealed, crc)
+                        .map_err(TransportError::from)
                 } else {
-                    Err(Error::InvalidRequest(
-                        "sealed header does not match the data it seals".into(),
+                    Err(TransportError::protocol(
+                        "loopback",
+                        "sealed header does not match the data it seals",
                     ))
                 }
             }
             // The data frame was refused (and recorded) already.
             (None, Ok(_)) => Ok(()),
-            (_, Err(e)) => Err(e.into()),
+            (_, Err(e)) => Err(Error::from(e).into()),
         },
         control => {
             receive_control(
@@ -333,10 +337,12 @@ fn receive_control(
     let result = match frame {
         Frame::Control(header, payload) => Header::decode(&header)
             .map_err(Error::from)
-            .and_then(|h| engine.handle_frame(now, from, &h, &payload)),
+            .and_then(|h| engine.handle_frame(now, from, &h, &payload))
+            .map_err(TransportError::from),
         Frame::Wake => Ok(()),
-        Frame::Data(..) | Frame::Seal(_) => Err(Error::InvalidRequest(
-            "data frame sent towards the producer".into(),
+        Frame::Data(..) | Frame::Seal(_) => Err(TransportError::protocol(
+            "loopback",
+            "data frame sent towards the producer",
         )),
     };
     if let Err(e) = result {
@@ -352,20 +358,19 @@ fn place(
     header: &[u8; HEADER_LEN],
     src_memory: &MemoryRegion,
     src_range: Range<usize>,
-) -> Result<Placed, Error> {
-    let header = Header::decode(header)?;
+) -> Result<Placed, TransportError> {
+    let header = Header::decode(header).map_err(Error::from)?;
     let unsealed_source = !src_memory.kind().is_host();
     let target = end.station.engine().destination(PRODUCER, &header)?;
     let crc = match target {
         Some((dst_memory, dst_range)) => {
             if dst_memory.same_memory(src_memory) {
-                return Err(Error::InvalidRequest(
-                    "source and destination are the same memory".into(),
-                ));
+                return Err(Error::SameRegion.into());
             }
             if src_range.len() != dst_range.len() {
-                return Err(Error::InvalidRequest(
-                    "payload length differs from its placement".into(),
+                return Err(TransportError::protocol(
+                    "loopback",
+                    "payload length differs from its placement",
                 ));
             }
             if GpuPlacer::needed(src_memory, &dst_memory) {
@@ -375,9 +380,11 @@ fn place(
                 // Both views at once, in the one order every holder of two views keeps: the pair's two
                 // directions place at the same time when both ends save and load.
                 Some(
-                    src_memory.with_views(src_range, &dst_memory, dst_range, |src, dst| {
-                        transfer_engine::copy_and_crc32c(dst, src)
-                    })?,
+                    src_memory
+                        .with_views(src_range, &dst_memory, dst_range, |src, dst| {
+                            transfer_engine::copy_and_crc32c(dst, src)
+                        })
+                        .map_err(|e| e.refused_from(PRODUCER))?,
                 )
             }
         }

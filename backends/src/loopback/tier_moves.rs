@@ -13,7 +13,8 @@ use std::time::Duration;
 use transfer_engine::policy::{BlockKey, Tier, TierMove};
 use transfer_engine::{BlockId, KvLayout, MemoryRegion, RegionHandle, TransferRequest};
 
-use super::{CONSUMER, LoopbackError, LoopbackPair};
+use super::{CONSUMER, LoopbackPair, stalled};
+use crate::TransportError;
 
 /// Each tier's region, as the producer and the consumer registered it.
 #[derive(Debug, Default)]
@@ -46,7 +47,7 @@ impl TierRegions {
         tier: Tier,
         layout: KvLayout,
         memory: MemoryRegion,
-    ) -> Result<(), LoopbackError> {
+    ) -> Result<(), TransportError> {
         let sending = pair.producer().register_kv_region(layout, memory.clone())?;
         let receiving = pair.consumer().register_kv_region(layout, memory)?;
         self.regions.insert(tier, (sending, receiving));
@@ -73,7 +74,7 @@ impl LoopbackPair {
         moves: &[TierMove],
         mut locate: impl FnMut(BlockKey, Tier) -> Option<u32>,
         deadline: Duration,
-    ) -> Result<Vec<TierMoveReport>, LoopbackError> {
+    ) -> Result<Vec<TierMoveReport>, TransportError> {
         let limit = deadline + Duration::from_secs(5);
         let mut results: Vec<Result<(), String>> = vec![Ok(()); moves.len()];
         let mut batches: BTreeMap<(Tier, Tier), Batch> = BTreeMap::new();
@@ -135,10 +136,7 @@ impl LoopbackPair {
                 for s in &pending {
                     let _ = self.cancel(*s); // nothing left running behind the error
                 }
-                return Err(LoopbackError::Stalled {
-                    pending: pending.len(),
-                    waited: limit,
-                });
+                return Err(stalled(pending.len(), limit));
             }
         };
         // Why the consumer refused a unit during these moves (a GPU move without a driver, say).

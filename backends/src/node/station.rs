@@ -55,14 +55,10 @@ impl Station {
     pub(crate) fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, Error> {
         let result = self.engine().consume_layer(Instant::now(), session, layer);
         match result {
-            Err(Error::UnknownSession(_)) => {
-                self.board
-                    .layer_done(session, layer)
-                    .ok_or(Error::InvalidRequest(format!(
-                        "session {session} is not a session this node receives, or has no layer \
-                         {layer}"
-                    )))
-            }
+            Err(Error::UnknownSession(_)) => self
+                .board
+                .layer_done(session, layer)
+                .ok_or(Error::UnknownSession(session)),
             other => other,
         }
     }

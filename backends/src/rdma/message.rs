@@ -18,7 +18,7 @@
 use transfer_engine::RegionHandle;
 use transfer_engine::wire::{HEADER_LEN, Header};
 
-use super::RdmaError;
+use crate::TransportError;
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
 
 /// The version of this message set (2: layouts in the core's encoding, with its dtype codes; 3: ping and
@@ -145,9 +145,9 @@ impl Message {
     }
 
     /// Decodes a message: the sender's engine id and the message.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<(u32, Message), RdmaError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<(u32, Message), TransportError> {
         Self::decode_fields(&mut ByteReader::new(bytes, "RDMA message"))
-            .map_err(RdmaError::Protocol)
+            .map_err(|m| TransportError::protocol("rdma", m))
     }
 
     fn decode_fields(r: &mut ByteReader<'_>) -> Result<(u32, Message), String> {

@@ -62,7 +62,8 @@ mod wait;
 
 use std::time::Duration;
 
-use transfer_engine::{EngineConfig, PeerId};
+use crate::TransportError;
+use transfer_engine::EngineConfig;
 
 pub use ffi::{ProviderInfo, parked_endpoints};
 pub use in_place::{HostMemoryAccess, InPlace};
@@ -174,56 +175,22 @@ pub fn rdma_engine_config(engine_id: u32) -> EngineConfig {
     crate::tcp::tcp_engine_config(engine_id)
 }
 
-/// Errors of the RDMA backend.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum RdmaError {
-    /// A libfabric call failed.
-    #[error("{call} failed: {message} ({code})")]
-    Fabric {
-        /// The call.
-        call: &'static str,
-        /// Its return code (a negative `FI_E*`).
-        code: i64,
-        /// libfabric's text for it.
-        message: String,
-    },
-    /// No provider fits; the text names what was found.
-    #[error("no usable libfabric provider: {0}")]
-    NoProvider(String),
-    /// The configuration is not usable.
-    #[error("invalid RDMA configuration: {0}")]
-    Config(String),
-    /// A peer sent something this node cannot use.
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    /// A registration id this endpoint does not hold.
-    #[error("unknown memory registration {0}")]
-    UnknownRegistration(u32),
-    /// The engine refused a command.
-    #[error(transparent)]
-    Engine(#[from] transfer_engine::Error),
-    /// A wait on the receiving or sending side ended without its answer.
-    #[error(transparent)]
-    Wait(#[from] crate::board::WaitError),
-    /// The peer was found unreachable (see [`RdmaConfig::unreachable_after`]) and has sent nothing since:
-    /// new sessions to it are refused at once until it answers again ([`RdmaNode::connect`] asks it to).
-    #[error("peer unreachable: {0}")]
-    Unreachable(String),
-    /// No hello/welcome exchange with this peer yet, or it does not offer the region.
-    #[error("no route to peer {0:?}: {1}")]
-    NoRoute(PeerId, String),
-    /// A wait ran out of time.
-    #[error("{what} did not finish within {waited:?}")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// How long.
-        waited: Duration,
-    },
-    /// The node is shut down.
-    #[error("the node is shut down")]
-    Closed,
+/// No libfabric provider fits; `found` names what was found.
+pub(crate) fn no_provider(found: String) -> TransportError {
+    TransportError::config("rdma", format!("no usable libfabric provider: {found}"))
+}
+
+/// A memory registration this endpoint does not hold: this node's own bookkeeping failed.
+pub(crate) fn unknown_registration(id: u32) -> TransportError {
+    own(format!("unknown memory registration {id}"))
+}
+
+/// This node's own I/O or bookkeeping failed (a completion error, no free slot, a thread).
+pub(crate) fn own(message: impl Into<String>) -> TransportError {
+    TransportError::Io {
+        backend: "rdma",
+        message: message.into(),
+    }
 }
 
 /// Bits of a token that count; the rest is the writer's tag.

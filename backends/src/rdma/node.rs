@@ -16,7 +16,7 @@ use super::message::RdmaSegment;
 use super::provider::resolve;
 use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, ToRegister, lock, peer_info};
 use super::units::UnitCopies;
-use super::{RdmaConfig, RdmaError, driver};
+use super::{RdmaConfig, driver};
 use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, driver::Sealed};
@@ -87,7 +87,7 @@ impl Driver for RdmaDriver {
                     ),
                 });
             }
-            Ok(connect(&self.shared, name).await?)
+            connect(&self.shared, name).await
         })
     }
 
@@ -163,27 +163,30 @@ impl Driver for RdmaDriver {
     /// The peer must have been reached and must offer the destination region.
     fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
         if let Some(quiet) = self.shared.stuck() {
-            return Err(Shared::stuck_error(quiet).into());
+            return Err(Shared::stuck_error(quiet));
         }
         if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(RdmaError::Unreachable(reason.clone()).into());
+            return Err(TransportError::Unreachable(reason.clone()));
         }
         {
             let routes = lock(&self.shared.routes);
             let route = routes
                 .get(&req.peer)
-                .ok_or_else(|| RdmaError::NoRoute(req.peer, "connect to it first".into()))?;
+                .ok_or_else(|| TransportError::NoRoute {
+                    peer: req.peer,
+                    why: "connect to it first".into(),
+                })?;
             if route.write_tag.is_none() {
-                return Err(
-                    RdmaError::NoRoute(req.peer, "its welcome has not arrived yet".into()).into(),
-                );
+                return Err(TransportError::NoRoute {
+                    peer: req.peer,
+                    why: "its welcome has not arrived yet".into(),
+                });
             }
             if !route.segments.iter().any(|s| s.handle.id == req.dst_region) {
-                return Err(RdmaError::NoRoute(
-                    req.peer,
-                    format!("it does not offer region {}", req.dst_region),
-                )
-                .into());
+                return Err(TransportError::NoRoute {
+                    peer: req.peer,
+                    why: format!("it does not offer region {}", req.dst_region),
+                });
             }
         }
         let (dst, layout) = (req.dst_region, req.dst_layout);
@@ -225,15 +228,17 @@ impl Driver for RdmaDriver {
 
 impl Node<RdmaDriver> {
     /// Opens an endpoint on the configured provider and starts the node's driver thread.
-    pub fn start(cfg: RdmaConfig) -> Result<Self, RdmaError> {
+    pub fn start(cfg: RdmaConfig) -> Result<Self, TransportError> {
         if cfg.window_units == 0 || cfg.window_bytes == 0 || cfg.max_write_bytes == 0 {
-            return Err(RdmaError::Config(
-                "the window and the largest write must be non-zero".into(),
+            return Err(TransportError::config(
+                "rdma",
+                "the window and the largest write must be non-zero",
             ));
         }
         if cfg.slot_bytes < 256 || cfg.send_slots == 0 || cfg.recv_slots == 0 {
-            return Err(RdmaError::Config(
-                "message slots must be at least 256 bytes, and there must be some".into(),
+            return Err(TransportError::config(
+                "rdma",
+                "message slots must be at least 256 bytes, and there must be some",
             ));
         }
         let (provider, domain) = resolve(&cfg.provider, cfg.domain.as_deref(), cfg.gpu_memory)?;
@@ -268,7 +273,7 @@ impl Node<RdmaDriver> {
         let thread = std::thread::Builder::new()
             .name(format!("rdma-{}", shared.engine_id))
             .spawn(move || driver::run(ep, &driver_shared))
-            .map_err(|e| RdmaError::Config(format!("cannot start the driver thread: {e}")))?;
+            .map_err(|e| super::own(format!("cannot start the driver thread: {e}")))?;
         let node = Node::from_driver(RdmaDriver {
             shared,
             thread: Mutex::new(Some(thread)),
@@ -278,7 +283,7 @@ impl Node<RdmaDriver> {
         let watch = std::thread::Builder::new()
             .name(format!("rdma-watch-{}", node.shared().engine_id))
             .spawn(move || super::stuck::watch(&watched))
-            .map_err(|e| RdmaError::Config(format!("cannot start the driver's watch: {e}")))?;
+            .map_err(|e| super::own(format!("cannot start the driver's watch: {e}")))?;
         *lock(&node.driver().watch) = Some(watch);
         Ok(node)
     }
@@ -316,7 +321,7 @@ impl Node<RdmaDriver> {
 
     /// Reaches the node at endpoint address `address` (its [`RdmaNode::address`]): exchanges addresses,
     /// tags and published regions.
-    pub async fn connect(&self, address: &[u8]) -> Result<PeerInfo, RdmaError> {
+    pub async fn connect(&self, address: &[u8]) -> Result<PeerInfo, TransportError> {
         connect(self.shared(), address).await
     }
 
@@ -330,27 +335,27 @@ impl Node<RdmaDriver> {
 }
 
 /// Reaches the node at endpoint address `address` (see [`RdmaNode::connect`]).
-async fn connect(shared: &Shared, address: &[u8]) -> Result<PeerInfo, RdmaError> {
+async fn connect(shared: &Shared, address: &[u8]) -> Result<PeerInfo, TransportError> {
     let (tx, rx) = oneshot::channel();
     shared.command(Command::Connect(address.to_vec(), tx));
     let limit = shared.cfg.connect_timeout;
     match tokio::time::timeout(limit, rx).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(RdmaError::Closed),
-        Err(_) => Err(RdmaError::Timeout {
+        Ok(Err(_)) => Err(TransportError::Closed),
+        Err(_) => Err(TransportError::Timeout {
             what: "the hello/welcome exchange".into(),
             waited: limit,
         }),
     }
 }
 
-/// The driver's answer on `rx`; [`RdmaError::Closed`] when it stopped, the stuck error when it is
+/// The driver's answer on `rx`; [`TransportError::Closed`] when it stopped, the stuck error when it is
 /// stuck in a provider call (see [`super::RdmaConfig::stuck_after`]).
-fn driver_reply<T>(shared: &Shared, rx: &mpsc::Receiver<T>) -> Result<T, RdmaError> {
+fn driver_reply<T>(shared: &Shared, rx: &mpsc::Receiver<T>) -> Result<T, TransportError> {
     loop {
         match rx.recv_timeout(super::stuck::TICK) {
             Ok(answer) => return Ok(answer),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(RdmaError::Closed),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(TransportError::Closed),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if let Some(quiet) = shared.stuck() {
                     return Err(Shared::stuck_error(quiet));

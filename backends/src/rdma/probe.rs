@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::MemoryRegion;
 
-use super::RdmaError;
 use super::ffi::{Completion, Endpoint, guarded_region};
 use super::provider::{Provider, resolve};
 use super::wait::Waiter;
+use crate::TransportError;
 
-fn pair(provider: &Provider, domain: Option<&str>) -> Result<(Endpoint, Endpoint), RdmaError> {
+fn pair(provider: &Provider, domain: Option<&str>) -> Result<(Endpoint, Endpoint), TransportError> {
     let (name, domain) = resolve(provider, domain, false)?;
     let a = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096, false)?;
     let b = Endpoint::open(&name, domain.as_deref(), 16, 16, 4096, false)?;
@@ -31,7 +31,7 @@ pub fn provider_limit_gbps(
     window: usize,
     total_bytes: u64,
     delivery_complete: bool,
-) -> Result<f64, RdmaError> {
+) -> Result<f64, TransportError> {
     let (mut a, mut b) = pair(provider, domain)?;
     let span = unit_bytes.max(1) * window.max(1);
     let src = MemoryRegion::from_vec((0..span).map(|i| i as u8).collect());
@@ -45,7 +45,7 @@ pub fn provider_limit_gbps(
     let stop = Arc::new(AtomicBool::new(false));
     let target = {
         let (landed, stop) = (landed.clone(), stop.clone());
-        std::thread::spawn(move || -> Result<Endpoint, RdmaError> {
+        std::thread::spawn(move || -> Result<Endpoint, TransportError> {
             let mut done = Vec::new();
             let mut waiter = Waiter::default();
             while !stop.load(Ordering::Relaxed) {
@@ -113,14 +113,16 @@ pub fn provider_limit_gbps(
     stop.store(true, Ordering::Relaxed);
     let target_result = target.join();
     if let Some(e) = failure {
-        return Err(RdmaError::Protocol(format!("a write failed: {e}")));
+        return Err(super::own(format!("a write failed: {e}")));
     }
     match target_result {
         Ok(r) => drop(r?),
-        Err(_) => return Err(RdmaError::Protocol("the target thread panicked".into())),
+        Err(_) => {
+            return Err(super::own("the target thread panicked"));
+        }
     }
     if landed.load(Ordering::Relaxed) < units {
-        return Err(RdmaError::Timeout {
+        return Err(TransportError::Timeout {
             what: "the provider limit run".into(),
             waited: limit,
         });
@@ -159,7 +161,10 @@ pub struct ProbeReport {
 /// Writes into a peer's registered region once correctly, once with a wrong key and once past its end
 /// (each refused write on a fresh pair of endpoints, as a provider may drop the connection after one), and
 /// reports how the provider answered each and whether any byte outside the valid write changed.
-pub fn probe_refusals(provider: &Provider, domain: Option<&str>) -> Result<ProbeReport, RdmaError> {
+pub fn probe_refusals(
+    provider: &Provider,
+    domain: Option<&str>,
+) -> Result<ProbeReport, TransportError> {
     const LEN: usize = 4096;
     let (whole, region) = guarded_region(LEN);
     let src = MemoryRegion::from_vec(vec![0xAB; 2 * LEN]);
@@ -178,7 +183,7 @@ pub fn probe_refusals(provider: &Provider, domain: Option<&str>) -> Result<Probe
             1 => (256, 256, key ^ 0x5A5A_0000_DEAD_0000),
             _ => (LEN as u64 - 128, 1024, key),
         };
-        let mut collect = |b: &mut Endpoint| -> Result<(), RdmaError> {
+        let mut collect = |b: &mut Endpoint| -> Result<(), TransportError> {
             let mut done = Vec::new();
             b.poll(&mut done)?;
             for c in done {

@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-use super::RdmaError;
 use super::ffi::{ProviderInfo, providers};
+use crate::TransportError;
+use crate::rdma::no_provider;
 
 /// Which libfabric provider a node uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +50,7 @@ fn full_name(short: &str) -> String {
 }
 
 /// Every provider offering reliable datagram endpoints with messages and RMA writes here.
-pub fn available_providers() -> Result<Vec<ProviderInfo>, RdmaError> {
+pub fn available_providers() -> Result<Vec<ProviderInfo>, TransportError> {
     providers(None, None, false)
 }
 
@@ -78,7 +79,7 @@ pub(crate) fn resolve(
     choice: &Provider,
     domain: Option<&str>,
     hmem: bool,
-) -> Result<(String, Option<String>), RdmaError> {
+) -> Result<(String, Option<String>), TransportError> {
     let found = providers(None, None, hmem)?;
     let fits = |name: &str| {
         found
@@ -91,7 +92,7 @@ pub(crate) fn resolve(
             if fits(&name) {
                 Ok((name, domain.map(str::to_owned)))
             } else {
-                Err(RdmaError::NoProvider(format!(
+                Err(no_provider(format!(
                     "{name}{} does not offer reliable datagram endpoints with RMA{} here; {}",
                     domain
                         .map(|d| format!(" on domain {d}"))
@@ -116,7 +117,7 @@ pub(crate) fn resolve(
                 .find(|n| fits(n))
                 .map(|n| (n.to_owned(), domain.map(str::to_owned)))
                 .ok_or_else(|| {
-                    RdmaError::NoProvider(format!(
+                    no_provider(format!(
                         "none of efa, verbs, {}tcp fits{}; {}",
                         if *same_host { "shm, " } else { "" },
                         domain

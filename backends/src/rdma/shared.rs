@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use tokio::sync::oneshot;
 use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionId, SessionId};
 
+use super::RdmaConfig;
 use super::ffi::{DmaBuffer, MrId, ProviderInfo};
 use super::message::RdmaSegment;
-use super::{RdmaConfig, RdmaError};
+use crate::TransportError;
 use crate::node::log::Log;
 use crate::node::station::Station;
 
@@ -93,9 +94,12 @@ pub(crate) enum ToRegister {
 
 /// What API calls ask of the driver thread (which alone touches the endpoint).
 pub(crate) enum Command {
-    Register(ToRegister, mpsc::Sender<Result<LocalRegion, RdmaError>>),
+    Register(
+        ToRegister,
+        mpsc::Sender<Result<LocalRegion, TransportError>>,
+    ),
     Deregister(MrId),
-    Connect(Vec<u8>, oneshot::Sender<Result<PeerInfo, RdmaError>>),
+    Connect(Vec<u8>, oneshot::Sender<Result<PeerInfo, TransportError>>),
 }
 
 /// State shared by the API and the driver thread.

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::PeerId;
 
-use super::RdmaError;
 use super::shared::{Shared, lock};
+use crate::TransportError;
 
 /// How often the watch looks.
 pub(super) const TICK: Duration = Duration::from_millis(100);
@@ -28,8 +28,8 @@ impl Shared {
     }
 
     /// The error for calls that need a stuck driver.
-    pub(crate) fn stuck_error(quiet: Duration) -> RdmaError {
-        RdmaError::Unreachable(format!(
+    pub(crate) fn stuck_error(quiet: Duration) -> TransportError {
+        TransportError::Unreachable(format!(
             "the node's provider has not returned from a call for {:.1} s (a peer process that died \
              inside a call on shared memory leaves it spinning); restart the node",
             quiet.as_secs_f64()

@@ -19,8 +19,8 @@ use std::ops::Range;
 use transfer_engine::MemoryKind;
 use transfer_engine::MemoryRegion;
 
-use super::RdmaError;
 use super::ffi::DmaBuffer;
+use crate::TransportError;
 
 /// Bytes copied and checksummed at a time between a host region and its mirror: each piece is checksummed
 /// while it is still in cache.
@@ -41,7 +41,7 @@ impl UnitCopies {
         src: &MemoryRegion,
         mirror: &DmaBuffer,
         range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         if !src.kind().is_host() {
             return self.device_out(src, mirror, range);
         }
@@ -63,7 +63,7 @@ impl UnitCopies {
         mirror: &DmaBuffer,
         dst: &MemoryRegion,
         range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         if !dst.kind().is_host() {
             return self.device_in(mirror, dst, range);
         }
@@ -83,7 +83,7 @@ impl UnitCopies {
         &mut self,
         memory: &MemoryRegion,
         range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         if memory.kind().is_host() {
             return Ok(memory.crc32c(range)?);
         }
@@ -92,17 +92,26 @@ impl UnitCopies {
 
     /// Checks that units in memory of GPU `ordinal` can be checksummed and staged here (a build with feature
     /// `cuda`, a driver, the GPU).
-    pub(crate) fn check_device(ordinal: u32) -> Result<(), RdmaError> {
-        crate::check_gpu(ordinal)
-            .map_err(|why| RdmaError::Config(format!("GPU {ordinal} cannot be used: {why}")))
+    pub(crate) fn check_device(ordinal: u32) -> Result<(), TransportError> {
+        crate::check_gpu(ordinal).map_err(|why| TransportError::Device {
+            backend: "rdma",
+            message: format!("GPU {ordinal} cannot be used: {why}"),
+        })
     }
 
     #[cfg(feature = "cuda")]
-    fn device(&mut self, memory: &MemoryRegion, range: Range<usize>) -> Result<u32, RdmaError> {
+    fn device(
+        &mut self,
+        memory: &MemoryRegion,
+        range: Range<usize>,
+    ) -> Result<u32, TransportError> {
         self.gpu
             .get_or_insert_with(gpu::DeviceCopies::new)
             .crc32c(memory, range)
-            .map_err(|e| RdmaError::Config(format!("checksumming GPU bytes: {e}")))
+            .map_err(|e| TransportError::Device {
+                backend: "rdma",
+                message: format!("checksumming GPU bytes: {e}"),
+            })
     }
 
     #[cfg(feature = "cuda")]
@@ -111,11 +120,14 @@ impl UnitCopies {
         src: &MemoryRegion,
         mirror: &DmaBuffer,
         range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         self.gpu
             .get_or_insert_with(gpu::DeviceCopies::new)
             .out_to(src, mirror, range)
-            .map_err(|e| RdmaError::Config(format!("staging GPU bytes: {e}")))
+            .map_err(|e| TransportError::Device {
+                backend: "rdma",
+                message: format!("staging GPU bytes: {e}"),
+            })
     }
 
     #[cfg(feature = "cuda")]
@@ -124,15 +136,18 @@ impl UnitCopies {
         mirror: &DmaBuffer,
         dst: &MemoryRegion,
         range: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         self.gpu
             .get_or_insert_with(gpu::DeviceCopies::new)
             .in_from(mirror, dst, range)
-            .map_err(|e| RdmaError::Config(format!("staging GPU bytes: {e}")))
+            .map_err(|e| TransportError::Device {
+                backend: "rdma",
+                message: format!("staging GPU bytes: {e}"),
+            })
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn device(&mut self, memory: &MemoryRegion, _: Range<usize>) -> Result<u32, RdmaError> {
+    fn device(&mut self, memory: &MemoryRegion, _: Range<usize>) -> Result<u32, TransportError> {
         Err(no_gpu(memory.kind()))
     }
 
@@ -142,7 +157,7 @@ impl UnitCopies {
         src: &MemoryRegion,
         _: &DmaBuffer,
         _: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         Err(no_gpu(src.kind()))
     }
 
@@ -152,23 +167,29 @@ impl UnitCopies {
         _: &DmaBuffer,
         dst: &MemoryRegion,
         _: Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         Err(no_gpu(dst.kind()))
     }
 }
 
 /// A unit's range that does not lie inside its region's mirror (the two have the same length, so this is a
 /// bug, reported rather than copied past the end).
-fn outside(mirror: &DmaBuffer, range: &Range<usize>) -> RdmaError {
-    RdmaError::Config(format!(
-        "bytes {range:?} do not lie inside a mirror of {} bytes",
-        mirror.len()
-    ))
+fn outside(mirror: &DmaBuffer, range: &Range<usize>) -> TransportError {
+    TransportError::Io {
+        backend: "rdma",
+        message: format!(
+            "bytes {range:?} do not lie inside a mirror of {} bytes",
+            mirror.len()
+        ),
+    }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn no_gpu(kind: MemoryKind) -> RdmaError {
-    RdmaError::Config(format!("{kind} cannot be used: {}", crate::NO_GPU_SUPPORT))
+fn no_gpu(kind: MemoryKind) -> TransportError {
+    TransportError::Unsupported {
+        backend: "rdma",
+        what: format!("use {kind}: {}", crate::NO_GPU_SUPPORT),
+    }
 }
 
 #[cfg(feature = "cuda")]

@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use super::RdmaError;
 use super::ffi::{Completion, Endpoint};
+use crate::TransportError;
 
 /// Polls in a row before the first nap.
 const SPIN_POLLS: u32 = 200;
@@ -45,7 +45,7 @@ impl Waiter {
         busy: bool,
         idle: Duration,
         out: &mut Vec<Completion>,
-    ) -> Result<usize, RdmaError> {
+    ) -> Result<usize, TransportError> {
         if !busy {
             // Not `fi_cq_sread`: on shm it spins inside libfabric (two idle shm nodes took 1.98 cores
             // here); a nap of at most IDLE_NAP between polls costs well under 1% of a core.

@@ -17,7 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use transfer_engine::{Error, MemoryRegion};
+use transfer_engine::MemoryRegion;
+
+use crate::TransportError;
 
 use super::wire::GPU_HANDLE_LEN;
 
@@ -50,14 +52,14 @@ impl GpuGrants {
         address: u64,
         len: u64,
         handle: Box<[u8; GPU_HANDLE_LEN]>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TransportError> {
         if self.grants.len() >= MAX_GPU_GRANTS && !self.grants.contains_key(&address) {
-            return Err(Error::InvalidRequest(format!(
+            return Err(broken(format!(
                 "a GPU grant beyond the {MAX_GPU_GRANTS} a peer may make"
             )));
         }
         if len == 0 || address.checked_add(len).is_none() {
-            return Err(Error::InvalidRequest(format!(
+            return Err(broken(format!(
                 "a GPU grant of {len} bytes at {address:#x}"
             )));
         }
@@ -95,7 +97,7 @@ impl GpuGrants {
         _address: u64,
         _dst: &MemoryRegion,
         _range: std::ops::Range<usize>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TransportError> {
         Err(no_cuda())
     }
 
@@ -105,22 +107,40 @@ impl GpuGrants {
         _src: &[u8],
         _dst: &MemoryRegion,
         _range: std::ops::Range<usize>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TransportError> {
         Err(no_cuda())
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn no_cuda() -> Error {
-    Error::InvalidRequest(
-        "a unit from or to GPU memory, and this node was built without the `cuda` feature".into(),
-    )
+fn no_cuda() -> TransportError {
+    TransportError::Unsupported {
+        backend: "shm",
+        what: format!(
+            "place a unit from or to GPU memory: {}",
+            crate::NO_GPU_SUPPORT
+        ),
+    }
+}
+
+/// A grant or unit the peer should not have sent.
+fn broken(message: String) -> TransportError {
+    TransportError::protocol("shm", message)
+}
+
+/// A GPU grant this node holds but cannot use.
+#[cfg(feature = "cuda")]
+fn own(message: &str) -> TransportError {
+    TransportError::Io {
+        backend: "shm",
+        message: message.into(),
+    }
 }
 
 #[cfg(feature = "cuda")]
 impl GpuGrants {
     /// The GPU of `ordinal`, opened once.
-    fn gpu(&mut self, ordinal: u32) -> Result<crate::cuda::Gpu, Error> {
+    fn gpu(&mut self, ordinal: u32) -> Result<crate::cuda::Gpu, TransportError> {
         if let Some(gpu) = self.gpus.get(&ordinal) {
             return Ok(gpu.clone());
         }
@@ -136,9 +156,9 @@ impl GpuGrants {
         address: u64,
         dst: &MemoryRegion,
         range: std::ops::Range<usize>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TransportError> {
         let (start, offset) = self.find(address, range.len()).ok_or_else(|| {
-            Error::InvalidRequest(format!(
+            broken(format!(
                 "{} bytes at {address:#x} are not in GPU memory the peer granted",
                 range.len()
             ))
@@ -151,10 +171,10 @@ impl GpuGrants {
         let grant = self
             .grants
             .get_mut(&start)
-            .ok_or_else(|| Error::InvalidRequest("a GPU grant vanished".into()))?;
+            .ok_or_else(|| own("a GPU grant vanished"))?;
         if grant.mapping.is_none() {
             let len = usize::try_from(grant.len)
-                .map_err(|_| Error::InvalidRequest("a GPU grant longer than memory".into()))?;
+                .map_err(|_| broken("a GPU grant longer than memory".into()))?;
             let mapping =
                 crate::cuda::IpcMapping::open(&gpu, &grant.handle, len).map_err(cuda_refusal)?;
             grant.mapping = Some(mapping);
@@ -162,7 +182,7 @@ impl GpuGrants {
         let mapping = grant
             .mapping
             .as_ref()
-            .ok_or_else(|| Error::InvalidRequest("a GPU grant could not be opened".into()))?;
+            .ok_or_else(|| own("a GPU grant could not be opened"))?;
         mapping.copy_to(offset, dst, range).map_err(cuda_refusal)
     }
 
@@ -172,11 +192,9 @@ impl GpuGrants {
         src: &[u8],
         dst: &MemoryRegion,
         range: std::ops::Range<usize>,
-    ) -> Result<(), Error> {
+    ) -> Result<(), TransportError> {
         let transfer_engine::MemoryKind::Device { ordinal } = dst.kind() else {
-            return Err(Error::InvalidRequest(
-                "an upload into memory that is not a GPU's".into(),
-            ));
+            return Err(own("an upload into memory that is not a GPU's"));
         };
         self.gpu(ordinal)?
             .upload(src, dst, range)
@@ -184,11 +202,14 @@ impl GpuGrants {
     }
 }
 
-/// A CUDA failure as the engine's refusal of the unit (it is nacked, resent, and in the end handed back
-/// for recompute).
+/// A CUDA failure: the unit is not placed (the engine never hears of it, so it is resent, and in the end
+/// handed back for recompute).
 #[cfg(feature = "cuda")]
-fn cuda_refusal(e: crate::cuda::CudaError) -> Error {
-    Error::InvalidRequest(format!("a GPU copy failed: {e}"))
+fn cuda_refusal(e: crate::cuda::CudaError) -> TransportError {
+    TransportError::Device {
+        backend: "shm",
+        message: format!("a GPU copy failed: {e}"),
+    }
 }
 
 #[cfg(test)]

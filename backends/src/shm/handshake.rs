@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::ShmError;
 use super::cma::{self, Credentials};
 use super::hello::Hello;
+use super::io;
 use super::shared::Shared;
 use super::wire::Envelope;
+use crate::TransportError;
 
 /// How often the listener looks for connections (it also looks at the stop flag).
 const LISTEN_POLL: Duration = Duration::from_millis(20);
@@ -61,14 +62,15 @@ fn timeouts(stream: &UnixStream, limit: Option<Duration>) -> io::Result<()> {
 pub(crate) fn dial(
     shared: &Shared,
     path: &Path,
-) -> Result<(UnixStream, Credentials, Hello), ShmError> {
-    let mut stream = UnixStream::connect(path)
-        .map_err(|e| ShmError::Unreachable(format!("cannot connect to {}: {e}", path.display())))?;
-    timeouts(&stream, Some(shared.cfg.connect_timeout))?;
-    let creds = cma::peer_credentials(&stream)?;
+) -> Result<(UnixStream, Credentials, Hello), TransportError> {
+    let mut stream = UnixStream::connect(path).map_err(|e| {
+        TransportError::Unreachable(format!("cannot connect to {}: {e}", path.display()))
+    })?;
+    timeouts(&stream, Some(shared.cfg.connect_timeout)).map_err(io)?;
+    let creds = cma::peer_credentials(&stream).map_err(io)?;
     // The listener's user is checked before this node says anything to it.
     if !shared.cfg.allowed.allows(creds.uid) {
-        return Err(ShmError::Refused(format!(
+        return Err(TransportError::Refused(format!(
             "the node at {} runs as user {} (process {}), which is not allowed by this node's \
              credential rule ({:?})",
             path.display(),
@@ -77,34 +79,38 @@ pub(crate) fn dial(
             shared.cfg.allowed
         )));
     }
-    Envelope::Hello(shared.hello().encode()).write_to(&mut stream)?;
+    Envelope::Hello(shared.hello().encode())
+        .write_to(&mut stream)
+        .map_err(io)?;
     let welcome = match Envelope::read_from(&mut stream) {
-        Ok(Envelope::Welcome(body)) => Hello::decode(&body).map_err(ShmError::Refused)?,
+        Ok(Envelope::Welcome(body)) => {
+            Hello::decode(&body).map_err(|e| TransportError::protocol("shm", e))?
+        }
         Ok(Envelope::Refuse(reason)) => {
-            return Err(ShmError::Refused(format!(
+            return Err(TransportError::Refused(format!(
                 "{} refused this node: {reason}",
                 path.display()
             )));
         }
         Ok(other) => {
-            return Err(ShmError::Refused(format!(
-                "{} answered a hello with {other:?}",
-                path.display()
-            )));
+            return Err(TransportError::protocol(
+                "shm",
+                format!("{} answered a hello with {other:?}", path.display()),
+            ));
         }
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            return Err(ShmError::Refused(format!(
+            return Err(TransportError::Refused(format!(
                 "{} closed the connection during the handshake",
                 path.display()
             )));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(io(e)),
     };
     if let Err(why) = check_peer(shared, creds, &welcome) {
         super::wire::refuse(&mut stream, &why);
-        return Err(ShmError::Refused(why));
+        return Err(TransportError::Refused(why));
     }
-    timeouts(&stream, None)?;
+    timeouts(&stream, None).map_err(io)?;
     Ok((stream, creds, welcome))
 }
 
@@ -139,26 +145,26 @@ fn answer(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), String> {
 }
 
 /// Creates the listening socket at `path` (owner only), replacing a stale socket file there.
-pub(crate) fn listen(path: &Path) -> Result<UnixListener, ShmError> {
+pub(crate) fn listen(path: &Path) -> Result<UnixListener, TransportError> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(ShmError::Config(format!(
-                "{} exists and is not a socket",
-                path.display()
-            )));
+            return Err(TransportError::config(
+                "shm",
+                format!("{} exists and is not a socket", path.display()),
+            ));
         }
         if UnixStream::connect(path).is_ok() {
-            return Err(ShmError::Config(format!(
-                "a node is already listening at {}",
-                path.display()
-            )));
+            return Err(TransportError::config(
+                "shm",
+                format!("a node is already listening at {}", path.display()),
+            ));
         }
-        std::fs::remove_file(path)?;
+        std::fs::remove_file(path).map_err(io)?;
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    listener.set_nonblocking(true)?;
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    listener.set_nonblocking(true).map_err(io)?;
     Ok(listener)
 }
 

@@ -14,7 +14,9 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use transfer_engine::wire::Header;
-use transfer_engine::{Error, MemoryRegion, PeerId};
+use transfer_engine::{MemoryRegion, PeerId};
+
+use crate::TransportError;
 
 use super::cma::{self, Credentials};
 use super::context::Context;
@@ -246,11 +248,11 @@ fn read_loop(owner: &Weak<dyn LinkOwner>, link: &Link, stream: UnixStream) {
         };
         let ctx = owner.context();
         let result = match envelope {
-            Envelope::Control(h, payload) => {
-                ctx.station
-                    .engine()
-                    .handle_frame(Instant::now(), link.peer, &h, &payload)
-            }
+            Envelope::Control(h, payload) => ctx
+                .station
+                .engine()
+                .handle_frame(Instant::now(), link.peer, &h, &payload)
+                .map_err(TransportError::from),
             Envelope::Data(h, address) => {
                 let placed = place(ctx, link, &mut grants, h, address);
                 match placed {
@@ -304,16 +306,19 @@ struct Grants {
 
 impl Grants {
     /// Maps a granted region (replacing an earlier grant at the same address).
-    fn add(&mut self, address: u64, len: u64, fd: &OwnedFd) -> Result<(), Error> {
+    fn add(&mut self, address: u64, len: u64, fd: &OwnedFd) -> Result<(), TransportError> {
         if self.shared.len() >= MAX_GRANTS && !self.shared.contains_key(&address) {
-            return Err(Error::InvalidRequest(format!(
-                "a grant beyond the {MAX_GRANTS} a peer may make"
-            )));
+            return Err(TransportError::protocol(
+                "shm",
+                format!("a grant beyond the {MAX_GRANTS} a peer may make"),
+            ));
         }
         let len = usize::try_from(len)
-            .map_err(|_| Error::InvalidRequest("a grant longer than memory".into()))?;
-        let mapping = PeerMapping::map(fd, len)
-            .map_err(|e| Error::InvalidRequest(format!("a grant cannot be mapped: {e}")))?;
+            .map_err(|_| TransportError::protocol("shm", "a grant longer than memory"))?;
+        let mapping = PeerMapping::map(fd, len).map_err(|e| TransportError::Io {
+            backend: "shm",
+            message: format!("a grant cannot be mapped: {e}"),
+        })?;
         self.shared.insert(address, mapping);
         Ok(())
     }
@@ -365,7 +370,7 @@ fn place(
     grants: &mut Grants,
     header: Header,
     address: u64,
-) -> Result<Placed, Error> {
+) -> Result<Placed, TransportError> {
     let target = ctx.station.engine().destination(link.peer, &header)?;
     let Some((memory, range)) = target else {
         return Ok(Placed { header, crc: None });
@@ -377,7 +382,7 @@ fn place(
     } else if !memory.kind().is_host() {
         upload(ctx, link, grants, address, &memory, range)?
     } else {
-        let mut view = memory.write(range)?;
+        let mut view = memory.write(range).map_err(TransportError::from)?;
         pull_host(ctx, link, grants, address, &mut view)?
     };
     ctx.counters.units_pulled.fetch_add(1, Ordering::Relaxed);
@@ -398,7 +403,7 @@ fn pull_host(
     grants: &Grants,
     address: u64,
     dst: &mut [u8],
-) -> Result<u32, Error> {
+) -> Result<u32, TransportError> {
     let chunk = ctx.cfg.pull_chunk.max(4096);
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     let mut each = |piece: &[u8]| {
@@ -415,11 +420,12 @@ fn pull_host(
     } else {
         let mut at = address;
         for piece in dst.chunks_mut(chunk) {
-            cma::pull(link.creds.pid, at, piece).map_err(|e| {
-                Error::InvalidRequest(format!(
+            cma::pull(link.creds.pid, at, piece).map_err(|e| TransportError::Io {
+                backend: "shm",
+                message: format!(
                     "the unit's bytes at {at:#x} in process {} cannot be copied: {e}",
                     link.creds.pid
-                ))
+                ),
             })?;
             each(piece);
             at += piece.len() as u64;
@@ -442,7 +448,7 @@ fn upload(
     address: u64,
     memory: &MemoryRegion,
     range: Range<usize>,
-) -> Result<u32, Error> {
+) -> Result<u32, TransportError> {
     let chunk = ctx.cfg.pull_chunk.max(4096);
     let mut bounce = vec![0u8; chunk.min(range.len())];
     let mut crc = 0u32;
@@ -469,19 +475,29 @@ fn upload(
 }
 
 /// Hands a placed unit to the engine once its seal matches the header it was placed by.
-fn seal(ctx: &Context, link: &Link, placed: Option<Placed>, sealed: Header) -> Result<(), Error> {
+fn seal(
+    ctx: &Context,
+    link: &Link,
+    placed: Option<Placed>,
+    sealed: Header,
+) -> Result<(), TransportError> {
     let Some(placed) = placed else {
-        return Err(Error::InvalidRequest("a seal without its data unit".into()));
+        return Err(TransportError::protocol(
+            "shm",
+            "a seal without its data unit",
+        ));
     };
     let mut unsealed = sealed;
     unsealed.crc = placed.header.crc;
     if unsealed != placed.header {
-        return Err(Error::InvalidRequest(
-            "a seal does not match the data unit it seals".into(),
+        return Err(TransportError::protocol(
+            "shm",
+            "a seal does not match the data unit it seals",
         ));
     }
     let crc = placed.crc.unwrap_or(sealed.crc);
-    ctx.station
+    Ok(ctx
+        .station
         .engine()
-        .handle_data(Instant::now(), link.peer, &sealed, crc)
+        .handle_data(Instant::now(), link.peer, &sealed, crc)?)
 }

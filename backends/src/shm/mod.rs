@@ -67,7 +67,7 @@ mod wire;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use transfer_engine::{EngineConfig, PeerId};
+use transfer_engine::EngineConfig;
 
 pub use copy_path::CopyPath;
 pub use node::{ShmDriver, ShmNode, ShmStats};
@@ -160,45 +160,8 @@ impl ShmConfig {
     }
 }
 
-/// Errors of the same-host backend.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ShmError {
-    /// The configuration is not usable.
-    #[error("invalid shm configuration: {0}")]
-    Config(String),
-    /// A socket call failed.
-    #[error("shm socket I/O failed: {0}")]
-    Io(#[from] std::io::Error),
-    /// The peer refused this node, or broke the handshake or the protocol.
-    #[error("{0}")]
-    Refused(String),
-    /// The engine refused a command.
-    #[error(transparent)]
-    Engine(#[from] transfer_engine::Error),
-    /// A wait ended without its answer.
-    #[error(transparent)]
-    Wait(#[from] crate::board::WaitError),
-    /// The peer's process is gone (its socket closed): new sessions to it are refused until it is reached
-    /// again.
-    #[error("peer unreachable: {0}")]
-    Unreachable(String),
-    /// The peer was never reached, or does not offer the region.
-    #[error("no route to peer {0:?}: {1}")]
-    NoRoute(PeerId, String),
-    /// A wait ran out of time.
-    #[error("{what} did not finish within {waited:?}")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// How long.
-        waited: Duration,
-    },
-    /// The node is shut down.
-    #[error("the node is shut down")]
-    Closed,
-    /// GPU memory could not be shared (no driver, or the driver refused an export).
-    #[cfg(feature = "cuda")]
-    #[error(transparent)]
-    Cuda(#[from] crate::cuda::CudaError),
+/// A socket or system call of this backend failed: a peer that is gone is unreachable, anything else is
+/// this node's own I/O.
+fn io(e: std::io::Error) -> crate::TransportError {
+    crate::TransportError::io("shm", &e)
 }

@@ -13,7 +13,7 @@ use transfer_engine::{
 
 use super::memfd::SharedMemory;
 use super::shared::{Pool, Shared};
-use super::{ShmConfig, ShmError, driver, handshake};
+use super::{ShmConfig, driver, handshake, io};
 use crate::lock::lock;
 use crate::node::log::Log;
 use crate::node::station::Station;
@@ -98,7 +98,7 @@ impl Driver for ShmDriver {
             let PeerAddress::Shm(path) = address else {
                 return Err(TransportError::cannot_reach("shm", address));
             };
-            Ok(connect(&self.shared, path).await?)
+            connect(&self.shared, path).await
         })
     }
 
@@ -113,7 +113,7 @@ impl Driver for ShmDriver {
         if memory.kind().is_host() {
             return Ok(self.shared.station.register_kv_region(layout, memory)?);
         }
-        Ok(register_gpu_region(&self.shared, layout, memory)?)
+        register_gpu_region(&self.shared, layout, memory)
     }
 
     fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
@@ -133,18 +133,20 @@ impl Driver for ShmDriver {
     /// The peer must be linked and offer the destination region.
     fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
         if let Some(reason) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(ShmError::Unreachable(reason.clone()).into());
+            return Err(TransportError::Unreachable(reason.clone()));
         }
         match self.shared.peer_info(req.peer) {
             None => {
-                return Err(ShmError::NoRoute(req.peer, "connect to it first".into()).into());
+                return Err(TransportError::NoRoute {
+                    peer: req.peer,
+                    why: "connect to it first".into(),
+                });
             }
             Some(info) if !info.segments.iter().any(|s| s.handle.id == req.dst_region) => {
-                return Err(ShmError::NoRoute(
-                    req.peer,
-                    format!("it does not offer region {}", req.dst_region),
-                )
-                .into());
+                return Err(TransportError::NoRoute {
+                    peer: req.peer,
+                    why: format!("it does not offer region {}", req.dst_region),
+                });
             }
             Some(_) => {}
         }
@@ -175,10 +177,11 @@ impl Driver for ShmDriver {
 
 impl Node<ShmDriver> {
     /// Listens at the configured path (if any) and starts the driver.
-    pub fn start(cfg: ShmConfig) -> Result<Self, ShmError> {
+    pub fn start(cfg: ShmConfig) -> Result<Self, TransportError> {
         if cfg.pull_chunk == 0 || cfg.queue_frames == 0 || cfg.max_peers == 0 {
-            return Err(ShmError::Config(
-                "pull_chunk, queue_frames and max_peers must be non-zero".into(),
+            return Err(TransportError::config(
+                "shm",
+                "pull_chunk, queue_frames and max_peers must be non-zero",
             ));
         }
         let listener = cfg
@@ -233,8 +236,8 @@ impl Node<ShmDriver> {
     /// `len` zeroed bytes of shared memory (a sealed memfd) for a region: every peer this node links to
     /// is granted it, so the units sent from it cost the receiver one plain copy. Register it like any
     /// memory ([`ShmNode::register_kv_region`]); memory from elsewhere is copied by cross-memory attach.
-    pub fn shared_memory(&self, len: usize) -> Result<MemoryRegion, ShmError> {
-        let memory = SharedMemory::create(len)?;
+    pub fn shared_memory(&self, len: usize) -> Result<MemoryRegion, TransportError> {
+        let memory = SharedMemory::create(len).map_err(io)?;
         let pool = Pool {
             address: transfer_engine::RawMemory::as_ptr(&memory) as u64,
             len: len as u64,
@@ -247,7 +250,7 @@ impl Node<ShmDriver> {
 
     /// Reaches the node listening at `path`: checks its credentials and that this node may copy from it,
     /// and learns its engine id and segments. A peer already linked answers from its link.
-    pub async fn connect(&self, path: &Path) -> Result<PeerInfo, ShmError> {
+    pub async fn connect(&self, path: &Path) -> Result<PeerInfo, TransportError> {
         connect(self.shared(), path).await
     }
 
@@ -263,7 +266,7 @@ fn register_gpu_region(
     shared: &Shared,
     layout: KvLayout,
     memory: MemoryRegion,
-) -> Result<RegionHandle, ShmError> {
+) -> Result<RegionHandle, TransportError> {
     let export = crate::cuda::ipc_export(&memory)?;
     let handle = shared.station.register_kv_region(layout, memory)?;
     shared.add_gpu_region(handle.id, export.base, export.len, export.handle);
@@ -275,17 +278,21 @@ fn register_gpu_region(
     _shared: &Shared,
     _layout: KvLayout,
     memory: MemoryRegion,
-) -> Result<RegionHandle, ShmError> {
-    Err(ShmError::Config(format!(
-        "{:?} needs CUDA IPC, and this build has no `cuda` feature",
-        memory.kind()
-    )))
+) -> Result<RegionHandle, TransportError> {
+    Err(TransportError::config(
+        "shm",
+        format!(
+            "{:?} needs CUDA IPC: {}",
+            memory.kind(),
+            crate::NO_GPU_SUPPORT
+        ),
+    ))
 }
 
 /// Reaches the node listening at `path` (see [`ShmNode::connect`]).
-async fn connect(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, ShmError> {
+async fn connect(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, TransportError> {
     if let Some(link) = shared.link_at(path) {
-        return shared.peer_info(link.peer).ok_or(ShmError::Closed);
+        return shared.peer_info(link.peer).ok_or(TransportError::Closed);
     }
     let (tx, rx) = oneshot::channel();
     let dialer = shared.clone();
@@ -296,29 +303,32 @@ async fn connect(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, ShmError
     let limit = shared.cfg.connect_timeout * 2;
     match tokio::time::timeout(limit, rx).await {
         Ok(Ok(result)) => result,
-        Ok(Err(_)) => Err(ShmError::Closed),
-        Err(_) => Err(ShmError::Timeout {
+        Ok(Err(_)) => Err(TransportError::Closed),
+        Err(_) => Err(TransportError::Timeout {
             what: format!("the handshake with {}", path.display()),
             waited: limit,
         }),
     }
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, ShmError> {
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, TransportError> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(f)
-        .map_err(|e| ShmError::Config(format!("cannot start thread {name}: {e}")))
+        .map_err(|e| TransportError::Io {
+            backend: "shm",
+            message: format!("cannot start thread {name}: {e}"),
+        })
 }
 
 /// Dials `path` and links to the node there.
-fn dial(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, ShmError> {
+fn dial(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, TransportError> {
     let (stream, creds, mut welcome) = handshake::dial(shared, path)?;
     // The listener's own path is where it was reached, whatever its welcome says.
     welcome.path = Some(path.to_owned());
     let link = shared
         .admit(stream, creds, welcome, |_| Ok(()))
-        .map_err(ShmError::Refused)?;
+        .map_err(TransportError::Refused)?;
     Ok(PeerInfo {
         peer: link.peer,
         segments: link.segments.clone(),

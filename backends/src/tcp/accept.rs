@@ -21,7 +21,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use transfer_engine::PeerId;
 
-use super::TcpError;
 use super::group;
 use super::handshake::{self, Hello, Message, NO_TOKEN, TOKEN_LEN};
 use super::lane;
@@ -29,6 +28,7 @@ use super::peer_link::PeerLink;
 use super::served::{Asker, offer};
 use super::socket;
 use super::state::NodeState;
+use crate::TransportError;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
@@ -86,11 +86,11 @@ enum Failed {
     /// The peer has not been told: it is answered with a Reject carrying the reason.
     Unanswered(String),
     /// The peer was sent a Reject already (or sent one).
-    Answered(TcpError),
+    Answered(TransportError),
 }
 
-impl From<TcpError> for Failed {
-    fn from(e: TcpError) -> Self {
+impl From<TransportError> for Failed {
+    fn from(e: TransportError) -> Self {
         Self::Answered(e)
     }
 }
@@ -227,7 +227,7 @@ async fn welcome(
         }
         Err(reason) => {
             let _ = handshake::send(stream, &Message::Reject(reason.clone())).await;
-            Err(Failed::Answered(TcpError::Handshake(reason)))
+            Err(Failed::Answered(TransportError::Refused(reason)))
         }
     }
 }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::runtime::Runtime;
 use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, TransferRequest};
 
+use super::TcpConfig;
 use super::node::TcpNode;
 use super::state::PeerInfo;
-use super::{TcpConfig, TcpError};
 use crate::board::Outcome;
 use crate::transport::TransportError;
 
@@ -22,19 +22,20 @@ pub struct BlockingNode {
 
 impl BlockingNode {
     /// Starts a node on a new multi-threaded runtime (one worker per core).
-    pub fn start(cfg: TcpConfig) -> Result<Self, TcpError> {
+    pub fn start(cfg: TcpConfig) -> Result<Self, TransportError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .build()?;
+            .build()
+            .map_err(|e| TransportError::io("tcp", &e))?;
         Self::start_on(Arc::new(rt), cfg)
     }
 
     /// Starts a node on the runtime of `other` (nodes in one process share their worker threads).
-    pub fn start_beside(other: &BlockingNode, cfg: TcpConfig) -> Result<Self, TcpError> {
+    pub fn start_beside(other: &BlockingNode, cfg: TcpConfig) -> Result<Self, TransportError> {
         Self::start_on(other.rt.clone(), cfg)
     }
 
-    fn start_on(rt: Arc<Runtime>, cfg: TcpConfig) -> Result<Self, TcpError> {
+    fn start_on(rt: Arc<Runtime>, cfg: TcpConfig) -> Result<Self, TransportError> {
         let node = rt.block_on(TcpNode::start(cfg))?;
         Ok(Self {
             node: Some(node),
@@ -74,7 +75,7 @@ impl BlockingNode {
         &self,
         addr: std::net::SocketAddr,
         want: Option<KvLayout>,
-    ) -> Result<PeerInfo, TcpError> {
+    ) -> Result<PeerInfo, TransportError> {
         self.rt.block_on(self.node().connect(addr, want))
     }
 

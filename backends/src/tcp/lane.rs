@@ -11,7 +11,6 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use transfer_engine::{KvLayout, PeerId};
 
-use super::TcpError;
 use super::context::lock;
 use super::handshake::{self};
 use super::lane_state::LaneState;
@@ -19,6 +18,7 @@ use super::peer_link::{LaneHandle, PeerLink};
 use super::socket;
 use super::state::NodeState;
 use super::state::PeerInfo;
+use crate::TransportError;
 
 /// Dials `addr`, handshakes and starts a lane; the peer's id comes from its hello (checked against
 /// `expect` if given).
@@ -27,15 +27,17 @@ pub(crate) async fn dial(
     addr: SocketAddr,
     expect: Option<PeerId>,
     want: Option<KvLayout>,
-) -> Result<PeerInfo, TcpError> {
+) -> Result<PeerInfo, TransportError> {
     let limit = node.ctx.cfg.liveness.handshake_timeout;
     let mut stream = tokio::time::timeout(limit, TcpStream::connect(addr))
         .await
-        .map_err(|_| TcpError::Timeout {
+        .map_err(|_| TransportError::Timeout {
             what: format!("connecting to {addr}"),
             waited: limit,
-        })??;
-    socket::configure(&stream, addr.ip(), &node.ctx.cfg)?;
+        })?
+        .map_err(|e| TransportError::io("tcp", &e))?;
+    socket::configure(&stream, addr.ip(), &node.ctx.cfg)
+        .map_err(|e| TransportError::io("tcp", &e))?;
     let mut hello = node.hello()?;
     hello.want = want;
     // A later lane to a peer proves it belongs to the peer's connection group with the group's token.

@@ -91,7 +91,7 @@ mod state;
 
 use std::time::Duration;
 
-use transfer_engine::{EngineConfig, PeerId};
+use transfer_engine::EngineConfig;
 
 mod writer;
 
@@ -127,43 +127,4 @@ pub fn tcp_engine_config(engine_id: u32) -> EngineConfig {
         transfer_engine::Backoff::new(Duration::from_millis(100), Duration::from_secs(2), 0.25);
     cfg.coalesce_bytes = TCP_COALESCE_BYTES;
     cfg
-}
-
-/// Errors of the TCP backend.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TcpError {
-    /// A socket operation failed.
-    #[error("socket error: {0}")]
-    Io(#[from] std::io::Error),
-    /// The engine refused a command.
-    #[error(transparent)]
-    Engine(#[from] transfer_engine::Error),
-    /// A wait on the receiving or sending side ended without its answer.
-    #[error(transparent)]
-    Wait(#[from] crate::board::WaitError),
-    /// The handshake failed; the reason says which side must change what.
-    #[error("handshake failed: {0}")]
-    Handshake(String),
-    /// The configuration is not usable.
-    #[error("invalid TCP configuration: {0}")]
-    Config(String),
-    /// The peer was declared unreachable (its connections lost and redialing refused); the reason says
-    /// for how long and why. Transfers to it are refused until a lane to it opens again.
-    #[error("{0}")]
-    Unreachable(String),
-    /// No lane to the peer and no address to dial it.
-    #[error("no route to peer {0:?}: connect to it first or add its address")]
-    NoRoute(PeerId),
-    /// A wait ran out of time.
-    #[error("{what} did not finish within {waited:?}")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// How long.
-        waited: Duration,
-    },
-    /// The node is shut down.
-    #[error("the node is shut down")]
-    Closed,
 }

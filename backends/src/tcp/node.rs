@@ -15,6 +15,7 @@ use transfer_engine::{
     KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
 };
 
+use super::TcpConfig;
 use super::accept;
 use super::context::{Context, lock};
 use super::driver;
@@ -22,7 +23,6 @@ use super::handshake::Segment;
 use super::lane;
 use super::reach;
 use super::state::{NodeState, PeerInfo};
-use super::{TcpConfig, TcpError};
 use crate::node::log::Log;
 use crate::node::station::Station;
 use crate::node::{Driver, Node, driver::Sealed};
@@ -125,7 +125,7 @@ impl Driver for TcpDriver {
             let PeerAddress::Tcp(addr) = address else {
                 return Err(TransportError::cannot_reach("tcp", address));
             };
-            Ok(lane::dial(&self.state, *addr, None, None).await?)
+            lane::dial(&self.state, *addr, None, None).await
         })
     }
 
@@ -140,10 +140,10 @@ impl Driver for TcpDriver {
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TransportError> {
         super::stage::check_stageable(memory.kind()).map_err(|why| {
-            TcpError::Config(format!(
-                "TCP lanes cannot send or receive {}: {why}",
-                memory.kind()
-            ))
+            TransportError::config(
+                "tcp",
+                format!("TCP lanes cannot send or receive {}: {why}", memory.kind()),
+            )
         })?;
         Ok(self.state.ctx.station.register_kv_region(layout, memory)?)
     }
@@ -173,7 +173,10 @@ impl Driver for TcpDriver {
             Instant::now(),
         )?;
         if !link.routable() {
-            return Err(TcpError::NoRoute(req.peer).into());
+            return Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: "connect to it first or add its address".into(),
+            });
         }
         let id = self.state.ctx.station.submit(req)?;
         drop(reach);
@@ -194,13 +197,14 @@ impl Driver for TcpDriver {
 
 impl Node<TcpDriver> {
     /// Starts a node: binds its listener (if any) and spawns its driver on the current tokio runtime.
-    pub async fn start(cfg: TcpConfig) -> Result<Self, TcpError> {
+    pub async fn start(cfg: TcpConfig) -> Result<Self, TransportError> {
         if cfg.limits.max_lanes_per_peer == 0
             || cfg.buffers.batch_bytes == 0
             || cfg.buffers.stage_bytes == 0
         {
-            return Err(TcpError::Config(
-                "max_lanes_per_peer, batch_bytes and stage_bytes must be at least 1".into(),
+            return Err(TransportError::config(
+                "tcp",
+                "max_lanes_per_peer, batch_bytes and stage_bytes must be at least 1",
             ));
         }
         let listener = match cfg.listen {
@@ -209,16 +213,23 @@ impl Node<TcpDriver> {
                     && cfg.security.secret.is_none()
                     && !cfg.security.allow_unauthenticated_remote
                 {
-                    return Err(TcpError::Config(format!(
-                        "refusing to listen on {addr} without a shared secret: set a secret, listen on \
-                         127.0.0.1, or set allow_unauthenticated_remote"
-                    )));
+                    return Err(TransportError::config(
+                        "tcp",
+                        format!(
+                            "refusing to listen on {addr} without a shared secret: set a secret, listen \
+                             on 127.0.0.1, or set allow_unauthenticated_remote"
+                        ),
+                    ));
                 }
-                Some(TcpListener::bind(addr).await?)
+                Some(TcpListener::bind(addr).await.map_err(io)?)
             }
             None => None,
         };
-        let listen = listener.as_ref().map(TcpListener::local_addr).transpose()?;
+        let listen = listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()
+            .map_err(io)?;
         let state = Arc::new(NodeState::new(Context::new(cfg), listen));
         tokio::spawn(driver::drive(state.clone()));
         if let Some(listener) = listener {
@@ -291,7 +302,7 @@ impl Node<TcpDriver> {
         &self,
         addr: SocketAddr,
         want: Option<KvLayout>,
-    ) -> Result<PeerInfo, TcpError> {
+    ) -> Result<PeerInfo, TransportError> {
         lane::dial(self.state(), addr, None, want).await
     }
 
@@ -302,4 +313,9 @@ impl Node<TcpDriver> {
             link.abort_all(&self.state().ctx);
         }
     }
+}
+
+/// A socket error of this node.
+fn io(e: std::io::Error) -> TransportError {
+    TransportError::io("tcp", &e)
 }

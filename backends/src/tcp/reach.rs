@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use transfer_engine::PeerId;
 
-use super::TcpError;
 use super::context::lock;
 use super::peer_link::{PeerLink, Reach};
 use super::state::NodeState;
+use crate::TransportError;
 
 /// What the driver should do about a link after [`judge`].
 #[derive(Debug, PartialEq, Eq)]
@@ -87,11 +87,11 @@ pub(crate) fn check_held(
     link: &PeerLink,
     hold: Duration,
     now: Instant,
-) -> Result<MutexGuard<'_, Reach>, TcpError> {
+) -> Result<MutexGuard<'_, Reach>, TransportError> {
     let mut reach = lock(&link.reach);
     if let Some((reason, since)) = &reach.unreachable {
         if now.duration_since(*since) < hold && link.lane_count() == 0 {
-            return Err(TcpError::Unreachable(reason.clone()));
+            return Err(TransportError::Unreachable(reason.clone()));
         }
         reach.unreachable = None;
         link.reset_dial_failures(now);

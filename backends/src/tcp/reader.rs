@@ -52,7 +52,7 @@ pub(crate) async fn reader(
 /// such a peer loses its lane.
 fn fatal(e: &Error) -> bool {
     matches!(
-        e,
+        e.cause(),
         Error::Wire(_)
             | Error::OutOfBounds { .. }
             | Error::WrongKey(_)
@@ -286,7 +286,11 @@ fn refuse(
     e: &Error,
 ) -> CloseReason {
     ctx.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
-    let reason = format!("lane closed: peer {} sent a refused frame: {e}", peer.0);
+    let reason = format!(
+        "lane closed: peer {} sent a refused frame: {}",
+        peer.0,
+        e.cause()
+    );
     ctx.log(reason.clone());
     // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
     // header itself could not be read.

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 use transfer_engine::PeerId;
 
-use super::TcpError;
 use super::context::{Context, lock};
 use super::handshake::{Hello, Segment};
 use super::peer_link::PeerLink;
 use super::served_region::ServedRegion;
+use crate::TransportError;
 
 /// A peer reached by [`super::TcpNode::connect`]; its segments include `served` if a region was asked for.
 pub use crate::transport::PeerInfo;
@@ -49,7 +49,7 @@ impl NodeState {
         }
     }
 
-    pub(crate) fn hello(&self) -> Result<Hello, TcpError> {
+    pub(crate) fn hello(&self) -> Result<Hello, TransportError> {
         let cfg = &self.ctx.cfg;
         let mut h = Hello::new(cfg.engine.engine_id, cfg.namespace.clone())?;
         h.listen = self.listen.map(|a| a.to_string());

@@ -1,33 +1,27 @@
-//! The one error of the [`super::Transport`] interface, with whose fault it is.
+//! The one error of the backends, with whose fault it is.
 
 use std::time::Duration;
 
 use transfer_engine::{Error as EngineError, PeerId};
 
+pub use transfer_engine::Fault;
+
 use crate::board::WaitError;
 
-/// Whose fault an error is: what a caller should do about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The call was wrong (a malformed request, an unknown session, a bad configuration, a capability the
-    /// backend lacks): change the call, retrying it will not help.
-    Caller,
-    /// The peer refused, misbehaved or went away: its blocks are recomputed; another peer, or the same
-    /// one later, may serve.
-    Peer,
-    /// This node's own I/O failed or it is shut down.
-    Transport,
-}
-
-/// Errors of every [`super::Transport`]; [`TransportError::fault`] says whose they are.
-#[derive(Debug, thiserror::Error)]
+/// Errors of every backend and of the [`super::Transport`] interface. The variants come in four groups,
+/// and [`TransportError::fault`] follows from them: the caller's (a request the engine refused, a bad
+/// configuration, a capability the backend lacks, a peer never connected), the peer's (it refused this
+/// node or broke the protocol), the transport's (unreachable, timed out, lost, this node's own I/O) and
+/// the device's (GPU).
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportError {
-    /// The engine refused a command (a malformed or out-of-bounds request, an unknown region or session):
-    /// always the caller's.
+    /// The engine refused a command (the caller's), or a frame a peer sent (the peer's: see
+    /// [`transfer_engine::Error::fault`]).
     #[error(transparent)]
     Engine(#[from] EngineError),
-    /// A wait ended without its answer (unknown session, no such layer, layer lost, node shut down).
+    /// A wait ended without its answer: an unknown session or layer (the caller's), a layer lost or the
+    /// node shut down (the transport's).
     #[error(transparent)]
     Wait(#[from] WaitError),
     /// The configuration is not usable.
@@ -35,7 +29,7 @@ pub enum TransportError {
     Config {
         /// The backend.
         backend: &'static str,
-        /// What is wrong.
+        /// What is wrong, and what to set instead.
         message: String,
     },
     /// This backend cannot do what was asked.
@@ -51,16 +45,25 @@ pub enum TransportError {
     NoRoute {
         /// The peer.
         peer: PeerId,
-        /// Why.
+        /// Why, and what to do.
         why: String,
     },
-    /// The peer answered nothing for the backend's `unreachable_after`: new sessions to it are refused
-    /// until it answers again.
-    #[error("peer unreachable: {0}")]
-    Unreachable(String),
-    /// The peer refused this node (handshake, version, namespace, authentication) or broke the protocol.
+    /// The peer and this node did not agree on who may talk (handshake, version, namespace,
+    /// authentication): one refused the other; the reason says which side must change what.
     #[error("refused by the peer: {0}")]
     Refused(String),
+    /// The peer sent something this node cannot use: it broke the protocol.
+    #[error("the peer broke the {backend} protocol: {message}")]
+    Protocol {
+        /// The backend.
+        backend: &'static str,
+        /// What it sent.
+        message: String,
+    },
+    /// The peer answered nothing for the backend's `unreachable_after`, or its connection is gone: new
+    /// sessions to it are refused until it answers again.
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
     /// A wait ran out of time.
     #[error("{what} did not finish within {waited:?}")]
     Timeout {
@@ -69,12 +72,30 @@ pub enum TransportError {
         /// How long.
         waited: Duration,
     },
-    /// The node's own I/O failed (a socket, a libfabric call, a thread).
+    /// The node's own I/O failed (a socket, a thread, a registration).
     #[error("{backend} I/O failed: {message}")]
     Io {
         /// The backend.
         backend: &'static str,
         /// What failed.
+        message: String,
+    },
+    /// A libfabric call failed.
+    #[error("{call} failed: {message} ({code})")]
+    Fabric {
+        /// The call.
+        call: &'static str,
+        /// Its return code (a negative `FI_E*`).
+        code: i64,
+        /// libfabric's text for it.
+        message: String,
+    },
+    /// The GPU failed: its driver is missing or refused a call, or a device copy failed.
+    #[error("GPU failed ({backend}): {message}")]
+    Device {
+        /// The backend.
+        backend: &'static str,
+        /// The driver's words.
         message: String,
     },
     /// The node is shut down.
@@ -87,17 +108,21 @@ impl TransportError {
     #[must_use]
     pub fn fault(&self) -> Fault {
         match self {
-            TransportError::Engine(_) => Fault::Caller,
-            TransportError::Wait(WaitError::LayerLost { .. }) => Fault::Peer,
-            TransportError::Wait(WaitError::Closed) => Fault::Transport,
-            TransportError::Wait(_) => Fault::Caller,
-            TransportError::Config { .. }
+            TransportError::Engine(e) => e.fault(),
+            TransportError::Wait(WaitError::LayerLost { .. } | WaitError::Closed) => {
+                Fault::Transport
+            }
+            TransportError::Wait(_)
+            | TransportError::Config { .. }
             | TransportError::Unsupported { .. }
             | TransportError::NoRoute { .. } => Fault::Caller,
+            TransportError::Refused(_) | TransportError::Protocol { .. } => Fault::Peer,
             TransportError::Unreachable(_)
-            | TransportError::Refused(_)
-            | TransportError::Timeout { .. } => Fault::Peer,
-            TransportError::Io { .. } | TransportError::Closed => Fault::Transport,
+            | TransportError::Timeout { .. }
+            | TransportError::Io { .. }
+            | TransportError::Fabric { .. }
+            | TransportError::Closed => Fault::Transport,
+            TransportError::Device { .. } => Fault::Device,
         }
     }
 
@@ -107,6 +132,38 @@ impl TransportError {
         TransportError::Unsupported {
             backend,
             what: format!("reach {address}"),
+        }
+    }
+
+    /// An I/O error of `backend`: a peer that refuses, resets, closes or does not answer is unreachable;
+    /// anything else is this node's own I/O failing.
+    #[must_use]
+    pub fn io(backend: &'static str, e: &std::io::Error) -> Self {
+        if peer_gone(e) {
+            TransportError::Unreachable(e.to_string())
+        } else {
+            TransportError::Io {
+                backend,
+                message: e.to_string(),
+            }
+        }
+    }
+
+    /// A configuration error of `backend`.
+    #[must_use]
+    pub fn config(backend: &'static str, message: impl Into<String>) -> Self {
+        TransportError::Config {
+            backend,
+            message: message.into(),
+        }
+    }
+
+    /// A protocol violation by a peer of `backend`.
+    #[must_use]
+    pub fn protocol(backend: &'static str, message: impl Into<String>) -> Self {
+        TransportError::Protocol {
+            backend,
+            message: message.into(),
         }
     }
 
@@ -136,102 +193,12 @@ fn peer_gone(e: &std::io::Error) -> bool {
     )
 }
 
-impl From<crate::tcp::TcpError> for TransportError {
-    fn from(e: crate::tcp::TcpError) -> Self {
-        use crate::tcp::TcpError as T;
-        match e {
-            // A peer that refuses, resets, closes or does not answer the connection is the peer's doing.
-            T::Io(e) if peer_gone(&e) => TransportError::Unreachable(e.to_string()),
-            T::Io(e) => TransportError::Io {
-                backend: "tcp",
-                message: e.to_string(),
-            },
-            T::Engine(e) => TransportError::Engine(e),
-            T::Wait(e) => TransportError::Wait(e),
-            T::Handshake(m) => TransportError::Refused(m),
-            T::Config(message) => TransportError::Config {
-                backend: "tcp",
-                message,
-            },
-            T::Unreachable(m) => TransportError::Unreachable(m),
-            T::NoRoute(peer) => TransportError::NoRoute {
-                peer,
-                why: "connect to it first or add its address".into(),
-            },
-            T::Timeout { what, waited } => TransportError::Timeout { what, waited },
-            T::Closed => TransportError::Closed,
-        }
-    }
-}
-
-#[cfg(feature = "rdma")]
-impl From<crate::rdma::RdmaError> for TransportError {
-    fn from(e: crate::rdma::RdmaError) -> Self {
-        use crate::rdma::RdmaError as R;
-        match e {
-            e @ (R::Fabric { .. } | R::UnknownRegistration(_)) => TransportError::Io {
-                backend: "rdma",
-                message: e.to_string(),
-            },
-            R::NoProvider(message) | R::Config(message) => TransportError::Config {
-                backend: "rdma",
-                message,
-            },
-            R::Protocol(m) => TransportError::Refused(m),
-            R::Engine(e) => TransportError::Engine(e),
-            R::Wait(e) => TransportError::Wait(e),
-            R::Unreachable(m) => TransportError::Unreachable(m),
-            R::NoRoute(peer, why) => TransportError::NoRoute { peer, why },
-            R::Timeout { what, waited } => TransportError::Timeout { what, waited },
-            R::Closed => TransportError::Closed,
-        }
-    }
-}
-
-#[cfg(target_os = "linux")]
-impl From<crate::shm::ShmError> for TransportError {
-    fn from(e: crate::shm::ShmError) -> Self {
-        use crate::shm::ShmError as S;
-        match e {
-            S::Config(message) => TransportError::Config {
-                backend: "shm",
-                message,
-            },
-            S::Io(e) => TransportError::Io {
-                backend: "shm",
-                message: e.to_string(),
-            },
-            S::Refused(m) => TransportError::Refused(m),
-            S::Engine(e) => TransportError::Engine(e),
-            S::Wait(e) => TransportError::Wait(e),
-            S::Unreachable(m) => TransportError::Unreachable(m),
-            S::NoRoute(peer, why) => TransportError::NoRoute { peer, why },
-            S::Timeout { what, waited } => TransportError::Timeout { what, waited },
-            S::Closed => TransportError::Closed,
-            #[cfg(feature = "cuda")]
-            S::Cuda(e) => TransportError::Io {
-                backend: "shm",
-                message: e.to_string(),
-            },
-        }
-    }
-}
-
-impl From<crate::loopback::LoopbackError> for TransportError {
-    fn from(e: crate::loopback::LoopbackError) -> Self {
-        use crate::loopback::LoopbackError as L;
-        match e {
-            L::Engine(e) => TransportError::Engine(e),
-            L::Wait(e) => TransportError::Wait(e),
-            L::Unreachable(m) => TransportError::Unreachable(m),
-            L::Unsupported { end, what } => TransportError::Unsupported {
-                backend: "loopback",
-                what: format!("{what} from its {end} end"),
-            },
-            L::Stalled { pending, waited } => TransportError::Timeout {
-                what: format!("{pending} session(s)"),
-                waited,
-            },
+#[cfg(feature = "cuda")]
+impl From<crate::cuda::CudaError> for TransportError {
+    fn from(e: crate::cuda::CudaError) -> Self {
+        TransportError::Device {
+            backend: "cuda",
+            message: e.to_string(),
         }
     }
 }

@@ -127,7 +127,7 @@ pub(crate) async fn handshake_from(
 pub(crate) async fn honest_handshake(
     addr: SocketAddr,
     limit: Duration,
-) -> Result<handshake::Accepted, backends::tcp::TcpError> {
+) -> Result<handshake::Accepted, backends::TransportError> {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let mut hello = Hello::new(60, Namespace::default()).unwrap();
     hello.want = Some(layout());

@@ -190,7 +190,7 @@ pub(crate) fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
         RdmaNode::start(cfg)
     };
     let (sender, receiver) = common::on_listed_provider(provider, domain, || {
-        Ok::<_, backends::rdma::RdmaError>((start(1)?, start(2)?))
+        Ok::<_, backends::TransportError>((start(1)?, start(2)?))
     })?;
     Some(Pair {
         sender: Arc::new(sender),

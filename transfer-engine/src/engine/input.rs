@@ -14,7 +14,8 @@ use crate::{Body, Channel, Error, Event, MemoryRegion, PeerId, SessionId, Traffi
 use super::Engine;
 
 impl Engine {
-    /// Handles a control frame (anything but data) from `from`, its payload already read.
+    /// Handles a control frame (anything but data) from `from`, its payload already read. An error is
+    /// [`Error::Refused`]: the frame is dropped and counted.
     pub fn handle_frame(
         &mut self,
         now: Instant,
@@ -23,19 +24,24 @@ impl Engine {
         payload: &[u8],
     ) -> Result<(), Error> {
         let result = self.dispatch_control(now, from, header, payload);
-        if result.is_err() {
-            self.refused += 1;
-        }
-        result
+        self.refusing(from, result)
     }
 
-    /// Where the payload of data frame `header` from `from` should be placed; call before reading it.
+    /// Where the payload of data frame `header` from `from` should be placed; call before reading it. An
+    /// error is [`Error::Refused`].
     pub fn placement(&mut self, from: PeerId, header: &Header) -> Result<Placement, Error> {
         let result = self.placement_inner(from, header);
-        if result.is_err() {
-            self.refused += 1;
-        }
-        result
+        self.refusing(from, result)
+    }
+
+    /// Counts a refused frame from `from` and says so in its error.
+    fn refusing<T>(&mut self, from: PeerId, result: Result<T, Error>) -> Result<T, Error> {
+        result.map_err(|e| {
+            if !matches!(e, Error::Refused { .. }) {
+                self.refused += 1;
+            }
+            e.refused_from(from)
+        })
     }
 
     /// [`Engine::placement`] resolved to memory: the region memory and byte range the payload goes to, or
@@ -54,7 +60,8 @@ impl Engine {
                 // The engine checked the range against the region, and a region is never longer than
                 // its memory.
                 let range = offset as usize..offset as usize + len as usize;
-                Ok(Some((self.regions.memory(region)?.clone(), range)))
+                let memory = self.regions.memory(region).cloned();
+                self.refusing(from, memory).map(|m| Some((m, range)))
             }
             Placement::Discard => Ok(None),
         }
@@ -81,10 +88,7 @@ impl Engine {
             None if self.closed.contains(&key) => Ok(()),
             None => Err(Error::UnknownSession(key.1)),
         };
-        if result.is_err() {
-            self.refused += 1;
-        }
-        result
+        self.refusing(from, result)
     }
 
     /// Handles a whole frame held in memory: decodes it and, for data, places the payload into the
@@ -96,13 +100,16 @@ impl Engine {
         from: PeerId,
         bytes: &[u8],
     ) -> Result<(), Error> {
-        let (header, payload) =
-            crate::wire::decode_frame(bytes).inspect_err(|_| self.refused += 1)?;
+        let decoded = crate::wire::decode_frame(bytes).map_err(Error::from);
+        let (header, payload) = self.refusing(from, decoded)?;
         if header.kind != FrameKind::Data {
             return self.handle_frame(now, from, &header, payload);
         }
         let crc = match self.destination(from, &header)? {
-            Some((memory, range)) => crate::copy_and_crc32c(&mut memory.write(range)?, payload),
+            Some((memory, range)) => {
+                let view = memory.write(range);
+                crate::copy_and_crc32c(&mut self.refusing(from, view)?, payload)
+            }
             None => header.crc,
         };
         self.handle_data(now, from, &header, crc)
@@ -173,9 +180,7 @@ impl Engine {
         }
         let session = SessionId(header.session);
         if header.kind == FrameKind::Data {
-            return Err(Error::InvalidRequest(
-                "data frames go through Engine::placement and Engine::handle_data".into(),
-            ));
+            return Err(Error::WrongInput(header.kind));
         }
         if !header.kind.is_from_receiver() {
             return self.receiver_control(now, from, header, payload);
@@ -240,11 +245,7 @@ impl Engine {
                 if self.closed.contains(&key) {
                     // Either a stale duplicate (its sender is gone and ignores the answer) or a peer that
                     // restarted and reused a session id: refuse, so the sender learns at once.
-                    let err = Error::InvalidRequest(format!(
-                        "session {} was already used and closed here: a restarted peer reused its session \
-                         ids (seed each engine process's rng_seed differently)",
-                        key.1
-                    ));
+                    let err = Error::SessionReused(key.1);
                     self.refuse_open(from, key.1, &err);
                     return Err(err);
                 }
@@ -312,17 +313,14 @@ impl Engine {
         payload: &[u8],
     ) -> Result<(), Error> {
         if let Some(other) = self.incoming.get(&key.1) {
-            return Err(Error::InvalidRequest(format!(
-                "session {} is already open here from peer {}: session ids are unique per engine",
-                key.1, other.0
-            )));
+            return Err(Error::SessionTaken {
+                session: key.1,
+                other: *other,
+            });
         }
         let live = self.receiving_from(key.0).count();
         if live >= self.cfg.max_incoming_per_peer {
-            return Err(Error::InvalidRequest(format!(
-                "peer {} already has {live} sessions open here, the most allowed: wait for some to finish",
-                key.0.0
-            )));
+            return Err(Error::TooManySessions { peer: key.0, live });
         }
         let open = OpenRequest::decode(payload)?;
         open.dst_layout.validate()?;
@@ -339,10 +337,11 @@ impl Engine {
         if let Some(registered) = region.layout {
             registered.check_compatible(&open.dst_layout)?;
             if registered != open.dst_layout {
-                return Err(Error::InvalidRequest(format!(
-                    "the transfer describes region {} as {:?}, but it holds {registered:?}",
-                    open.dst_region, open.dst_layout
-                )));
+                return Err(Error::LayoutDiffers {
+                    region: open.dst_region,
+                    given: Box::new(open.dst_layout),
+                    registered: Box::new(registered),
+                });
             }
         }
         check_blocks(
@@ -383,10 +382,7 @@ impl Engine {
 
     fn placement_inner(&self, from: PeerId, header: &Header) -> Result<Placement, Error> {
         if header.kind != FrameKind::Data {
-            return Err(Error::InvalidRequest(format!(
-                "{:?} frames carry no KV payload",
-                header.kind
-            )));
+            return Err(Error::WrongInput(header.kind));
         }
         let key = (from, SessionId(header.session));
         match self.receivers.get(&key) {

@@ -271,10 +271,11 @@ impl Engine {
         if let Some(registered) = region.layout
             && registered != req.src_layout
         {
-            return Err(Error::InvalidRequest(format!(
-                "source layout {:?} differs from the layout region {} was registered with ({registered:?})",
-                req.src_layout, req.src_region
-            )));
+            return Err(Error::LayoutDiffers {
+                region: req.src_region,
+                given: Box::new(req.src_layout),
+                registered: Box::new(registered),
+            });
         }
         self.regions
             .check_local(req.src_region, 0, req.src_layout.total_bytes())?;

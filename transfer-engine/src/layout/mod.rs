@@ -219,7 +219,7 @@ impl KvLayout {
     /// Checks that the layout is usable: non-zero dimensions, whole elements, heads that add up to the
     /// block's bytes, chunks inside the block's span, and no two (layer, block, chunk) ranges overlapping.
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |what: String| Err(Error::InvalidRequest(what));
+        let bad = |what: String| Err(Error::InvalidLayout(what));
         if self.layers == 0 || self.blocks_per_layer == 0 || self.block_bytes == 0 {
             return bad(format!(
                 "layout has a zero dimension ({} layers x {} blocks x {} bytes)",
@@ -239,7 +239,7 @@ impl KvLayout {
         self.validate_heads()?;
         self.validate_placement()?;
         self.extent()
-            .ok_or_else(|| Error::InvalidRequest("layout is larger than 2^64 bytes".into()))?;
+            .ok_or_else(|| Error::InvalidLayout("layout is larger than 2^64 bytes".into()))?;
         Ok(())
     }
 
@@ -249,7 +249,7 @@ impl KvLayout {
             return Ok(());
         }
         if (h.kind == KvKind::KvApart) != self.placement.split.is_some() {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidLayout(format!(
                 "a {:?} layout must be placed in {} per block",
                 h.kind,
                 if h.kind == KvKind::KvApart {
@@ -260,7 +260,7 @@ impl KvLayout {
             )));
         }
         if h.kind == KvKind::Mla && h.kv_heads != 1 {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidLayout(format!(
                 "an MLA layout holds one latent vector per token, not {} heads",
                 h.kv_heads
             )));
@@ -270,7 +270,7 @@ impl KvLayout {
             .and_then(|n| n.checked_mul(u64::from(self.tokens_per_block)))
             .and_then(|n| n.checked_mul(self.dtype.size()));
         if stated != Some(self.block_bytes) {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::InvalidLayout(format!(
                 "{} heads x {} elements x {} tokens x {} bytes is not the block's {} bytes",
                 h.kv_heads,
                 h.head_size,
@@ -296,14 +296,14 @@ impl KvLayout {
             None => self.block_bytes,
             Some(s) => {
                 if s.first_len == 0 || s.first_len >= self.block_bytes {
-                    return Err(Error::InvalidRequest(format!(
+                    return Err(Error::InvalidLayout(format!(
                         "a split block's first chunk of {} bytes must be shorter than the block's {} \
                          bytes and not empty",
                         s.first_len, self.block_bytes
                     )));
                 }
                 if !s.first_len.is_multiple_of(elem) || !s.second_offset.is_multiple_of(elem) {
-                    return Err(Error::InvalidRequest(format!(
+                    return Err(Error::InvalidLayout(format!(
                         "chunks of a split block (first {} bytes, second at +{}) must start and end on \
                          whole {:?} elements",
                         s.first_len, s.second_offset, self.dtype
@@ -318,7 +318,7 @@ impl KvLayout {
         let mut spanned = chunk;
         for (name, count, stride) in dims {
             if stride < spanned {
-                return Err(Error::InvalidRequest(format!(
+                return Err(Error::InvalidLayout(format!(
                     "the {name} stride of {stride} bytes is shorter than the {spanned} bytes inside it: \
                      (layer, block) ranges would overlap"
                 )));

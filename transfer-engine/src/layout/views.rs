@@ -33,7 +33,7 @@ impl TensorView {
 }
 
 fn bad(what: String) -> Error {
-    Error::InvalidRequest(what)
+    Error::InvalidLayout(what)
 }
 
 /// Checks the views against each other and `dtype`, returning the first view; `dims` names the

@@ -198,9 +198,7 @@ impl MemoryRegion {
         f: impl FnOnce(&[u8], &mut [u8]) -> T,
     ) -> Result<T, Error> {
         if self.same_memory(dst) {
-            return Err(Error::InvalidRequest(
-                "two views of one region at once".into(),
-            ));
+            return Err(Error::SameRegion);
         }
         if self.address() < dst.address() {
             let src = self.read(range)?;

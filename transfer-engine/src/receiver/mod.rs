@@ -142,12 +142,11 @@ impl ReceiverSession {
             .checked_sub(plan.layer_start)
             .filter(|i| *i < plan.layers())
         else {
-            return Err(Error::InvalidRequest(format!(
-                "layer {layer} is not part of session {} (layers {}..{})",
-                self.spec.id,
-                plan.layer_start,
-                plan.layer_start + plan.layers()
-            )));
+            return Err(Error::LayerOutside {
+                session: self.spec.id,
+                layer,
+                layers: plan.layer_start..plan.layer_start + plan.layers(),
+            });
         };
         let complete = self.layer_slots_left[index as usize] == 0;
         self.consumer_layer = self.consumer_layer.max(layer);
@@ -214,10 +213,10 @@ impl ReceiverSession {
             unit.offset,
             u64::from(header.length),
         ) else {
-            return Err(Error::InvalidRequest(format!(
-                "session {}: a data frame at offset {} of {} bytes does not lie in one chunk of block \
-                 {block} of layer {}",
-                self.spec.id, header.offset, header.length, unit.layer
+            return Err(mismatch(format!(
+                "a data frame at offset {} of {} bytes does not lie in one chunk of block {block} of \
+                 layer {}",
+                header.offset, header.length, unit.layer
             )));
         };
         let placement = Placement::Write {

@@ -41,6 +41,28 @@ pub struct Pair {
     pub frames: Vec<(Duration, PeerId, Header)>,
 }
 
+/// The cause of a frame's refusal, after checking that it is one (the peer's fault) naming `from`.
+pub fn refusal(e: Error, from: PeerId) -> Error {
+    assert_eq!(e.fault(), transfer_engine::Fault::Peer, "{e}");
+    match e {
+        Error::Refused { peer, cause } if peer == from => *cause,
+        other => panic!("not a refusal of a frame from {from:?}: {other}"),
+    }
+}
+
+/// A whole frame handed to an engine, its refusal unwrapped by [`refusal`].
+pub trait Offer {
+    /// [`Engine::handle_datagram`], answering the cause of a refusal.
+    fn offer(&mut self, now: Instant, from: PeerId, bytes: &[u8]) -> Result<(), Error>;
+}
+
+impl Offer for Engine {
+    fn offer(&mut self, now: Instant, from: PeerId, bytes: &[u8]) -> Result<(), Error> {
+        self.handle_datagram(now, from, bytes)
+            .map_err(|e| refusal(e, from))
+    }
+}
+
 pub fn config(engine_id: u32) -> EngineConfig {
     let mut cfg = EngineConfig::default();
     cfg.engine_id = engine_id;
@@ -139,7 +161,7 @@ impl Pair {
             if let Some(bytes) = apply((self.filter)(&t.header, A), bytes)
                 && let Err(e) = self.b.handle_datagram(self.now, A, &bytes)
             {
-                self.refused_b.push(e);
+                self.refused_b.push(refusal(e, A));
             }
         }
         while let Some(mut t) = self.b.poll_transmit(self.now) {
@@ -149,7 +171,7 @@ impl Pair {
             if let Some(bytes) = apply((self.filter)(&t.header, B), bytes)
                 && let Err(e) = self.a.handle_datagram(self.now, B, &bytes)
             {
-                self.refused_a.push(e);
+                self.refused_a.push(refusal(e, B));
             }
         }
         self.collect();

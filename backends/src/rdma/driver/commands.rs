@@ -4,11 +4,12 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::super::MAX_TAGS;
 use super::super::ffi::MrId;
 use super::super::message::Message;
 use super::super::shared::{Command, LocalRegion, ToRegister, lock};
-use super::super::{MAX_TAGS, RdmaError};
 use super::Driver;
+use crate::TransportError;
 
 impl Driver<'_> {
     pub(super) fn commands(&mut self) {
@@ -60,9 +61,9 @@ impl Driver<'_> {
         }
     }
 
-    pub(super) fn assign_tag(&mut self) -> Result<u16, RdmaError> {
+    pub(super) fn assign_tag(&mut self) -> Result<u16, TransportError> {
         if self.next_tag >= MAX_TAGS {
-            return Err(RdmaError::Config(format!(
+            return Err(TransportError::Refused(format!(
                 "more than {} peers have connected to this node",
                 MAX_TAGS - 1
             )));
@@ -72,12 +73,12 @@ impl Driver<'_> {
     }
 
     /// Sends a message, progressing the queue until a slot frees (handshakes only: rare and small).
-    pub(super) fn send_now(&mut self, addr: u64, msg: &Message) -> Result<(), RdmaError> {
+    pub(super) fn send_now(&mut self, addr: u64, msg: &Message) -> Result<(), TransportError> {
         let bytes = msg.encode(self.shared.engine_id);
         let give_up = Instant::now() + Duration::from_secs(2);
         while !self.ep.send(addr, &bytes)? {
             if Instant::now() > give_up {
-                return Err(RdmaError::Protocol("no send slot frees up".into()));
+                return Err(crate::rdma::own("no send slot frees up"));
             }
             let mut done = Vec::new();
             self.ep.poll(&mut done)?;

@@ -18,7 +18,8 @@ mod commands;
 mod flight;
 mod reach;
 mod receive;
-use super::{RdmaError, token};
+use super::token;
+use crate::TransportError;
 
 /// Longest sleep on the completion queue while nothing is due (commands and submits wake it early).
 const IDLE_WAIT: Duration = Duration::from_millis(50);
@@ -41,7 +42,7 @@ struct Driver<'a> {
         u64,
         (
             u16,
-            tokio::sync::oneshot::Sender<Result<PeerInfo, RdmaError>>,
+            tokio::sync::oneshot::Sender<Result<PeerInfo, TransportError>>,
         ),
     >,
     /// Dialed addresses by nonce, until the welcome names the peer.
@@ -91,7 +92,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
 }
 
 impl Driver<'_> {
-    fn step(&mut self) -> Result<(), RdmaError> {
+    fn step(&mut self) -> Result<(), TransportError> {
         self.commands();
         for mr in std::mem::take(&mut self.deregister_later) {
             self.deregister(mr);
@@ -143,7 +144,7 @@ impl Driver<'_> {
     /// timeout: a sender that died while this node waited to receive from it is noticed like any peer that
     /// does not answer (a live one that is only slow to produce answers the ping). Looked at every tenth of
     /// the answer timeout.
-    fn ping_silent_senders(&mut self, now: Instant) -> Result<(), RdmaError> {
+    fn ping_silent_senders(&mut self, now: Instant) -> Result<(), TransportError> {
         let timeout = self.shared.cfg.answer_timeout;
         if now.saturating_duration_since(self.last_ping_check) < timeout / 10 {
             return Ok(());
@@ -162,7 +163,7 @@ impl Driver<'_> {
             if let Some(route) = self.route(peer) {
                 let ping = Message::Ping.encode(self.shared.engine_id);
                 match self.ep.send(route.addr, &ping) {
-                    Err(RdmaError::Unreachable(why)) => self.peer_gone(peer, &why),
+                    Err(TransportError::Unreachable(why)) => self.peer_gone(peer, &why),
                     other => {
                         other?;
                     }
@@ -208,7 +209,7 @@ impl Driver<'_> {
 
     /// Posts queued writes, the stashed transmit and new ones while the window allows. Returns whether
     /// anything was posted.
-    fn pump(&mut self, now: Instant) -> Result<bool, RdmaError> {
+    fn pump(&mut self, now: Instant) -> Result<bool, TransportError> {
         let mut posted = false;
         while let Some(w) = self.queued.pop_front() {
             if !self.post_write(&w)? {
@@ -243,7 +244,7 @@ impl Driver<'_> {
     }
 
     /// Carries out one transmit; `false` when it was stashed for later.
-    fn transmit(&mut self, mut t: Transmit) -> Result<bool, RdmaError> {
+    fn transmit(&mut self, mut t: Transmit) -> Result<bool, TransportError> {
         let Some(route) = self.route(t.peer) else {
             self.shared
                 .log(format!("no route to peer {:?}: a frame dropped", t.peer));
@@ -280,7 +281,7 @@ impl Driver<'_> {
                         self.stash = Some(t);
                         return Ok(false);
                     }
-                    Err(RdmaError::Unreachable(why)) => {
+                    Err(TransportError::Unreachable(why)) => {
                         self.peer_gone(t.peer, &why);
                         return Ok(true);
                     }
@@ -372,7 +373,7 @@ impl Driver<'_> {
                 self.stash = Some(t);
                 return Ok(false);
             }
-            Err(RdmaError::Unreachable(why)) => {
+            Err(TransportError::Unreachable(why)) => {
                 self.peer_gone(t.peer, &why);
                 return Ok(true);
             }
@@ -420,7 +421,7 @@ impl Driver<'_> {
         Ok(true)
     }
 
-    fn post_write(&mut self, w: &QueuedWrite) -> Result<bool, RdmaError> {
+    fn post_write(&mut self, w: &QueuedWrite) -> Result<bool, TransportError> {
         let posted = match self.ep.write(
             w.dest,
             w.src,

@@ -10,8 +10,9 @@ use transfer_engine::{FrameKind, MemoryRegion, PeerId, Placement, RegionId};
 use super::super::ffi::Completion;
 use super::super::message::Message;
 use super::super::shared::{Route, lock, peer_info};
-use super::super::{RdmaError, token_tag};
+use super::super::token_tag;
 use super::{Driver, Incoming, MAX_PENDING};
+use crate::TransportError;
 
 impl Driver<'_> {
     pub(super) fn completion(&mut self, c: Completion) {
@@ -45,7 +46,7 @@ impl Driver<'_> {
             }
             Completion::Received { slot, len, error } => {
                 let msg = match error {
-                    Some(e) => Err(RdmaError::Protocol(format!("a receive failed: {e}"))),
+                    Some(e) => Err(crate::rdma::own(format!("a receive failed: {e}"))),
                     None => self.ep.received(slot, len).and_then(Message::decode),
                 };
                 if let Err(e) = self.ep.repost(slot) {
@@ -67,7 +68,7 @@ impl Driver<'_> {
         }
     }
 
-    fn message(&mut self, from: u32, msg: Message) -> Result<(), RdmaError> {
+    fn message(&mut self, from: u32, msg: Message) -> Result<(), TransportError> {
         let peer = PeerId(u64::from(from));
         self.reach.heard_from(peer, Instant::now());
         lock(&self.shared.unreachable).remove(&peer);
@@ -117,9 +118,10 @@ impl Driver<'_> {
                 let (Some(addr), Some((our_tag, reply))) =
                     (self.dialed.remove(&nonce), self.connects.remove(&nonce))
                 else {
-                    return Err(RdmaError::Protocol(format!(
-                        "a welcome for an unknown hello {nonce:#x}"
-                    )));
+                    return Err(TransportError::protocol(
+                        "rdma",
+                        format!("a welcome for an unknown hello {nonce:#x}"),
+                    ));
                 };
                 lock(&self.shared.routes).insert(
                     peer,
@@ -134,8 +136,8 @@ impl Driver<'_> {
                 Ok(())
             }
             Message::Frame(bytes) => {
-                let (header, payload) =
-                    decode_frame(&bytes).map_err(|e| RdmaError::Protocol(e.to_string()))?;
+                let (header, payload) = decode_frame(&bytes)
+                    .map_err(|e| TransportError::protocol("rdma", e.to_string()))?;
                 let mut engine = self.shared.station.engine();
                 let result = engine.handle_frame(Instant::now(), peer, &header, payload);
                 self.shared.station.drain_events(&mut engine);
@@ -143,7 +145,7 @@ impl Driver<'_> {
                 if header.kind == FrameKind::CloseAck {
                     self.forget_finished();
                 }
-                result.map_err(RdmaError::from)
+                result.map_err(TransportError::from)
             }
             Message::Data {
                 token,
@@ -154,17 +156,21 @@ impl Driver<'_> {
             } => {
                 let expected = self.route(peer).map(|r| r.our_tag);
                 if expected != Some(token_tag(token)) {
-                    return Err(RdmaError::Protocol(format!(
-                        "a data header with tag {} from a peer given tag {expected:?}",
-                        token_tag(token)
-                    )));
+                    return Err(TransportError::protocol(
+                        "rdma",
+                        format!(
+                            "a data header with tag {} from a peer given tag {expected:?}",
+                            token_tag(token)
+                        ),
+                    ));
                 }
                 if header.kind != FrameKind::Data || chunks == 0 {
-                    return Err(RdmaError::Protocol("a malformed data header".into()));
+                    return Err(TransportError::protocol("rdma", "a malformed data header"));
                 }
                 if !self.pending.contains_key(&token) && self.pending.len() >= MAX_PENDING {
-                    return Err(RdmaError::Protocol(
-                        "too many units half-arrived: a header refused".into(),
+                    return Err(TransportError::protocol(
+                        "rdma",
+                        "too many units half-arrived: a header refused",
                     ));
                 }
                 let entry = self.pending.entry(token).or_default();
@@ -218,9 +224,14 @@ impl Driver<'_> {
                     region: r,
                     offset: o,
                     ..
-                }) => Err(transfer_engine::Error::InvalidRequest(format!(
-                    "a unit written to region {region} at {offset}, where the plan says region {r} at {o}"
-                ))),
+                }) => Err(transfer_engine::Error::FrameMismatch {
+                    session: transfer_engine::SessionId(header.session),
+                    reason: format!(
+                        "a unit written to region {region} at {offset}, where the plan says region {r} \
+                         at {o}"
+                    ),
+                }
+                .refused_from(peer)),
                 Ok(Placement::Discard) => Ok(None),
                 Err(e) => Err(e),
             }
@@ -257,7 +268,7 @@ impl Driver<'_> {
         region: u32,
         memory: &MemoryRegion,
         range: std::ops::Range<usize>,
-    ) -> Result<u32, RdmaError> {
+    ) -> Result<u32, TransportError> {
         let mirror = lock(&self.shared.mirrors).get(&RegionId(region)).cloned();
         match mirror {
             Some(mirror) => self.units.stage_in(&mirror, memory, range),

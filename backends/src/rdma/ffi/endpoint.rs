@@ -10,7 +10,8 @@ use super::slots::Slots;
 use super::{
     Access, Endpoint, Objects, ProviderInfo, Registered, Registration, keeper, process, sys,
 };
-use crate::rdma::RdmaError;
+use crate::TransportError;
+use crate::rdma::no_provider;
 
 // SAFETY: the endpoint exclusively owns its libfabric objects and buffers; the domain is opened with
 // FI_THREAD_SAFE, so moving the owner to another thread (the driver thread) is allowed. It is not Sync:
@@ -27,7 +28,7 @@ impl Endpoint {
         recv_slots: usize,
         slot_bytes: usize,
         hmem: bool,
-    ) -> Result<Self, RdmaError> {
+    ) -> Result<Self, TransportError> {
         let list = InfoList::get(Some(provider), domain, hmem)?;
         // Some layered providers list every domain whatever the hint names: take the one asked for.
         let Some((raw, info)) = list
@@ -35,7 +36,7 @@ impl Endpoint {
             .into_iter()
             .find(|(_, i)| domain.is_none_or(|d| i.domain == d))
         else {
-            return Err(RdmaError::NoProvider(format!(
+            return Err(no_provider(format!(
                 "provider {provider:?}{} offers no reliable datagram endpoint with RMA{}",
                 domain
                     .map(|d| format!(" on domain {d:?}"))
@@ -48,7 +49,7 @@ impl Endpoint {
             )));
         };
         if info.cq_data_size < 4 {
-            return Err(RdmaError::NoProvider(format!(
+            return Err(no_provider(format!(
                 "provider {provider:?} carries {} bytes of remote CQ data, 4 are needed",
                 info.cq_data_size
             )));
@@ -133,7 +134,7 @@ impl Endpoint {
     }
 
     /// This endpoint's address, to hand to peers.
-    pub(crate) fn name(&self) -> Result<Vec<u8>, RdmaError> {
+    pub(crate) fn name(&self) -> Result<Vec<u8>, TransportError> {
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
         // SAFETY: `buf` is writable for `len` bytes; the provider writes at most that and updates `len`.
@@ -144,12 +145,12 @@ impl Endpoint {
     }
 
     /// Inserts a peer's address (from its [`Endpoint::name`]) and returns its handle.
-    pub(crate) fn insert(&mut self, name: &[u8]) -> Result<u64, RdmaError> {
+    pub(crate) fn insert(&mut self, name: &[u8]) -> Result<u64, TransportError> {
         if name.is_empty() || name.len() > 256 {
-            return Err(RdmaError::Protocol(format!(
-                "an endpoint address of {} bytes",
-                name.len()
-            )));
+            return Err(TransportError::config(
+                "rdma",
+                format!("an endpoint address of {} bytes", name.len()),
+            ));
         }
         // Linked before the insert, so the peer cannot be closed in between; a failed insert only keeps
         // the link (the peer stays open a little longer than it must).
@@ -175,9 +176,9 @@ impl Endpoint {
 
     /// Refuses a call towards `dest` when its process is known to have exited: on `shm` such a call can
     /// spin forever on a lock the dead process held (see [`process`]).
-    pub(super) fn check_alive(&self, dest: u64) -> Result<(), RdmaError> {
+    pub(super) fn check_alive(&self, dest: u64) -> Result<(), TransportError> {
         match self.processes.get(&dest) {
-            Some(p) if !p.alive() => Err(RdmaError::Unreachable(format!(
+            Some(p) if !p.alive() => Err(TransportError::Unreachable(format!(
                 "its process ({}) has exited",
                 p.pid()
             ))),

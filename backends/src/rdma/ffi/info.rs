@@ -5,7 +5,7 @@ use std::ffi::{CStr, CString, c_char};
 use std::ptr;
 
 use super::sys;
-use crate::rdma::RdmaError;
+use crate::TransportError;
 
 /// What one provider offers, as `fi_getinfo` described it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,11 +53,11 @@ pub(super) fn strerror(code: i64) -> String {
         .into_owned()
 }
 
-pub(super) fn check(call: &'static str, ret: i64) -> Result<(), RdmaError> {
+pub(super) fn check(call: &'static str, ret: i64) -> Result<(), TransportError> {
     if ret == 0 {
         Ok(())
     } else {
-        Err(RdmaError::Fabric {
+        Err(TransportError::Fabric {
             call,
             code: ret,
             message: strerror(ret),
@@ -65,9 +65,12 @@ pub(super) fn check(call: &'static str, ret: i64) -> Result<(), RdmaError> {
     }
 }
 
-fn c_string(s: Option<&str>) -> Result<Option<CString>, RdmaError> {
-    s.map(|s| CString::new(s).map_err(|_| RdmaError::Config(format!("{s:?} contains a NUL byte"))))
-        .transpose()
+fn c_string(s: Option<&str>) -> Result<Option<CString>, TransportError> {
+    s.map(|s| {
+        CString::new(s)
+            .map_err(|_| TransportError::config("rdma", format!("{s:?} contains a NUL byte")))
+    })
+    .transpose()
 }
 
 fn owned(s: *const c_char) -> String {
@@ -88,7 +91,7 @@ impl InfoList {
         provider: Option<&str>,
         domain: Option<&str>,
         hmem: bool,
-    ) -> Result<Self, RdmaError> {
+    ) -> Result<Self, TransportError> {
         let (prov, dom) = (c_string(provider)?, c_string(domain)?);
         let mut out = ptr::null_mut();
         // SAFETY: the strings are valid NUL-terminated strings or null (both allowed); `out` is a valid
@@ -147,7 +150,7 @@ pub(crate) fn providers(
     provider: Option<&str>,
     domain: Option<&str>,
     hmem: bool,
-) -> Result<Vec<ProviderInfo>, RdmaError> {
+) -> Result<Vec<ProviderInfo>, TransportError> {
     Ok(InfoList::get(provider, domain, hmem)?
         .entries()
         .into_iter()

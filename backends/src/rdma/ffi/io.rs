@@ -7,10 +7,11 @@ use std::ptr;
 
 use super::info::check;
 use super::{Completion, Endpoint, KIND_MASK, KIND_RECV, KIND_SEND, KIND_WRITE, MrId, sys};
-use crate::rdma::RdmaError;
+use crate::TransportError;
+use crate::rdma::{own, unknown_registration};
 
 impl Endpoint {
-    pub(super) fn post_recv(&mut self, slot: usize) -> Result<(), RdmaError> {
+    pub(super) fn post_recv(&mut self, slot: usize) -> Result<(), TransportError> {
         let desc = self.desc(self.recv.mr);
         // SAFETY: the slot lies inside the receive pool, which outlives the endpoint's objects; it is not
         // read by us until its completion arrives (`recv_out` tracks that).
@@ -29,9 +30,9 @@ impl Endpoint {
     }
 
     /// The bytes of receive slot `slot` after its [`Completion::Received`], until it is reposted.
-    pub(crate) fn received(&self, slot: usize, len: usize) -> Result<&[u8], RdmaError> {
+    pub(crate) fn received(&self, slot: usize, len: usize) -> Result<&[u8], TransportError> {
         if slot >= self.recv.count || !self.recv_out[slot] || len > self.recv.slot_bytes {
-            return Err(RdmaError::Protocol(format!(
+            return Err(own(format!(
                 "receive slot {slot} ({len} bytes) is not completed"
             )));
         }
@@ -41,24 +42,25 @@ impl Endpoint {
     }
 
     /// Posts receive slot `slot` again after its message was handled.
-    pub(crate) fn repost(&mut self, slot: usize) -> Result<(), RdmaError> {
+    pub(crate) fn repost(&mut self, slot: usize) -> Result<(), TransportError> {
         if slot >= self.recv.count || !self.recv_out[slot] {
-            return Err(RdmaError::Protocol(format!(
-                "receive slot {slot} is already posted"
-            )));
+            return Err(own(format!("receive slot {slot} is already posted")));
         }
         self.post_recv(slot)
     }
 
     /// Sends `bytes` as one message to `dest`. Returns `false` when no slot is free or the provider asks
     /// to try again (nothing was sent).
-    pub(crate) fn send(&mut self, dest: u64, bytes: &[u8]) -> Result<bool, RdmaError> {
+    pub(crate) fn send(&mut self, dest: u64, bytes: &[u8]) -> Result<bool, TransportError> {
         if bytes.len() > self.send.slot_bytes {
-            return Err(RdmaError::Protocol(format!(
-                "a message of {} bytes exceeds the {}-byte slots",
-                bytes.len(),
-                self.send.slot_bytes
-            )));
+            return Err(TransportError::config(
+                "rdma",
+                format!(
+                    "a message of {} bytes exceeds the {}-byte slots: raise slot_bytes",
+                    bytes.len(),
+                    self.send.slot_bytes
+                ),
+            ));
         }
         self.check_alive(dest)?;
         let Some(slot) = self.free_send.pop() else {
@@ -108,22 +110,20 @@ impl Endpoint {
         data: Option<u64>,
         ctx: u64,
         delivery_complete: bool,
-    ) -> Result<bool, RdmaError> {
+    ) -> Result<bool, TransportError> {
         if ctx & KIND_MASK != 0 {
-            return Err(RdmaError::Config(format!(
-                "write context {ctx:#x} is too large"
-            )));
+            return Err(own(format!("write context {ctx:#x} is too large")));
         }
         self.check_alive(dest)?;
         let reg = self
             .regs
             .get_mut(&src)
-            .ok_or(RdmaError::UnknownRegistration(src.0))?;
+            .ok_or_else(|| unknown_registration(src.0))?;
         if offset
             .checked_add(len)
             .is_none_or(|end| end > reg.memory.len())
         {
-            return Err(RdmaError::Config(format!(
+            return Err(own(format!(
                 "bytes {offset}+{len} lie outside a registration of {} bytes",
                 reg.memory.len()
             )));
@@ -177,7 +177,7 @@ impl Endpoint {
     }
 
     /// Reads available completions into `out` (appending); returns how many.
-    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, RdmaError> {
+    pub(crate) fn poll(&mut self, out: &mut Vec<Completion>) -> Result<usize, TransportError> {
         let mut n = 0;
         loop {
             self.scratch.clear();
@@ -208,7 +208,7 @@ impl Endpoint {
         }
     }
 
-    fn read_error(&mut self) -> Result<Completion, RdmaError> {
+    fn read_error(&mut self) -> Result<Completion, TransportError> {
         let mut ctx = ptr::null_mut();
         let (mut err, mut prov) = (0, 0);
         let mut msg = [0u8; 256];

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::Objects;
 use super::slots::Slots;
-use crate::rdma::RdmaError;
+use crate::TransportError;
 
 /// Whether `provider` (as `fi_info` names it, e.g. `shm`, `efa`, `tcp;ofi_rxm`) maps in-process peers'
 /// memory directly.
@@ -107,12 +107,12 @@ pub(super) fn open(name: &[u8]) -> KeptId {
 
 /// Records that open endpoint `id` is about to insert address `peer`; refuses the address of an endpoint
 /// of this process that is already closed.
-pub(super) fn link(id: KeptId, peer: &[u8]) -> Result<(), RdmaError> {
+pub(super) fn link(id: KeptId, peer: &[u8]) -> Result<(), TransportError> {
     let peer = trimmed(peer);
     let mut guard = keeper();
     let k = guard.get_or_insert_with(Keeper::default);
     if k.closed.contains(peer) {
-        return Err(RdmaError::Protocol(format!(
+        return Err(TransportError::Unreachable(format!(
             "endpoint {} of this process is closed",
             String::from_utf8_lossy(peer)
         )));

@@ -9,7 +9,8 @@ use transfer_engine::{MemoryKind, MemoryRegion};
 
 use super::info::check;
 use super::{Access, DmaBuffer, Endpoint, MrId, Registered, Registration, sys};
-use crate::rdma::RdmaError;
+use crate::TransportError;
+use crate::rdma::unknown_registration;
 
 impl Endpoint {
     pub(super) fn register_raw(
@@ -18,7 +19,7 @@ impl Endpoint {
         len: usize,
         access: Access,
         memory: Registered,
-    ) -> Result<MrId, RdmaError> {
+    ) -> Result<MrId, TransportError> {
         self.next_mr += 1;
         let id = MrId(self.next_mr);
         let flags = match access {
@@ -38,13 +39,13 @@ impl Endpoint {
             },
             Registered::Dma(_) | Registered::Pool { .. } => None,
         };
-        let device = match device {
-            Some(ordinal) => Some(
-                i32::try_from(ordinal)
-                    .map_err(|_| RdmaError::Config(format!("GPU ordinal {ordinal}")))?,
-            ),
-            _ => None,
-        };
+        let device =
+            match device {
+                Some(ordinal) => Some(i32::try_from(ordinal).map_err(|_| {
+                    TransportError::config("rdma", format!("GPU ordinal {ordinal}"))
+                })?),
+                _ => None,
+            };
         // SAFETY: `ptr..ptr + len` is memory this endpoint keeps alive until the registration is closed
         // (its own pools, or a region or mirror whose owner is stored with the registration): host
         // memory, or device memory of GPU `device` that the provider only reaches through its CUDA
@@ -98,18 +99,25 @@ impl Endpoint {
     /// Registers region memory (host, or GPU memory where the provider was opened with `FI_HMEM`) for
     /// local writes from it and peers' writes into it; returns the registration and its remote key. The
     /// memory is kept alive until [`Endpoint::deregister`].
-    pub(crate) fn register(&mut self, memory: &MemoryRegion) -> Result<(MrId, u64), RdmaError> {
+    pub(crate) fn register(
+        &mut self,
+        memory: &MemoryRegion,
+    ) -> Result<(MrId, u64), TransportError> {
         if memory.is_empty() {
-            return Err(RdmaError::Config(
-                "an empty region cannot be registered".into(),
+            return Err(TransportError::config(
+                "rdma",
+                "an empty region cannot be registered",
             ));
         }
         if !memory.kind().is_host() && !self.info.hmem {
-            return Err(RdmaError::Config(format!(
-                "{} cannot be registered with provider {}: it was not opened for device memory (FI_HMEM)",
-                memory.kind(),
-                self.info.provider
-            )));
+            return Err(TransportError::config(
+                "rdma",
+                format!(
+                    "{} cannot be registered with provider {}: it was not opened for device memory (FI_HMEM)",
+                    memory.kind(),
+                    self.info.provider
+                ),
+            ));
         }
         let ptr = memory.address() as *mut u8;
         let id = self.register_raw(
@@ -126,10 +134,11 @@ impl Endpoint {
     pub(crate) fn register_dma(
         &mut self,
         buffer: &std::sync::Arc<DmaBuffer>,
-    ) -> Result<(MrId, u64), RdmaError> {
+    ) -> Result<(MrId, u64), TransportError> {
         if buffer.len() == 0 {
-            return Err(RdmaError::Config(
-                "an empty region cannot be registered".into(),
+            return Err(TransportError::config(
+                "rdma",
+                "an empty region cannot be registered",
             ));
         }
         let id = self.register_raw(
@@ -143,11 +152,11 @@ impl Endpoint {
 
     /// The address peers write to for byte `offset` of registration `id`: the virtual address under
     /// `FI_MR_VIRT_ADDR`, the offset otherwise.
-    pub(crate) fn remote_base(&self, id: MrId) -> Result<u64, RdmaError> {
+    pub(crate) fn remote_base(&self, id: MrId) -> Result<u64, TransportError> {
         let reg = self
             .regs
             .get(&id)
-            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+            .ok_or_else(|| unknown_registration(id.0))?;
         Ok(if self.info.virt_addr() {
             reg.memory.address() as u64
         } else {
@@ -161,21 +170,24 @@ impl Endpoint {
     }
 
     /// Closes registration `id`; refused while writes from it are in flight.
-    pub(crate) fn deregister(&mut self, id: MrId) -> Result<(), RdmaError> {
+    pub(crate) fn deregister(&mut self, id: MrId) -> Result<(), TransportError> {
         let reg = self
             .regs
             .get(&id)
-            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+            .ok_or_else(|| unknown_registration(id.0))?;
         if reg.in_flight > 0 {
-            return Err(RdmaError::Config(format!(
-                "registration {} has {} writes in flight",
-                id.0, reg.in_flight
-            )));
+            return Err(TransportError::config(
+                "rdma",
+                format!(
+                    "registration {} has {} writes in flight",
+                    id.0, reg.in_flight
+                ),
+            ));
         }
         let reg = self
             .regs
             .remove(&id)
-            .ok_or(RdmaError::UnknownRegistration(id.0))?;
+            .ok_or_else(|| unknown_registration(id.0))?;
         // SAFETY: the registration was opened by this endpoint and is closed once, here.
         let ret = unsafe { sys::te_close_mr(reg.mr) };
         check("fi_close(mr)", ret.into())

@@ -4,8 +4,8 @@
 use transfer_engine::wire::VERSION as WIRE_VERSION;
 use transfer_engine::{Dtype, KvLayout, Namespace};
 
+use crate::TransportError;
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
-use crate::tcp::TcpError;
 
 /// Version of the handshake and lane protocol this build speaks.
 pub const PROTOCOL_VERSION: u16 = 4;
@@ -50,10 +50,12 @@ pub struct Hello {
 
 impl Hello {
     /// A hello of this build for `engine_id` in `namespace`, with a fresh nonce.
-    pub fn new(engine_id: u32, namespace: Namespace) -> Result<Self, TcpError> {
+    pub fn new(engine_id: u32, namespace: Namespace) -> Result<Self, TransportError> {
         let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce)
-            .map_err(|e| TcpError::Io(std::io::Error::other(format!("no randomness: {e}"))))?;
+        getrandom::fill(&mut nonce).map_err(|e| TransportError::Io {
+            backend: "tcp",
+            message: format!("no randomness: {e}"),
+        })?;
         Ok(Self {
             protocol: PROTOCOL_VERSION,
             wire: WIRE_VERSION,

@@ -18,7 +18,7 @@ use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::TcpError;
+use crate::TransportError;
 
 mod message;
 
@@ -58,25 +58,34 @@ fn keyed(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> Option<Hmac<Sh
 }
 
 /// Writes one message.
-pub async fn send(stream: &mut TcpStream, msg: &Message) -> Result<(), TcpError> {
-    stream.write_all(&msg.encode()).await?;
-    Ok(())
+pub async fn send(stream: &mut TcpStream, msg: &Message) -> Result<(), TransportError> {
+    stream.write_all(&msg.encode()).await.map_err(io)
+}
+
+/// A socket error of the handshake.
+fn io(e: std::io::Error) -> TransportError {
+    TransportError::io("tcp", &e)
+}
+
+/// A handshake message the peer should not have sent.
+fn broken(message: String) -> TransportError {
+    TransportError::protocol("tcp", message)
 }
 
 /// Reads one message.
-pub async fn recv(stream: &mut TcpStream) -> Result<Message, TcpError> {
+pub async fn recv(stream: &mut TcpStream) -> Result<Message, TransportError> {
     let body = recv_body(stream).await?;
-    Message::decode(&body).map_err(TcpError::Handshake)
+    Message::decode(&body).map_err(broken)
 }
 
 /// Reads one message's body, undecoded. The buffer grows as bytes arrive, so a peer that declares a
 /// long message and sends little of it holds little memory.
-pub(crate) async fn recv_body(stream: &mut TcpStream) -> Result<Vec<u8>, TcpError> {
+pub(crate) async fn recv_body(stream: &mut TcpStream) -> Result<Vec<u8>, TransportError> {
     let mut len = [0u8; 4];
-    stream.read_exact(&mut len).await?;
+    stream.read_exact(&mut len).await.map_err(io)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_MESSAGE {
-        return Err(TcpError::Handshake(format!(
+        return Err(broken(format!(
             "handshake message of {len} bytes is larger than {MAX_MESSAGE}: the peer does not speak this protocol"
         )));
     }
@@ -84,9 +93,10 @@ pub(crate) async fn recv_body(stream: &mut TcpStream) -> Result<Vec<u8>, TcpErro
     (&mut *stream)
         .take(len as u64)
         .read_to_end(&mut body)
-        .await?;
+        .await
+        .map_err(io)?;
     if body.len() < len {
-        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+        return Err(io(std::io::ErrorKind::UnexpectedEof.into()));
     }
     Ok(body)
 }
@@ -109,7 +119,7 @@ pub async fn dial(
     secret: Option<&[u8]>,
     expect_engine: Option<u32>,
     limit: Duration,
-) -> Result<Accepted, TcpError> {
+) -> Result<Accepted, TransportError> {
     let run = async {
         send(
             stream,
@@ -119,7 +129,7 @@ pub async fn dial(
         let (peer, mac) = match recv(stream).await? {
             Message::Hello(peer, mac) => (peer, mac),
             Message::Reject(reason) => {
-                return Err(TcpError::Handshake(format!("peer refused: {reason}")));
+                return Err(TransportError::Refused(reason));
             }
             other => return Err(unexpected(&other)),
         };
@@ -136,7 +146,7 @@ pub async fn dial(
         }
         if let Some(reason) = problem {
             let _ = send(stream, &Message::Reject(reason.clone())).await;
-            return Err(TcpError::Handshake(reason));
+            return Err(TransportError::Refused(reason));
         }
         let mac = auth_mac(secret, "dialer", &covered);
         send(stream, &Message::Auth(mac)).await?;
@@ -146,13 +156,16 @@ pub async fn dial(
                 token,
                 segments,
             }),
-            Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+            Message::Reject(reason) => Err(TransportError::Refused(reason)),
             other => Err(unexpected(&other)),
         }
     };
     tokio::time::timeout(limit, run)
         .await
-        .map_err(|_| TcpError::Handshake(format!("no handshake answer within {limit:?}")))?
+        .map_err(|_| TransportError::Timeout {
+            what: "the handshake".into(),
+            waited: limit,
+        })?
 }
 
 /// The acceptor's side, part one: checks the dialer's first message (`first`, a body read by
@@ -163,18 +176,18 @@ pub(crate) async fn answer_hello(
     first: &[u8],
     hello: &Hello,
     secret: Option<&[u8]>,
-) -> Result<(Hello, Vec<u8>), TcpError> {
+) -> Result<(Hello, Vec<u8>), TransportError> {
     let peer = match Message::decode(first) {
         Ok(Message::Hello(peer, _)) => peer,
         decoded => {
-            let err = decoded.map_or_else(TcpError::Handshake, |other| unexpected(&other));
+            let err = decoded.map_or_else(broken, |other| unexpected(&other));
             let _ = send(stream, &Message::Reject(err.to_string())).await;
             return Err(err);
         }
     };
     if let Some(reason) = hello.mismatch(&peer) {
         let _ = send(stream, &Message::Reject(reason.clone())).await;
-        return Err(TcpError::Handshake(reason));
+        return Err(TransportError::Refused(reason));
     }
     let covered = transcript(&peer, hello);
     let mac = auth_mac(secret, "acceptor", &covered);
@@ -189,27 +202,27 @@ pub(crate) async fn check_auth(
     body: &[u8],
     covered: &[u8],
     secret: Option<&[u8]>,
-) -> Result<(), TcpError> {
-    match Message::decode(body).map_err(TcpError::Handshake)? {
+) -> Result<(), TransportError> {
+    match Message::decode(body).map_err(broken)? {
         Message::Auth(mac) if verify_mac(secret, "dialer", covered, &mac) => Ok(()),
         Message::Auth(_) => {
             let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
             let _ = send(stream, &Message::Reject(reason.into())).await;
-            Err(TcpError::Handshake(reason.into()))
+            Err(TransportError::Refused(reason.into()))
         }
-        Message::Reject(reason) => Err(TcpError::Handshake(format!("peer refused: {reason}"))),
+        Message::Reject(reason) => Err(TransportError::Refused(reason)),
         other => Err(unexpected(&other)),
     }
 }
 
-fn unexpected(msg: &Message) -> TcpError {
+fn unexpected(msg: &Message) -> TransportError {
     let name = match msg {
         Message::Hello(..) => "Hello",
         Message::Auth(_) => "Auth",
         Message::Welcome(..) => "Welcome",
         Message::Reject(_) => "Reject",
     };
-    TcpError::Handshake(format!("unexpected {name} message during the handshake"))
+    broken(format!("unexpected {name} message during the handshake"))
 }
 
 #[cfg(test)]
