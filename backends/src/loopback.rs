@@ -7,7 +7,7 @@
 //! verifies it there. The producer's checksum pass pulls the bytes into the shared cache just before the
 //! consumer copies them, so the two cores together keep close to the speed of a plain copy.
 //!
-//! Both ends are [`LoopbackEnd`]s with the same calls as a TCP node: register caller memory, submit and
+//! Both ends are [`LoopbackNode`]s, nodes like any other backend's: register caller memory, submit and
 //! await transfers, take notices of incoming sessions, await them layer by layer and consume layers,
 //! subscribe to events.
 
@@ -22,23 +22,18 @@ pub use node::{LoopbackDriver, LoopbackNode, Side};
 pub use tier_moves::{TierMoveReport, TierRegions};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokio::sync::broadcast;
-use transfer_engine::{
-    Counters, EngineConfig, Error, Event, KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId,
-    SessionId, ShapingConfig, TransferRequest,
-};
+use transfer_engine::{EngineConfig, PeerId, SessionId, TransferRequest};
 
 use crate::TransportError;
-use crate::board::{IncomingSession, Outcome, Received, WaitError};
-use crate::lock::lock;
-use crate::node::station::Station;
+use crate::board::{Outcome, WaitError};
+use crate::node::{LogKind, Node, NodeCore};
 use credit::Credit;
-use threads::{Frame, RefusalLog};
+use node::Ends;
+use threads::Frame;
 
 /// The producer's peer id, as the consumer sees it.
 pub const PRODUCER: PeerId = PeerId(1);
@@ -62,21 +57,17 @@ pub fn loopback_engine_config(engine_id: u32) -> EngineConfig {
     cfg
 }
 
-/// One end of the pair: an engine, the caller memory registered with it, and what it reported.
+/// One end of the pair, as its thread and its node's driver share it: its core (engine, log, segments,
+/// verdicts), how its thread is woken and how the other end names it.
 #[derive(Debug)]
-pub struct LoopbackEnd {
-    station: Station,
-    refused: RefusalLog,
+pub(crate) struct LoopbackEnd {
+    pub(crate) core: NodeCore,
     /// Wakes this end's thread (a submit, a consumed layer).
     wake: WakeHandle,
     /// How the other end names this one.
     peer_id: PeerId,
     /// Moves units where either side is GPU memory (the consumer's).
     gpu: gpu::GpuPlacer,
-    /// Regions offered to the other end by name.
-    segments: std::sync::Mutex<Vec<crate::transport::Segment>>,
-    /// Why the other end is gone, once it was shut down.
-    peer_gone: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Debug)]
@@ -86,114 +77,48 @@ enum WakeHandle {
 }
 
 impl LoopbackEnd {
+    fn new(cfg: EngineConfig, wake: WakeHandle, peer_id: PeerId) -> Self {
+        Self {
+            core: NodeCore::new("loopback", cfg),
+            wake,
+            peer_id,
+            gpu: gpu::GpuPlacer::new(),
+        }
+    }
+
     /// How the other end names this one ([`PRODUCER`] or [`CONSUMER`]).
-    #[must_use]
-    pub fn peer_id(&self) -> PeerId {
+    pub(crate) fn peer_id(&self) -> PeerId {
         self.peer_id
     }
 
-    /// Registers the caller's `memory` as a KV region of `layout`; transfers read from it or place into it
-    /// in place.
-    pub fn register_kv_region(
-        &self,
-        layout: KvLayout,
-        memory: MemoryRegion,
-    ) -> Result<RegionHandle, TransportError> {
-        Ok(self.station.register_kv_region(layout, memory)?)
+    /// How this end names the other one.
+    pub(crate) fn other_peer(&self) -> PeerId {
+        if self.peer_id == PRODUCER {
+            CONSUMER
+        } else {
+            PRODUCER
+        }
     }
 
-    /// Sets this end's traffic shaping (link rate, KV share of it, per-class rates, bursts): a KV bandwidth
-    /// cap. Takes effect for every frame from now on.
-    pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), TransportError> {
-        self.station.engine().set_shaping(shaping)?;
-        self.wake();
-        Ok(())
+    /// Logs a frame from the other end that this end refused.
+    pub(crate) fn refused(&self, e: impl Into<TransportError>) {
+        self.core.log.error(
+            LogKind::Refused,
+            Some(self.other_peer()),
+            "refused a frame",
+            e,
+        );
     }
 
-    /// Registers a KV region of `layout` over zeroed host memory the engine allocates.
-    pub fn kv_region(&self, layout: KvLayout) -> Result<RegionHandle, TransportError> {
-        let memory = MemoryRegion::zeroed(usize::try_from(layout.total_bytes()).map_err(|_| {
-            TransportError::Unsupported {
-                backend: "loopback",
-                what: "hold a layout larger than this machine's address space".into(),
-            }
-        })?);
-        self.register_kv_region(layout, memory)
+    /// Logs a frame this end could not send.
+    pub(crate) fn failed(&self, what: &str, e: impl Into<TransportError>) {
+        self.core
+            .log
+            .error(LogKind::Failed, Some(self.other_peer()), what, e);
     }
 
-    /// The memory behind a registered region.
-    pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        Ok(self.station.engine().memory(id)?.clone())
-    }
-
-    /// Unregisters a region no live session uses and hands back its memory.
-    pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        Ok(self.station.engine().unregister_region(id)?)
-    }
-
-    /// Waits until sending session `session` is over.
-    pub async fn wait(&self, session: SessionId) -> Result<Outcome, TransportError> {
-        Ok(self.station.board.wait_sent(session).await?)
-    }
-
-    /// The notice of the next incoming session nobody has taken yet (the session already runs: the engine
-    /// admitted it when its open arrived), waiting for one.
-    pub async fn next_incoming(&self) -> Result<IncomingSession, TransportError> {
-        Ok(self.station.board.next_incoming().await?)
-    }
-
-    /// Waits until `layer` of receiving session `session` has arrived whole (an error names its blocks to
-    /// recompute if the session ended without it).
-    pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), TransportError> {
-        Ok(self.station.board.wait_layer(session, layer).await?)
-    }
-
-    /// Waits until receiving session `session` is over.
-    pub async fn wait_received(&self, session: SessionId) -> Result<Received, TransportError> {
-        Ok(self.station.board.wait_received(session).await?)
-    }
-
-    /// The consumer is about to compute `layer` of receiving session `session` (layers in order): the
-    /// producer may then send up to its prefetch depth beyond it. Returns whether the layer is complete.
-    pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, TransportError> {
-        let complete = self.station.consume_layer(session, layer)?;
-        self.wake();
-        Ok(complete)
-    }
-
-    /// Stops receiving session `session`: none of its bytes is placed from now on, and its blocks not yet
-    /// verified are reported for recompute.
-    pub fn abandon_receive(&self, session: SessionId) -> Result<(), TransportError> {
-        self.station.abandon_receive(session)?;
-        self.wake();
-        Ok(())
-    }
-
-    /// Every event from now on.
-    #[must_use]
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.station.board.subscribe()
-    }
-
-    /// Frames this end refused, newest last (the newest 1024), with the total count.
-    #[must_use]
-    pub fn refused(&self) -> (Vec<TransportError>, u64) {
-        self.refused.snapshot()
-    }
-
-    /// The engine's counters.
-    #[must_use]
-    pub fn stats(&self) -> Counters {
-        self.station.engine().stats()
-    }
-
-    /// Live sessions (both roles).
-    #[must_use]
-    pub fn live_sessions(&self) -> usize {
-        self.station.engine().live_sessions()
-    }
-
-    fn wake(&self) {
+    /// Wakes this end's thread.
+    pub(crate) fn wake(&self) {
         match &self.wake {
             WakeHandle::Producer(tx) => {
                 let _ = tx.send(Frame::Wake);
@@ -206,21 +131,14 @@ impl LoopbackEnd {
     }
 }
 
-/// One end's thread (taken when it is joined) and the flag that stops it.
-type EndThread = (Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>);
-
-/// A producer and a consumer engine, wired back to back, each driven by its own thread until the pair
-/// is dropped.
+/// A producer and a consumer engine, wired back to back, each driven by its own thread until both ends
+/// are dropped (or shut down). Each end is a [`LoopbackNode`], with every call of a node.
 #[derive(Debug)]
 pub struct LoopbackPair {
-    producer: Arc<LoopbackEnd>,
-    consumer: Arc<LoopbackEnd>,
-    /// Each end's thread and the flag that stops it: producer, then consumer.
-    threads: [EndThread; 2],
+    producer: LoopbackNode,
+    consumer: LoopbackNode,
     /// Runs the blocking waits of [`LoopbackPair::transfer_all`].
-    /// (An option only so that dropping the pair on an async runtime's thread can shut it down in the
-    /// background, where dropping it in place would panic.)
-    rt: Option<tokio::runtime::Runtime>,
+    rt: PairRuntime,
 }
 
 impl LoopbackPair {
@@ -232,24 +150,16 @@ impl LoopbackPair {
     pub fn new(producer: EngineConfig, consumer: EngineConfig) -> Self {
         let (data_tx, data_rx) = mpsc::sync_channel(CHANNEL_FRAMES);
         let (ack_tx, ack_rx) = mpsc::channel();
-        let producer = Arc::new(LoopbackEnd {
-            refused: RefusalLog::new(producer.engine_id),
-            station: Station::new(producer),
-            wake: WakeHandle::Producer(ack_tx.clone()),
-            peer_id: PRODUCER,
-            gpu: gpu::GpuPlacer::new(),
-            segments: std::sync::Mutex::default(),
-            peer_gone: std::sync::Mutex::default(),
-        });
-        let consumer = Arc::new(LoopbackEnd {
-            refused: RefusalLog::new(consumer.engine_id),
-            station: Station::new(consumer),
-            wake: WakeHandle::Consumer(data_tx.clone()),
-            peer_id: CONSUMER,
-            gpu: gpu::GpuPlacer::new(),
-            segments: std::sync::Mutex::default(),
-            peer_gone: std::sync::Mutex::default(),
-        });
+        let producer = Arc::new(LoopbackEnd::new(
+            producer,
+            WakeHandle::Producer(ack_tx.clone()),
+            PRODUCER,
+        ));
+        let consumer = Arc::new(LoopbackEnd::new(
+            consumer,
+            WakeHandle::Consumer(data_tx.clone()),
+            CONSUMER,
+        ));
         let stops = [
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicBool::new(false)),
@@ -264,20 +174,19 @@ impl LoopbackPair {
         );
         let consumer_thread =
             threads::spawn_consumer(consumer.clone(), data_rx, ack_tx, credit, stops[1].clone());
-        let [p, c] = stops;
-        let threads = [
-            (p, std::sync::Mutex::new(Some(producer_thread))),
-            (c, std::sync::Mutex::new(Some(consumer_thread))),
-        ];
+        let ends = Arc::new(Ends::new(
+            [producer, consumer],
+            stops,
+            [producer_thread, consumer_thread],
+        ));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .expect("a current-thread runtime for blocking waits");
         Self {
-            producer,
-            consumer,
-            threads,
-            rt: Some(rt),
+            producer: Node::from_driver(LoopbackDriver::new(ends.clone(), Side::Producer)),
+            consumer: Node::from_driver(LoopbackDriver::new(ends, Side::Consumer)),
+            rt: PairRuntime(Some(rt)),
         }
     }
 
@@ -293,59 +202,39 @@ impl LoopbackPair {
 
     /// The sending end.
     #[must_use]
-    pub fn producer(&self) -> &LoopbackEnd {
+    pub fn producer(&self) -> &LoopbackNode {
         &self.producer
     }
 
     /// The receiving end.
     #[must_use]
-    pub fn consumer(&self) -> &LoopbackEnd {
+    pub fn consumer(&self) -> &LoopbackNode {
         &self.consumer
     }
 
-    /// Starts a transfer from the producer to the consumer; await it with [`LoopbackEnd::wait`].
+    /// The pair's two ends as transports: the producer, then the consumer. The pair's threads run while
+    /// either end lives.
+    #[must_use]
+    pub fn into_nodes(self) -> (LoopbackNode, LoopbackNode) {
+        (self.producer, self.consumer)
+    }
+
+    /// Starts a transfer from the producer to the consumer; await it with the producer's
+    /// [`Node::wait`](crate::node::Node::wait).
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
-        // Held until the session is in the engine: a shutdown of the consumer either comes first (and
-        // this submit is refused) or ends this session with the rest.
-        let gone = lock(&self.producer.peer_gone);
-        if let Some(reason) = gone.clone() {
-            return Err(TransportError::Unreachable(reason));
-        }
-        if req.peer != CONSUMER {
-            return Err(TransportError::NoRoute {
-                peer: req.peer,
-                why: format!("a loopback producer sends only to its consumer ({CONSUMER:?})"),
-            });
-        }
-        let src = self.producer.memory(req.src_region)?;
-        if let Ok(dst) = self.consumer.memory(req.dst_region)
-            && src.same_memory(&dst)
-        {
-            return Err(Error::SameRegion.into());
-        }
-        let id = self.producer.station.submit(req)?;
-        drop(gone);
-        self.producer.wake();
-        Ok(id)
+        self.producer.submit(req)
     }
 
     /// The producer of sending session `session` has written every layer below `until`: those layers may
     /// go out (for requests made with `TransferRequest::with_layers_written`).
     pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), TransportError> {
-        self.producer
-            .station
-            .engine()
-            .layers_written(session, until)?;
-        self.producer.wake();
-        Ok(())
+        self.producer.layers_written(session, until)
     }
 
     /// Stops sending session `session`: every block not yet acknowledged is reported for recompute, at
     /// both ends.
     pub fn cancel(&self, session: SessionId) -> Result<(), TransportError> {
-        self.producer.station.engine().cancel(session)?;
-        self.producer.wake();
-        Ok(())
+        self.producer.cancel(session)
     }
 
     /// Runs one transfer to completion; see [`LoopbackPair::transfer_all`].
@@ -384,7 +273,9 @@ impl LoopbackPair {
         sessions: &[SessionId],
         limit: Duration,
     ) -> Result<Vec<Result<Outcome, WaitError>>, Vec<SessionId>> {
-        let board = &self.producer.station.board;
+        let board = &crate::node::Driver::core(self.producer.driver())
+            .station
+            .board;
         let all = async {
             let mut out = Vec::with_capacity(sessions.len());
             for s in sessions {
@@ -410,6 +301,7 @@ impl LoopbackPair {
 
     fn runtime(&self) -> &tokio::runtime::Runtime {
         self.rt
+            .0
             .as_ref()
             .expect("the runtime lives until the pair drops")
     }
@@ -425,36 +317,18 @@ impl LoopbackPair {
     /// [`WaitError::Closed`], and the other end notices at once: its sessions with this end end with
     /// recompute, and new ones are refused. Idempotent.
     pub fn shutdown(&self, side: Side) {
-        let (this, other, index) = match side {
-            Side::Producer => (&self.producer, &self.consumer, 0),
-            Side::Consumer => (&self.consumer, &self.producer, 1),
-        };
-        let (stop, thread) = &self.threads[index];
-        stop.store(true, Ordering::Relaxed);
-        this.wake();
-        let thread = lock(thread).take();
-        let Some(thread) = thread else {
-            return;
-        };
-        let _ = thread.join();
-        this.station.board.close();
-        let reason = format!("the loopback {side} was shut down");
-        // Under the lock a submit holds, so no session slips in between the verdict and the abort.
-        let mut gone = lock(&other.peer_gone);
-        *gone = Some(reason.clone());
-        let mut engine = other.station.engine();
-        engine.abort_peer(this.peer_id, &reason);
-        other.station.drain_events(&mut engine);
-        drop(engine);
-        drop(gone);
+        self.producer.driver().ends().shutdown(side);
     }
 }
 
-impl Drop for LoopbackPair {
+/// The pair's runtime for blocking waits. (An option only so that dropping the pair on an async runtime's
+/// thread can shut it down in the background, where dropping it in place would panic.)
+#[derive(Debug)]
+struct PairRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for PairRuntime {
     fn drop(&mut self) {
-        self.shutdown(Side::Producer);
-        self.shutdown(Side::Consumer);
-        if let Some(rt) = self.rt.take()
+        if let Some(rt) = self.0.take()
             && tokio::runtime::Handle::try_current().is_ok()
         {
             rt.shutdown_background();

@@ -42,10 +42,13 @@ fn units_from_gpu_memory_without_a_driver_are_refused_and_recomputed() {
         dst_memory.read(0..len).unwrap().iter().all(|&b| b == 0),
         "nothing was placed"
     );
-    let (refusals, _) = pair.consumer().refused();
-    let said = refusals
+    // The consumer's log says why, as a refusal carrying the device's error.
+    let said = pair
+        .consumer()
+        .log_entries()
         .iter()
-        .map(ToString::to_string)
+        .filter(|e| e.kind == backends::node::LogKind::Refused)
+        .filter_map(|e| e.error.as_ref().map(ToString::to_string))
         .find(|e| e.contains("GPU"))
         .unwrap_or_default();
     if cfg!(feature = "cuda") {

@@ -86,7 +86,9 @@ fn layers_are_awaited_and_consumed_and_the_prefetch_window_holds() {
             );
         }
     }
-    let out = pair.block_on(pair.producer().wait(session)).unwrap();
+    let out = pair
+        .block_on(pair.producer().wait(session, Duration::from_secs(30)))
+        .unwrap();
     assert!(out.recompute.is_empty());
     assert!(matches!(
         pair.block_on(pair.consumer().wait_layer(session, 6)),

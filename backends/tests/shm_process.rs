@@ -289,20 +289,33 @@ fn strangers_are_refused_with_a_reason_and_the_node_keeps_serving() {
     let until = Instant::now() + STEP_LIMIT;
     let refusals = || {
         receiver
-            .log()
+            .log_entries()
             .iter()
-            .filter(|l| l.starts_with("refused"))
-            .count()
+            .filter(|e| e.kind == backends::node::LogKind::HandshakeRefused)
+            .map(|e| e.times)
+            .sum::<u64>()
     };
     while refusals() < 2 && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(10));
     }
-    let log = receiver.log();
-    assert!(refusals() >= 2, "{log:?}");
-    assert!(
-        !log.iter().any(|l| l.contains("linked to engine 3")),
-        "{log:?}"
-    );
+    assert!(refusals() >= 2, "{:?}", receiver.log());
+    // Every refusal the counter counts is an entry of the log.
+    let logged: u64 = receiver
+        .log_entries()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.kind,
+                backends::node::LogKind::HandshakeRefused | backends::node::LogKind::Refused
+            )
+        })
+        .map(|e| e.times)
+        .sum();
+    assert_eq!(receiver.stats().refused, logged, "{:?}", receiver.log());
+    let linked_impostor = receiver.log_entries().iter().any(|e| {
+        e.kind == backends::node::LogKind::Connected && e.peer == Some(transfer_engine::PeerId(3))
+    });
+    assert!(!linked_impostor, "{:?}", receiver.log());
     // The first node's transfers still arrive.
     first
         .memory(src.id)

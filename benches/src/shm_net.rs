@@ -39,13 +39,13 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let watched = std::sync::Arc::downgrade(&node);
     // The node's log as it grows: links made and lost, the copy path each peer got, refusals.
     std::thread::spawn(move || {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = 0;
         while let Some(node) = watched.upgrade() {
-            let log = node.log();
-            for line in log.iter().filter(|l| !seen.contains(*l)) {
+            let (lines, newest) = node.log_after(seen);
+            for line in lines {
                 println!("te-bench serve: {line}");
             }
-            seen = log.into_iter().collect(); // what the node still keeps: at most 1024 lines
+            seen = newest;
             drop(node);
             std::thread::sleep(Duration::from_millis(500));
         }

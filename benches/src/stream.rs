@@ -124,7 +124,10 @@ impl Rig {
                 tx.block_on(tx.node().wait(session, Duration::from_secs(600)))?
                     .recompute
             }
-            Backend::Loopback(pair) => pair.block_on(pair.producer().wait(session))?.recompute,
+            Backend::Loopback(pair) => {
+                pair.block_on(pair.producer().wait(session, Duration::from_secs(600)))?
+                    .recompute
+            }
         };
         if !recompute.is_empty() {
             bail!("{} blocks came back for recompute", recompute.len());

@@ -61,7 +61,7 @@ class SessionTakeover(AttackCase):
         frames, how = read_frames(att, 1.0)
         self.assertEqual(how, "timeout")
         rejects = [(h.session, p.decode()) for h, p in frames if h.kind == REJECT]
-        self.assertEqual(rejects, [(sid, "invalid transfer request: session %#x is already open "
+        self.assertEqual(rejects, [(sid, "session %#x is already open "
                                          "here from peer 77: session ids are unique per engine"
                                     % sid)], frames)
         # an Open of its own into the victim's region, even with its key: NotOwner, fatal

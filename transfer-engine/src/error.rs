@@ -21,6 +21,19 @@ pub enum Fault {
     Device,
 }
 
+impl Fault {
+    /// The fault's name in lower case (`caller`, `peer`, `transport`, `device`), for logs and metrics.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Caller => "caller",
+            Fault::Peer => "peer",
+            Fault::Transport => "transport",
+            Fault::Device => "device",
+        }
+    }
+}
+
 /// Everything the core can refuse. None of these leave the engine in a bad state: the offending input is
 /// dropped and every other session carries on. A refused frame is [`Error::Refused`], the peer's fault;
 /// every other variant answers a call, and is the caller's.

@@ -1,18 +1,20 @@
 //! One end of a loopback pair as a node: [`LoopbackNode`], a [`Node`] of [`LoopbackDriver`]. The producer
 //! end sends and the consumer end receives; a call for the other role is refused with
-//! [`TransportError::Unsupported`].
+//! [`TransportError::Unsupported`]. Both ends share [`Ends`]: the two ends' state and threads, stopped
+//! when the last end is dropped.
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
 
-use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, RegionId, SessionId, TransferRequest};
+use transfer_engine::{Error, KvLayout, MemoryRegion, RegionHandle, TransferRequest};
 
-use super::{LoopbackEnd, LoopbackPair};
+use super::{CONSUMER, LoopbackEnd};
 use crate::lock::lock;
-use crate::node::log::Log;
-use crate::node::station::Station;
-use crate::node::{Driver, Node, Role, driver::Sealed};
-use crate::transport::{BoxFuture, PeerAddress, PeerInfo, Segment, TransportError};
+use crate::node::{Driver, Node, NodeCore, Role, driver::Sealed};
+use crate::transport::{BoxFuture, PeerAddress, PeerInfo, TransportError};
 
 /// Which end of a loopback pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +23,15 @@ pub enum Side {
     Producer,
     /// The receiving end.
     Consumer,
+}
+
+impl Side {
+    fn index(self) -> usize {
+        match self {
+            Side::Producer => 0,
+            Side::Consumer => 1,
+        }
+    }
 }
 
 impl fmt::Display for Side {
@@ -32,61 +43,95 @@ impl fmt::Display for Side {
     }
 }
 
-/// One end of a [`LoopbackPair`], usable wherever a [`crate::Transport`] is: the pair lives while either
-/// end does (dropping one end does not shut it down; [`Node::shutdown`] does).
+/// One end of a [`super::LoopbackPair`], usable wherever a [`crate::Transport`] is: the pair's threads run
+/// while either end lives (dropping one end does not stop them; [`Node::shutdown`] does).
 pub type LoopbackNode = Node<LoopbackDriver>;
 
-/// One end of a shared [`LoopbackPair`]: what a [`LoopbackNode`] drives.
+/// One end's stop flag and thread (taken when it is joined).
+type EndThread = (Arc<AtomicBool>, std::sync::Mutex<Option<JoinHandle<()>>>);
+
+/// The two ends of a pair and their threads, shared by both ends' drivers.
+#[derive(Debug)]
+pub(crate) struct Ends {
+    ends: [Arc<LoopbackEnd>; 2],
+    threads: [EndThread; 2],
+}
+
+impl Ends {
+    pub(crate) fn new(
+        ends: [Arc<LoopbackEnd>; 2],
+        stops: [Arc<AtomicBool>; 2],
+        threads: [JoinHandle<()>; 2],
+    ) -> Self {
+        let [p_stop, c_stop] = stops;
+        let [p_thread, c_thread] = threads;
+        Self {
+            ends,
+            threads: [
+                (p_stop, std::sync::Mutex::new(Some(p_thread))),
+                (c_stop, std::sync::Mutex::new(Some(c_thread))),
+            ],
+        }
+    }
+
+    fn end(&self, side: Side) -> &LoopbackEnd {
+        &self.ends[side.index()]
+    }
+
+    fn other(&self, side: Side) -> &LoopbackEnd {
+        &self.ends[1 - side.index()]
+    }
+
+    /// Stops one end, as a process exiting would: its thread ends, its waiters are woken, and the other
+    /// end declares it unreachable at once (its sessions with it end with recompute; new ones are
+    /// refused). Idempotent.
+    pub(crate) fn shutdown(&self, side: Side) {
+        let (this, other) = (self.end(side), self.other(side));
+        let (stop, thread) = &self.threads[side.index()];
+        stop.store(true, Ordering::Relaxed);
+        this.wake();
+        let Some(thread) = lock(thread).take() else {
+            return;
+        };
+        let _ = thread.join();
+        this.core.station.board.close();
+        other.core.declare_unreachable(
+            this.peer_id(),
+            format!("the loopback {side} was shut down"),
+            Instant::now(),
+        );
+    }
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.shutdown(Side::Producer);
+        self.shutdown(Side::Consumer);
+    }
+}
+
+/// One end of a shared pair: what a [`LoopbackNode`] drives.
 #[derive(Debug)]
 pub struct LoopbackDriver {
-    pair: Arc<LoopbackPair>,
+    ends: Arc<Ends>,
     side: Side,
 }
 
-impl LoopbackPair {
-    /// The pair's two ends as transports: the producer, then the consumer.
-    #[must_use]
-    pub fn into_nodes(self) -> (LoopbackNode, LoopbackNode) {
-        let pair = Arc::new(self);
-        let producer = Node::from_driver(LoopbackDriver {
-            pair: pair.clone(),
-            side: Side::Producer,
-        });
-        let consumer = Node::from_driver(LoopbackDriver {
-            pair,
-            side: Side::Consumer,
-        });
-        (producer, consumer)
-    }
-}
-
-impl Node<LoopbackDriver> {
-    /// Which end this is.
-    #[must_use]
-    pub fn side(&self) -> Side {
-        self.driver().side
-    }
-
-    /// The pair both ends share.
-    #[must_use]
-    pub fn pair(&self) -> &Arc<LoopbackPair> {
-        &self.driver().pair
-    }
-}
-
 impl LoopbackDriver {
+    pub(crate) fn new(ends: Arc<Ends>, side: Side) -> Self {
+        Self { ends, side }
+    }
+
+    pub(crate) fn ends(&self) -> &Ends {
+        &self.ends
+    }
+
     fn end(&self) -> &LoopbackEnd {
-        match self.side {
-            Side::Producer => self.pair.producer(),
-            Side::Consumer => self.pair.consumer(),
-        }
+        self.ends.end(self.side)
     }
 
     fn other(&self) -> &LoopbackEnd {
-        match self.side {
-            Side::Producer => self.pair.consumer(),
-            Side::Consumer => self.pair.producer(),
-        }
+        self.ends.other(self.side)
     }
 
     fn only(&self, side: Side, what: &'static str) -> Result<(), TransportError> {
@@ -100,21 +145,27 @@ impl LoopbackDriver {
     }
 }
 
+impl Node<LoopbackDriver> {
+    /// Which end this is.
+    #[must_use]
+    pub fn side(&self) -> Side {
+        self.driver().side
+    }
+
+    /// The engine's counters (a loopback end has no counters of its own beside them).
+    #[must_use]
+    pub fn stats(&self) -> transfer_engine::Counters {
+        self.counters()
+    }
+}
+
 impl Sealed for LoopbackDriver {}
 
 impl Driver for LoopbackDriver {
     const BACKEND: &'static str = "loopback";
 
-    fn station(&self) -> &Station {
-        &self.end().station
-    }
-
-    fn engine_id(&self) -> u32 {
-        self.end().station.engine().config().engine_id
-    }
-
-    fn log(&self) -> &Log {
-        &self.end().refused.lines
+    fn core(&self) -> &NodeCore {
+        &self.end().core
     }
 
     fn wake(&self) {
@@ -133,12 +184,13 @@ impl Driver for LoopbackDriver {
             if *address != PeerAddress::Loopback {
                 return Err(TransportError::cannot_reach("loopback", address));
             }
-            if let Some(reason) = lock(&self.end().peer_gone).clone() {
-                return Err(TransportError::Unreachable(reason));
+            let peer = self.other().peer_id();
+            if let Some(verdict) = self.core().verdict(peer) {
+                return Err(TransportError::Unreachable(verdict.reason));
             }
             Ok(PeerInfo {
-                peer: self.other().peer_id(),
-                segments: lock(&self.other().segments).clone(),
+                peer,
+                segments: self.other().core.segments.list(),
             })
         })
     }
@@ -149,24 +201,31 @@ impl Driver for LoopbackDriver {
         layout: KvLayout,
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TransportError> {
-        self.end().register_kv_region(layout, memory)
+        Ok(self.core().station.register_kv_region(layout, memory)?)
     }
 
-    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        let memory = self.end().unregister_region(id)?;
-        lock(&self.end().segments).retain(|s| s.handle.id != id);
-        Ok(memory)
-    }
-
-    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
-        self.end().memory(handle.id)?;
-        Segment::offer(&mut lock(&self.end().segments), name, handle);
+    /// A producer sends only to its consumer, never from the memory it places into.
+    fn check_route(&self, req: &TransferRequest) -> Result<(), TransportError> {
+        if req.peer != CONSUMER {
+            return Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: format!("a loopback producer sends only to its consumer ({CONSUMER:?})"),
+            });
+        }
+        let src = self.core().station.engine().memory(req.src_region)?.clone();
+        let dst = self
+            .other()
+            .core
+            .station
+            .engine()
+            .memory(req.dst_region)
+            .cloned();
+        if let Ok(dst) = dst
+            && src.same_memory(&dst)
+        {
+            return Err(Error::SameRegion.into());
+        }
         Ok(())
-    }
-
-    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
-        self.only(Side::Producer, "send")?;
-        self.pair.submit(req)
     }
 
     fn check_role(&self, role: Role) -> Result<(), TransportError> {
@@ -176,11 +235,11 @@ impl Driver for LoopbackDriver {
         }
     }
 
-    /// Stops this end, as a process exiting would (see [`LoopbackPair::shutdown`]).
+    /// Stops this end, as a process exiting would (see [`super::LoopbackPair::shutdown`]).
     fn shutdown(&self) {
-        self.pair.shutdown(self.side);
+        self.ends.shutdown(self.side);
     }
 
-    /// Nothing: the pair stops when its last holder drops it.
+    /// Nothing: the pair stops when its last end is dropped.
     fn release(&self) {}
 }

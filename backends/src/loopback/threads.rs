@@ -1,29 +1,25 @@
 //! The two threads of a loopback pair: the producer sends frames and takes acknowledgements, the consumer
 //! places and verifies data and answers.
 
-use std::collections::VecDeque;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use transfer_engine::wire::{HEADER_LEN, Header};
-use transfer_engine::{Body, Engine, Error, MemoryRegion, PeerId, Transmit};
+use transfer_engine::{Body, Engine, Error, MemoryRegion, Transmit};
 
 use super::credit::Credit;
 use super::gpu::GpuPlacer;
-use super::{CONSUMER, LoopbackEnd, PRODUCER};
+use super::{LoopbackEnd, PRODUCER};
 use crate::TransportError;
-use crate::node::log::Log;
 use crate::node::station::{BUSY_NAP, IDLE_NAP, fire_timers, nap};
 
 /// Frames the consumer handles before it answers and looks at its timers again.
 const CONSUMER_BATCH: usize = 64;
-/// Refusals kept per end.
-const KEEP_REFUSED: usize = 1024;
 
 /// A frame on the in-process wire.
 #[derive(Debug)]
@@ -37,39 +33,6 @@ pub(super) enum Frame {
     Control([u8; HEADER_LEN], Vec<u8>),
     /// Nothing to handle: look at the engine again (a command changed it).
     Wake,
-}
-
-/// The refusals of one end: the newest [`KEEP_REFUSED`] and how many in all, each also a line of the end's
-/// log.
-#[derive(Debug)]
-pub(super) struct RefusalLog {
-    refused: Mutex<(VecDeque<TransportError>, u64)>,
-    pub(super) lines: Log,
-}
-
-impl RefusalLog {
-    pub(super) fn new(engine_id: u32) -> Self {
-        Self {
-            refused: Mutex::default(),
-            lines: Log::new("loopback", engine_id),
-        }
-    }
-
-    fn push(&self, e: impl Into<TransportError>) {
-        let e = e.into();
-        self.lines.note(format!("refused a frame: {e}"));
-        let mut log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        if log.0.len() >= KEEP_REFUSED {
-            log.0.pop_front();
-        }
-        log.0.push_back(e);
-        log.1 += 1;
-    }
-
-    pub(super) fn snapshot(&self) -> (Vec<TransportError>, u64) {
-        let log = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-        (log.0.iter().cloned().collect(), log.1)
-    }
 }
 
 /// A data transmit and the memory its payload lies in.
@@ -124,9 +87,9 @@ fn run_producer(
         }
         let now = Instant::now();
         let wait = {
-            let mut engine = end.station.engine();
+            let mut engine = end.core.station.engine();
             for frame in inbox.drain(..) {
-                receive_control(&mut engine, frame, now, CONSUMER, &end.refused);
+                receive_control(end, &mut engine, frame, now);
             }
             fire_timers(&mut engine, now);
             let mut bytes = 0;
@@ -146,12 +109,12 @@ fn run_producer(
                     memory,
                 });
             }
-            end.station.drain_events(&mut engine);
+            end.core.station.drain_events(&mut engine);
             nap(&engine, now)
         };
         let sent = out.len();
         for o in out.drain(..) {
-            if !send(o, data_tx, credit, stop, &end.refused) {
+            if !send(end, o, data_tx, credit, stop) {
                 return;
             }
         }
@@ -167,11 +130,11 @@ fn run_producer(
 
 /// Sends one transmit to the consumer; false when the consumer is gone or the pair stops.
 fn send(
+    end: &LoopbackEnd,
     o: Outgoing,
     data_tx: &SyncSender<Frame>,
     credit: &Credit,
     stop: &AtomicBool,
-    refused: &RefusalLog,
 ) -> bool {
     let Outgoing {
         transmit: mut t,
@@ -200,14 +163,14 @@ fn send(
                 match memory.read(range) {
                     Ok(payload) => Frame::Seal(t.seal(&payload)),
                     Err(e) => {
-                        refused.push(e);
+                        end.failed("cannot checksum a unit to send", e);
                         Frame::Seal(header)
                     }
                 }
             }
         }
         (Body::Payload(p), None) => {
-            refused.push(Error::UnknownRegion(p.region));
+            end.failed("cannot send a unit", Error::UnknownRegion(p.region));
             return true;
         }
         (Body::Control(payload), _) => Frame::Control(t.header.encode(), payload.clone()),
@@ -244,12 +207,12 @@ fn run_consumer(
         let now = Instant::now();
         let mut out = Vec::new();
         {
-            let mut engine = end.station.engine();
+            let mut engine = end.core.station.engine();
             fire_timers(&mut engine, now);
             while let Some(t) = engine.poll_transmit(now) {
                 out.push(t);
             }
-            end.station.drain_events(&mut engine);
+            end.core.station.drain_events(&mut engine);
             wait = nap(&engine, now);
         }
         for t in out {
@@ -295,7 +258,8 @@ fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, c
                     if placed.unsealed_source {
                         sealed.crc = crc;
                     }
-                    end.station
+                    end.core
+                        .station
                         .engine()
                         .handle_data(Instant::now(), PRODUCER, &sealed, crc)
                         .map_err(TransportError::from)
@@ -311,29 +275,18 @@ fn receive_into(end: &LoopbackEnd, frame: Frame, pending: &mut Option<Placed>, c
             (_, Err(e)) => Err(Error::from(e).into()),
         },
         control => {
-            receive_control(
-                &mut end.station.engine(),
-                control,
-                Instant::now(),
-                PRODUCER,
-                &end.refused,
-            );
+            receive_control(end, &mut end.core.station.engine(), control, Instant::now());
             Ok(())
         }
     };
     if let Err(e) = result {
-        end.refused.push(e);
+        end.refused(e);
     }
 }
 
-/// Hands one control frame to `engine`.
-fn receive_control(
-    engine: &mut Engine,
-    frame: Frame,
-    now: Instant,
-    from: PeerId,
-    refused: &RefusalLog,
-) {
+/// Hands one control frame to `end`'s `engine` (locked by the caller).
+fn receive_control(end: &LoopbackEnd, engine: &mut Engine, frame: Frame, now: Instant) {
+    let from = end.other_peer();
     let result = match frame {
         Frame::Control(header, payload) => Header::decode(&header)
             .map_err(Error::from)
@@ -346,7 +299,7 @@ fn receive_control(
         )),
     };
     if let Err(e) = result {
-        refused.push(e);
+        end.refused(e);
     }
 }
 
@@ -361,7 +314,7 @@ fn place(
 ) -> Result<Placed, TransportError> {
     let header = Header::decode(header).map_err(Error::from)?;
     let unsealed_source = !src_memory.kind().is_host();
-    let target = end.station.engine().destination(PRODUCER, &header)?;
+    let target = end.core.station.engine().destination(PRODUCER, &header)?;
     let crc = match target {
         Some((dst_memory, dst_range)) => {
             if dst_memory.same_memory(src_memory) {

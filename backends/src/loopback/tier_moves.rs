@@ -15,6 +15,7 @@ use transfer_engine::{BlockId, KvLayout, MemoryRegion, RegionHandle, TransferReq
 
 use super::{CONSUMER, LoopbackPair, stalled};
 use crate::TransportError;
+use crate::node::LogKind;
 
 /// Each tier's region, as the producer and the consumer registered it.
 #[derive(Debug, Default)]
@@ -101,7 +102,7 @@ impl LoopbackPair {
             b.src_blocks.push(src);
             b.dst_blocks.push(dst);
         }
-        let refusals_before = self.consumer().refused().1;
+        let seen = self.consumer().log_mark();
         let mut sessions = Vec::new();
         for ((from, to), batch) in batches {
             let (src, _) = &tiers.regions[&from];
@@ -140,10 +141,12 @@ impl LoopbackPair {
             }
         };
         // Why the consumer refused a unit during these moves (a GPU move without a driver, say).
-        let (refusals, total) = self.consumer().refused();
-        let last_refusal = (total > refusals_before)
-            .then(|| refusals.last().map(ToString::to_string))
-            .flatten();
+        let (entries, _) = self.consumer().log_entries_after(seen);
+        let last_refusal = entries
+            .iter()
+            .rev()
+            .find(|e| e.kind == LogKind::Refused)
+            .and_then(|e| e.error.as_ref().map(ToString::to_string));
         // Waiting stops at the first session that cannot be waited for; the ones after it share its error.
         let stopped = outcomes
             .last()

@@ -1,7 +1,7 @@
 //! The calls every node answers the same way, whatever its backend: memory, sending, receiving,
 //! observing and stopping. They answer with [`TransportError`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::broadcast;
 use transfer_engine::{
@@ -9,7 +9,8 @@ use transfer_engine::{
     TransferRequest,
 };
 
-use super::{Driver, Node, Role};
+use super::station::Station;
+use super::{Driver, LogEntry, Node, Role};
 use crate::board::{IncomingSession, Outcome, Received};
 use crate::transport::TransportError;
 
@@ -23,7 +24,7 @@ impl<D: Driver> Node<D> {
     /// This node's engine id; peers know it as `PeerId(engine_id)`.
     #[must_use]
     pub fn engine_id(&self) -> u32 {
-        self.driver.engine_id()
+        self.driver.core().engine_id()
     }
 
     // ---- memory ----
@@ -50,24 +51,29 @@ impl<D: Driver> Node<D> {
 
     /// The memory behind a registered region.
     pub fn memory(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        Ok(self.driver.station().engine().memory(id)?.clone())
+        Ok(self.station().engine().memory(id)?.clone())
     }
 
     /// Unregisters a region no live session uses and hands back its memory; it is no longer offered.
     pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        self.driver.unregister_region(id)
+        let memory = self.station().engine().unregister_region(id)?;
+        self.driver.core().segments.withdraw(id);
+        self.driver.region_unregistered(id);
+        Ok(memory)
     }
 
     /// Offers a registered region to peers under `name` (replacing one of that name): peers that connect
     /// from now on find it. A region this node does not hold is refused.
     pub fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
-        self.driver.publish_segment(name, handle)
+        self.station().engine().region(handle.id)?;
+        self.driver.core().segments.offer(name, handle);
+        Ok(())
     }
 
     /// Sets the engine's traffic shaping (link rate, KV share of it, per-class rates, bursts): a KV
     /// bandwidth cap that leaves room for collectives. Takes effect for every frame from now on.
     pub fn set_shaping(&self, shaping: ShapingConfig) -> Result<(), TransportError> {
-        self.driver.station().engine().set_shaping(shaping)?;
+        self.station().engine().set_shaping(shaping)?;
         self.driver.wake();
         Ok(())
     }
@@ -77,17 +83,27 @@ impl<D: Driver> Node<D> {
     /// Starts a transfer; see [`Node::wait`]. Refused at once when the request is malformed, the peer was
     /// never reached, or it is held unreachable.
     pub fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
-        self.driver.submit(req)
+        self.driver.check_role(Role::Send)?;
+        let now = Instant::now();
+        let peer = req.peer;
+        let admitted = self.driver.core().admit(peer, |verdict| {
+            self.driver.verdict_holds(peer, verdict, now)
+        })?;
+        if admitted.cleared {
+            self.driver.verdict_cleared(peer, now);
+        }
+        self.driver.check_route(&req)?;
+        let id = self.driver.start_session(req)?;
+        drop(admitted);
+        self.driver.wake();
+        Ok(id)
     }
 
     /// The producer of sending session `session` has written every layer below `until`: those layers may
     /// go out (for requests made with `TransferRequest::with_layers_written`).
     pub fn layers_written(&self, session: SessionId, until: u32) -> Result<(), TransportError> {
         self.driver.check_role(Role::Send)?;
-        self.driver
-            .station()
-            .engine()
-            .layers_written(session, until)?;
+        self.station().engine().layers_written(session, until)?;
         self.driver.wake();
         Ok(())
     }
@@ -96,7 +112,7 @@ impl<D: Driver> Node<D> {
     /// and at the receiver.
     pub fn cancel(&self, session: SessionId) -> Result<(), TransportError> {
         self.driver.check_role(Role::Send)?;
-        self.driver.station().engine().cancel(session)?;
+        self.station().engine().cancel(session)?;
         self.driver.wake();
         Ok(())
     }
@@ -109,7 +125,7 @@ impl<D: Driver> Node<D> {
         limit: Duration,
     ) -> Result<Outcome, TransportError> {
         self.driver.check_role(Role::Send)?;
-        let run = self.driver.station().board.wait_sent(session);
+        let run = self.station().board.wait_sent(session);
         Ok(tokio::time::timeout(limit, run)
             .await
             .map_err(|_| TransportError::Timeout {
@@ -134,14 +150,14 @@ impl<D: Driver> Node<D> {
     /// admitted it when its open arrived), waiting for one: who sends it and where it lands.
     pub async fn next_incoming(&self) -> Result<IncomingSession, TransportError> {
         self.driver.check_role(Role::Receive)?;
-        Ok(self.driver.station().board.next_incoming().await?)
+        Ok(self.station().board.next_incoming().await?)
     }
 
     /// Waits until receiving session `session` is known here (its sender's first frame arrived, or it
     /// finished recently). Bound it with a timeout: a session that never comes is waited for forever.
     pub async fn wait_announced(&self, session: SessionId) -> Result<(), TransportError> {
         self.driver.check_role(Role::Receive)?;
-        Ok(self.driver.station().board.wait_announced(session).await?)
+        Ok(self.station().board.wait_announced(session).await?)
     }
 
     /// The consumer is about to compute `layer` of receiving session `session` (layers in order): the
@@ -149,7 +165,7 @@ impl<D: Driver> Node<D> {
     /// becomes urgent. Returns whether the layer is complete.
     pub fn consume_layer(&self, session: SessionId, layer: u32) -> Result<bool, TransportError> {
         self.driver.check_role(Role::Receive)?;
-        let complete = self.driver.station().consume_layer(session, layer)?;
+        let complete = self.station().consume_layer(session, layer)?;
         self.driver.wake();
         Ok(complete)
     }
@@ -158,7 +174,7 @@ impl<D: Driver> Node<D> {
     /// verified are reported for recompute.
     pub fn abandon_receive(&self, session: SessionId) -> Result<(), TransportError> {
         self.driver.check_role(Role::Receive)?;
-        self.driver.station().abandon_receive(session)?;
+        self.station().abandon_receive(session)?;
         self.driver.wake();
         Ok(())
     }
@@ -167,18 +183,13 @@ impl<D: Driver> Node<D> {
     /// ends without it, the error names the layer's blocks to recompute.
     pub async fn wait_layer(&self, session: SessionId, layer: u32) -> Result<(), TransportError> {
         self.driver.check_role(Role::Receive)?;
-        Ok(self
-            .driver
-            .station()
-            .board
-            .wait_layer(session, layer)
-            .await?)
+        Ok(self.station().board.wait_layer(session, layer).await?)
     }
 
     /// Waits until receiving session `session` is over.
     pub async fn wait_received(&self, session: SessionId) -> Result<Received, TransportError> {
         self.driver.check_role(Role::Receive)?;
-        Ok(self.driver.station().board.wait_received(session).await?)
+        Ok(self.station().board.wait_received(session).await?)
     }
 
     // ---- observing ----
@@ -187,33 +198,57 @@ impl<D: Driver> Node<D> {
     /// how many it missed).
     #[must_use]
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.driver.station().board.subscribe()
+        self.station().board.subscribe()
     }
 
     /// The engine's counters.
     #[must_use]
     pub fn counters(&self) -> Counters {
-        self.driver.station().engine().stats()
+        self.station().engine().stats()
     }
 
     /// Connection-level events, refusals and errors, oldest first (the newest [`super::KEEP_LINES`]; a line
     /// that came several times in a row says how many). Each is also a `tracing` event.
     #[must_use]
     pub fn log(&self) -> Vec<String> {
-        self.driver.log().lines()
+        self.driver.core().log.lines_after(0).0
     }
 
     /// The log lines numbered after `seen` (still kept), and the newest line's number: call again with it
     /// to read each line once.
     #[must_use]
     pub fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
-        self.driver.log().after(seen)
+        self.driver.core().log.lines_after(seen)
+    }
+
+    /// The log's entries, oldest first, each with its kind, peer and error (see [`Node::log`]).
+    #[must_use]
+    pub fn log_entries(&self) -> Vec<LogEntry> {
+        self.driver.core().log.entries()
+    }
+
+    /// The newest log entry's number (0 before the first): pass it to [`Node::log_entries_after`] to take
+    /// only the entries that come after now.
+    #[must_use]
+    pub fn log_mark(&self) -> u64 {
+        self.driver.core().log.newest()
+    }
+
+    /// The log's entries numbered after `seen` (still kept), and the newest entry's number: call again
+    /// with it to take each entry once.
+    #[must_use]
+    pub fn log_entries_after(&self, seen: u64) -> (Vec<LogEntry>, u64) {
+        self.driver.core().log.entries_after(seen)
     }
 
     /// Live sessions (both roles).
     #[must_use]
     pub fn live_sessions(&self) -> usize {
-        self.driver.station().engine().live_sessions()
+        self.station().engine().live_sessions()
+    }
+
+    fn station(&self) -> &Station {
+        &self.driver.core().station
     }
 
     /// Stops the node: its tasks or threads end, waiters are woken with [`crate::WaitError::Closed`], and

@@ -1,11 +1,14 @@
 //! [`Driver`]: what a backend supplies to a [`super::Node`].
 
 use std::fmt;
+use std::time::Instant;
 
-use transfer_engine::{KvLayout, MemoryRegion, RegionHandle, RegionId, SessionId, TransferRequest};
+use transfer_engine::{
+    KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
+};
 
-use super::log::Log;
-use super::station::Station;
+use super::core::NodeCore;
+use super::reach::Verdict;
 use crate::transport::{BoxFuture, PeerAddress, PeerInfo, TransportError};
 
 mod sealed {
@@ -24,23 +27,16 @@ pub enum Role {
 }
 
 /// How one backend moves bytes: everything a [`super::Node`] cannot do the same way for every backend.
-/// Sealed: this crate's backends (`loopback`, `tcp`, `rdma`, `shm`) are its only implementations, so its methods are
-/// not part of the public API.
+/// The node owns the rest through the driver's [`NodeCore`]: the engine and its board, the log, the
+/// segments offered and the dead-peer verdicts. Sealed: this crate's backends (`loopback`, `tcp`, `rdma`,
+/// `shm`) are its only implementations, so its methods are not part of the public API.
 pub trait Driver: Sealed + Send + Sync + fmt::Debug + Sized + 'static {
-    /// The backend's name (`tcp`, `rdma`, `shm`), for messages and metrics.
+    /// The backend's name (`tcp`, `rdma`, `shm`, `loopback`), for messages and metrics.
     const BACKEND: &'static str;
 
-    /// The engine and its board.
+    /// What the node and this driver's tasks share.
     #[doc(hidden)]
-    fn station(&self) -> &Station;
-
-    /// This node's engine id.
-    #[doc(hidden)]
-    fn engine_id(&self) -> u32;
-
-    /// The node's log.
-    #[doc(hidden)]
-    fn log(&self) -> &Log;
+    fn core(&self) -> &NodeCore;
 
     /// Wakes the backend's I/O after a command changed the engine (a driver that polls needs nothing).
     #[doc(hidden)]
@@ -66,19 +62,38 @@ pub trait Driver: Sealed + Send + Sync + fmt::Debug + Sized + 'static {
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TransportError>;
 
-    /// Unregisters region `id` (no live session uses it) from the engine and the backend's I/O, and
-    /// stops offering it.
+    /// Region `id` left the engine: the backend lets go of what it registered for it.
     #[doc(hidden)]
-    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError>;
+    fn region_unregistered(&self, id: RegionId) {
+        let _ = id;
+    }
 
-    /// Offers registered region `handle` to peers under `name`.
+    /// Refuses a session the backend has no route for (a peer never reached, a region it does not
+    /// offer, an I/O path that is stuck).
     #[doc(hidden)]
-    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError>;
+    fn check_route(&self, req: &TransferRequest) -> Result<(), TransportError>;
 
-    /// Starts a transfer once the backend has a route to its peer (and the peer is not held
-    /// unreachable).
+    /// Starts the session in the engine (after [`Driver::check_route`], with the peer admitted); a
+    /// backend that keeps its own record of a session makes it here.
     #[doc(hidden)]
-    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError>;
+    fn start_session(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
+        Ok(self.core().station.submit(req)?)
+    }
+
+    /// Whether `verdict` on `peer` still refuses new sessions at `now`. By default a verdict holds until
+    /// the peer is heard from again.
+    #[doc(hidden)]
+    fn verdict_holds(&self, peer: PeerId, verdict: &Verdict, now: Instant) -> bool {
+        let _ = (peer, verdict, now);
+        true
+    }
+
+    /// A verdict on `peer` was cleared for a new session (its hold ended): the backend may try the peer
+    /// afresh.
+    #[doc(hidden)]
+    fn verdict_cleared(&self, peer: PeerId, now: Instant) {
+        let _ = (peer, now);
+    }
 
     /// Refuses a call this node cannot make (a loopback producer does not receive); every other node
     /// makes both.

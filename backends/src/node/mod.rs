@@ -4,20 +4,26 @@
 //! stops. `LoopbackNode`, `TcpNode`, `ShmNode` and `RdmaNode` are `Node`s of their backend's driver; each adds the calls
 //! only its backend has (a TCP node's lanes, an RDMA node's provider, ...) in an `impl Node<ItsDriver>`.
 //!
-//! The calls every node shares answer with [`TransportError`], whose [`TransportError::fault`] says whose
-//! fault an error is; a backend's own calls (`start`, its typed `connect`) keep its own error.
+//! What every node shares lives once, in its driver's [`NodeCore`]: the engine and its board (events,
+//! incoming sessions, waits), the [`log`], the segments offered to peers and the dead-peer rule's
+//! verdicts. Every call answers with [`TransportError`], whose [`TransportError::fault`] says
+//! who must act.
 
 mod calls;
+pub(crate) mod core;
 pub(crate) mod driver;
-pub(crate) mod log;
+pub mod handshake;
+pub mod log;
+pub(crate) mod reach;
 pub(crate) mod station;
 mod transport;
 
 use std::fmt;
 
+pub use core::NodeCore;
 pub use driver::Driver;
 pub(crate) use driver::Role;
-pub use log::KEEP_LINES;
+pub use log::{KEEP_LINES, LogEntry, LogKind};
 
 #[cfg(doc)]
 use crate::transport::{Transport, TransportError};

@@ -10,10 +10,9 @@ use transfer_engine::{
 
 use crate::board::Board;
 
-/// An engine and its board. Public only as an opaque part of [`super::Driver`]; nothing outside this
-/// crate can make or use one.
+/// An engine and its board, in a node's [`super::NodeCore`].
 #[derive(Debug)]
-pub struct Station {
+pub(crate) struct Station {
     engine: Mutex<Engine>,
     pub(crate) board: Board,
 }
@@ -70,6 +69,15 @@ impl Station {
         engine.abandon_receive(session)?;
         self.drain_events(&mut engine);
         Ok(())
+    }
+
+    /// Ends every session with `peer`, with recompute and `reason`; their waiters learn at once. Returns
+    /// how many ended.
+    pub(crate) fn end_sessions(&self, peer: transfer_engine::PeerId, reason: &str) -> usize {
+        let mut engine = self.engine();
+        let ended = engine.abort_peer(peer, reason);
+        self.drain_events(&mut engine);
+        ended
     }
 
     /// Hands every pending event of `engine` (this station's, locked by the caller) to the board.

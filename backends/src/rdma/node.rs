@@ -12,14 +12,11 @@ use transfer_engine::{
 };
 
 use super::ffi::{DmaBuffer, Endpoint, ProviderInfo};
-use super::message::RdmaSegment;
 use super::provider::resolve;
 use super::shared::{Command, Counters, NodeStats, PeerInfo, Shared, ToRegister, lock, peer_info};
 use super::units::UnitCopies;
 use super::{RdmaConfig, driver};
-use crate::node::log::Log;
-use crate::node::station::Station;
-use crate::node::{Driver, Node, driver::Sealed};
+use crate::node::{Driver, Node, NodeCore, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, TransportError};
 
 /// One RDMA node; stops its driver thread and closes its endpoint when dropped. Its calls besides
@@ -38,7 +35,7 @@ pub struct RdmaDriver {
 impl std::fmt::Debug for RdmaDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RdmaDriver")
-            .field("engine_id", &self.shared.engine_id)
+            .field("engine_id", &self.shared.engine_id())
             .field("provider", &self.shared.info)
             .finish_non_exhaustive()
     }
@@ -51,16 +48,8 @@ impl Sealed for RdmaDriver {}
 impl Driver for RdmaDriver {
     const BACKEND: &'static str = "rdma";
 
-    fn station(&self) -> &Station {
-        &self.shared.station
-    }
-
-    fn engine_id(&self) -> u32 {
-        self.shared.engine_id
-    }
-
-    fn log(&self) -> &Log {
-        &self.shared.lines
+    fn core(&self) -> &NodeCore {
+        &self.shared.core
     }
 
     fn address(&self) -> Option<PeerAddress> {
@@ -117,7 +106,7 @@ impl Driver for RdmaDriver {
         };
         self.shared.command(Command::Register(registered, tx));
         let local = driver_reply(&self.shared, &rx)??;
-        match self.shared.station.register_kv_region(layout, memory) {
+        match self.shared.core.station.register_kv_region(layout, memory) {
             Ok(handle) => {
                 if let Some(mirror) = mirror {
                     lock(&self.shared.mirrors).insert(handle.id, mirror);
@@ -132,67 +121,47 @@ impl Driver for RdmaDriver {
         }
     }
 
-    /// Unregisters a region no live session uses (from the engine and the provider) and hands back its
-    /// memory.
-    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        let memory = self.shared.station.engine().unregister_region(id)?;
-        lock(&self.shared.published).retain(|s| s.handle.id != id);
+    /// The region leaves the provider too.
+    fn region_unregistered(&self, id: RegionId) {
         if let Some(local) = lock(&self.shared.regions).remove(&id) {
             self.shared.command(Command::Deregister(local.mr));
         }
         lock(&self.shared.mirrors).remove(&id);
-        Ok(memory)
     }
 
-    /// Offers a registered region to peers under `name` (in hello and welcome messages from now on).
-    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
-        let local = *lock(&self.shared.regions)
-            .get(&handle.id)
-            .ok_or(transfer_engine::Error::UnknownRegion(handle.id))?;
-        let mut published = lock(&self.shared.published);
-        published.retain(|s| s.name != name);
-        published.push(RdmaSegment {
-            name: name.to_owned(),
-            handle,
-            rma_base: local.rma_base,
-            rkey: local.rkey,
-        });
-        Ok(())
-    }
-
-    /// The peer must have been reached and must offer the destination region.
-    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
+    /// The peer must have been reached, have answered, and offer the destination region; a node whose
+    /// driver is stuck in a provider call starts nothing.
+    fn check_route(&self, req: &TransferRequest) -> Result<(), TransportError> {
         if let Some(quiet) = self.shared.stuck() {
             return Err(Shared::stuck_error(quiet));
         }
-        if let Some((reason, _)) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(TransportError::Unreachable(reason.clone()));
+        let routes = lock(&self.shared.routes);
+        let route = routes
+            .get(&req.peer)
+            .ok_or_else(|| TransportError::NoRoute {
+                peer: req.peer,
+                why: "connect to it first".into(),
+            })?;
+        if route.write_tag.is_none() {
+            return Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: "its welcome has not arrived yet".into(),
+            });
         }
-        {
-            let routes = lock(&self.shared.routes);
-            let route = routes
-                .get(&req.peer)
-                .ok_or_else(|| TransportError::NoRoute {
-                    peer: req.peer,
-                    why: "connect to it first".into(),
-                })?;
-            if route.write_tag.is_none() {
-                return Err(TransportError::NoRoute {
-                    peer: req.peer,
-                    why: "its welcome has not arrived yet".into(),
-                });
-            }
-            if !route.segments.iter().any(|s| s.handle.id == req.dst_region) {
-                return Err(TransportError::NoRoute {
-                    peer: req.peer,
-                    why: format!("it does not offer region {}", req.dst_region),
-                });
-            }
+        if !route.segments.iter().any(|s| s.handle.id == req.dst_region) {
+            return Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: format!("it does not offer region {}", req.dst_region),
+            });
         }
+        Ok(())
+    }
+
+    /// The session's destination is recorded under the engine's lock, before the driver can poll it.
+    fn start_session(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
         let (dst, layout) = (req.dst_region, req.dst_layout);
-        // The route is recorded under the engine's lock, before the driver can poll the session.
         let mut sessions = lock(&self.shared.sessions);
-        let id = self.shared.station.submit(req)?;
+        let id = self.shared.core.station.submit(req)?;
         sessions.insert(id, (dst, layout));
         drop(sessions);
         Ok(id)
@@ -215,14 +184,15 @@ impl Driver for RdmaDriver {
             if t.is_finished() {
                 let _ = t.join();
             } else {
-                self.shared.log(
+                self.shared.failed(
+                    None,
                     "shutdown: the driver is stuck inside a provider call; left behind".into(),
                 );
             }
         }
         // Commands the driver never took are dropped: their callers see the node closed.
         lock(&self.shared.commands).clear();
-        self.shared.station.board.close();
+        self.shared.core.station.board.close();
     }
 }
 
@@ -250,10 +220,8 @@ impl Node<RdmaDriver> {
             cfg.slot_bytes,
             cfg.gpu_memory,
         )?;
-        let engine_id = cfg.engine.engine_id;
         let shared = Arc::new(Shared {
-            station: Station::new(cfg.engine.clone()),
-            engine_id: cfg.engine.engine_id,
+            core: NodeCore::new("rdma", cfg.engine.clone()),
             info: ep.info().clone(),
             name: ep.name()?,
             cfg,
@@ -261,17 +229,14 @@ impl Node<RdmaDriver> {
             stop: AtomicBool::new(false),
             regions: Mutex::default(),
             mirrors: Mutex::default(),
-            published: Mutex::default(),
             routes: Mutex::default(),
-            unreachable: Mutex::default(),
             sessions: Mutex::default(),
             counters: Counters::default(),
-            lines: Log::new("rdma", engine_id),
             beat: super::beat::Beat::default(),
         });
         let driver_shared = shared.clone();
         let thread = std::thread::Builder::new()
-            .name(format!("rdma-{}", shared.engine_id))
+            .name(format!("rdma-{}", shared.engine_id()))
             .spawn(move || driver::run(ep, &driver_shared))
             .map_err(|e| super::own(format!("cannot start the driver thread: {e}")))?;
         let node = Node::from_driver(RdmaDriver {
@@ -281,7 +246,7 @@ impl Node<RdmaDriver> {
         });
         let watched = node.shared().clone();
         let watch = std::thread::Builder::new()
-            .name(format!("rdma-watch-{}", node.shared().engine_id))
+            .name(format!("rdma-watch-{}", node.shared().engine_id()))
             .spawn(move || super::stuck::watch(&watched))
             .map_err(|e| super::own(format!("cannot start the driver's watch: {e}")))?;
         *lock(&node.driver().watch) = Some(watch);
@@ -309,7 +274,7 @@ impl Node<RdmaDriver> {
     pub fn stats(&self) -> NodeStats {
         let c = &self.shared().counters;
         NodeStats {
-            engine: self.shared().station.engine().stats(),
+            engine: self.shared().core.station.engine().stats(),
             writes: c.writes.load(Ordering::Relaxed),
             write_errors: c.write_errors.load(Ordering::Relaxed),
             remote_writes: c.remote_writes.load(Ordering::Relaxed),

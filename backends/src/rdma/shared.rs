@@ -12,8 +12,7 @@ use super::RdmaConfig;
 use super::ffi::{DmaBuffer, MrId, ProviderInfo};
 use super::message::RdmaSegment;
 use crate::TransportError;
-use crate::node::log::Log;
-use crate::node::station::Station;
+use crate::node::{LogKind, NodeCore};
 
 /// A peer reached by [`RdmaNode::connect`](super::RdmaNode::connect) (or that connected to this node).
 pub use crate::transport::PeerInfo;
@@ -104,8 +103,8 @@ pub(crate) enum Command {
 
 /// State shared by the API and the driver thread.
 pub(crate) struct Shared {
-    pub(crate) station: Station,
-    pub(crate) engine_id: u32,
+    /// The engine and board, log, published segments and dead-peer verdicts.
+    pub(crate) core: NodeCore,
     pub(crate) cfg: RdmaConfig,
     pub(crate) info: ProviderInfo,
     pub(crate) name: Vec<u8>,
@@ -114,24 +113,49 @@ pub(crate) struct Shared {
     pub(crate) regions: Mutex<HashMap<RegionId, LocalRegion>>,
     /// The host mirror registered in place of each staged region (see `units.rs`).
     pub(crate) mirrors: Mutex<HashMap<RegionId, Arc<DmaBuffer>>>,
-    pub(crate) published: Mutex<Vec<RdmaSegment>>,
     pub(crate) routes: Mutex<HashMap<PeerId, Route>>,
-    /// Peers found unreachable that have sent nothing since, with the reason and when (at most one per
-    /// route).
-    pub(crate) unreachable: Mutex<HashMap<PeerId, (String, std::time::Instant)>>,
     /// Each sending session's destination: its region and layout (for the remote offsets).
     pub(crate) sessions: Mutex<HashMap<SessionId, (RegionId, KvLayout)>>,
     pub(crate) counters: Counters,
-    /// The node's log (every line counts as a refusal or error: `refused` in its stats).
-    pub(crate) lines: Log,
     /// When the driver last started a step (see `stuck.rs`).
     pub(crate) beat: super::beat::Beat,
 }
 
 impl Shared {
-    pub(crate) fn log(&self, line: String) {
+    /// Counts and logs a frame, message or unit refused (from `peer`, when known).
+    pub(crate) fn refused(&self, peer: Option<PeerId>, text: String) {
         self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        self.lines.note(line);
+        self.core.log.note(LogKind::Refused, peer, text);
+    }
+
+    /// Logs something this node failed to do (a provider call, a frame it could not send).
+    pub(crate) fn failed(&self, peer: Option<PeerId>, text: String) {
+        self.core.log.note(LogKind::Failed, peer, text);
+    }
+
+    /// This node's engine id.
+    pub(crate) fn engine_id(&self) -> u32 {
+        self.core.engine_id()
+    }
+
+    /// The segments offered, with what the provider needs to write them (regions this node no longer
+    /// holds with the provider are left out).
+    pub(crate) fn offered(&self) -> Vec<RdmaSegment> {
+        let regions = lock(&self.regions);
+        self.core
+            .segments
+            .list()
+            .into_iter()
+            .filter_map(|s| {
+                let local = regions.get(&s.handle.id)?;
+                Some(RdmaSegment {
+                    name: s.name,
+                    handle: s.handle,
+                    rma_base: local.rma_base,
+                    rkey: local.rkey,
+                })
+            })
+            .collect()
     }
 
     pub(crate) fn command(&self, cmd: Command) {

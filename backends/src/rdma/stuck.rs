@@ -51,7 +51,7 @@ pub(super) fn watch(shared: &Shared) {
 fn end_sessions(shared: &Shared, quiet: Duration) {
     let peers: Vec<PeerId> = {
         let routes = lock(&shared.routes);
-        let engine = shared.station.engine();
+        let engine = shared.core.station.engine();
         routes
             .keys()
             .filter(|p| engine.has_sessions_with(**p))
@@ -65,13 +65,6 @@ fn end_sessions(shared: &Shared, quiet: Duration) {
             peer.0,
             quiet.as_secs_f64()
         );
-        lock(&shared.unreachable).insert(peer, (reason.clone(), now));
-        let ended = {
-            let mut engine = shared.station.engine();
-            let ended = engine.abort_peer(peer, &reason);
-            shared.station.drain_events(&mut engine);
-            ended
-        };
-        shared.log(format!("{reason}: {ended} sessions ended"));
+        shared.core.declare_unreachable(peer, reason, now);
     }
 }

@@ -1,13 +1,15 @@
-//! What a node's links share with the rest of it: the engine's station, the configuration, the stop flag,
-//! the driver's wake-up, the data path's counters and the log. Links see only this (and hand a lost link
+//! What a node's links share with the rest of it: the node's core (engine, log, segments, verdicts), the
+//! configuration, the stop flag, the driver's wake-up and the data path's counters. Links see only this (and hand a lost link
 //! back through [`super::link::LinkOwner`]), so they do not depend on the node that owns them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 
+use transfer_engine::PeerId;
+
 use super::ShmConfig;
-use crate::node::log::Log;
-use crate::node::station::Station;
+use crate::TransportError;
+use crate::node::{LogKind, NodeCore};
 
 /// Counters of the data path, beside the engine's.
 #[derive(Debug, Default)]
@@ -23,15 +25,12 @@ pub(crate) struct Counters {
 
 /// See the [module docs](self).
 pub(crate) struct Context {
-    pub(crate) station: Station,
-    pub(crate) engine_id: u32,
+    pub(crate) core: NodeCore,
     pub(crate) cfg: ShmConfig,
     pub(crate) stop: AtomicBool,
     /// Wakes the driver (a command changed the engine, or a link handed it frames).
     wake: mpsc::SyncSender<()>,
     pub(crate) counters: Counters,
-    /// The node's log.
-    pub(crate) lines: Log,
     /// The probe word peers read back through cross-memory attach.
     probe: Box<u64>,
 }
@@ -40,15 +39,12 @@ impl Context {
     pub(crate) fn new(cfg: ShmConfig, wake: mpsc::SyncSender<()>) -> Self {
         let mut seed = [0u8; 8];
         let _ = getrandom::fill(&mut seed);
-        let lines = Log::new("shm", cfg.engine.engine_id);
         Self {
-            station: Station::new(cfg.engine.clone()),
-            engine_id: cfg.engine.engine_id,
+            core: NodeCore::new("shm", cfg.engine.clone()),
             cfg,
             stop: AtomicBool::new(false),
             wake,
             counters: Counters::default(),
-            lines,
             probe: Box::new(u64::from_le_bytes(seed) | 1),
         }
     }
@@ -63,11 +59,20 @@ impl Context {
         let _ = self.wake.try_send(());
     }
 
-    /// Records a log line (and counts it as a refusal when it is one).
-    pub(crate) fn note(&self, line: String) {
-        if line.starts_with("refused") {
-            self.counters.refused.fetch_add(1, Ordering::Relaxed);
-        }
-        self.lines.note(line);
+    /// This node's engine id.
+    pub(crate) fn engine_id(&self) -> u32 {
+        self.core.engine_id()
+    }
+
+    /// Counts and logs a refusal (a connection, frame or unit) of `kind`, from `peer` when known.
+    pub(crate) fn refused(
+        &self,
+        kind: LogKind,
+        peer: Option<PeerId>,
+        text: impl Into<String>,
+        error: Option<TransportError>,
+    ) {
+        self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        self.core.log.record(kind, peer, error, text);
     }
 }

@@ -11,6 +11,7 @@ use transfer_engine::{Body, Engine, Transmit};
 use super::link::Outbound;
 use super::shared::Shared;
 use crate::lock::lock;
+use crate::node::LogKind;
 use crate::node::station::{fire_timers, nap};
 
 /// Frames taken from the engine per round, so the lock is not held long.
@@ -34,7 +35,7 @@ pub(crate) fn run(shared: &Arc<Shared>, wake: &Receiver<()>) {
     while !shared.stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let wait = {
-            let mut engine = shared.station.engine();
+            let mut engine = shared.core.station.engine();
             fire_timers(&mut engine, now);
             while out.len() < ROUND_FRAMES {
                 let Some(t) = engine.poll_transmit(now) else {
@@ -43,10 +44,15 @@ pub(crate) fn run(shared: &Arc<Shared>, wake: &Receiver<()>) {
                 let peer = t.peer;
                 match outbound(&engine, t) {
                     Some(frame) => out.push((peer, frame)),
-                    None => shared.note("refused to send a unit of an unknown region".into()),
+                    None => shared.refused(
+                        LogKind::Refused,
+                        Some(peer),
+                        "refused to send a unit of an unknown region",
+                        None,
+                    ),
                 }
             }
-            shared.station.drain_events(&mut engine);
+            shared.core.station.drain_events(&mut engine);
             nap(&engine, now)
         };
         let full = out.len() == ROUND_FRAMES;

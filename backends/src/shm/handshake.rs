@@ -16,6 +16,7 @@ use super::io;
 use super::shared::Shared;
 use super::wire::Envelope;
 use crate::TransportError;
+use crate::node::LogKind;
 
 /// How often the listener looks for connections (it also looks at the stop flag).
 const LISTEN_POLL: Duration = Duration::from_millis(20);
@@ -43,7 +44,7 @@ fn check_peer(shared: &Shared, creds: Credentials, hello: &Hello) -> Result<(), 
             creds.pid
         ));
     }
-    if hello.engine_id == shared.engine_id {
+    if hello.engine_id == shared.engine_id() {
         return Err(format!(
             "the peer claims this node's own engine id {}",
             hello.engine_id
@@ -180,7 +181,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, listener: &UnixListener) {
                     let _ = stream.set_write_timeout(Some(LISTEN_POLL));
                     let why = "too many handshakes in progress; try again".to_owned();
                     let _ = Envelope::Refuse(why.clone()).write_to(&mut stream);
-                    shared.note(format!("refused a connection: {why}"));
+                    shared.refused(
+                        LogKind::HandshakeRefused,
+                        None,
+                        format!("refused a connection: {why}"),
+                        None,
+                    );
                     continue;
                 }
                 let answering = shared.clone();
@@ -188,7 +194,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, listener: &UnixListener) {
                     .name("shm-handshake".into())
                     .spawn(move || {
                         if let Err(why) = answer(&answering, stream) {
-                            answering.note(format!("refused a connection: {why}"));
+                            answering.refused(
+                                LogKind::HandshakeRefused,
+                                None,
+                                format!("refused a connection: {why}"),
+                                None,
+                            );
                         }
                         answering.handshakes.fetch_sub(1, Ordering::AcqRel);
                     });
@@ -198,7 +209,12 @@ pub(crate) fn serve(shared: &Arc<Shared>, listener: &UnixListener) {
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => std::thread::sleep(LISTEN_POLL),
             Err(e) => {
-                shared.note(format!("accept failed: {e}"));
+                shared.core.log.error(
+                    LogKind::Failed,
+                    None,
+                    "accept failed",
+                    TransportError::io("shm", &e),
+                );
                 std::thread::sleep(LISTEN_POLL);
             }
         }

@@ -2,7 +2,6 @@
 //! a reader thread that hands control frames to the engine and places data units by copying them out of
 //! the peer's memory.
 
-use std::collections::BTreeMap;
 use std::io::{self, BufWriter, Write};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -17,22 +16,18 @@ use transfer_engine::wire::Header;
 use transfer_engine::{MemoryRegion, PeerId};
 
 use crate::TransportError;
+use crate::node::LogKind;
 
 use super::cma::{self, Credentials};
 use super::context::Context;
-use super::copy_path::{self, CopyPath};
 use super::fdpass::{FdReader, send_with_fd};
-use super::gpu::GpuGrants;
+use super::grants::Grants;
 use super::hello::{Hello, peer_of};
-use super::memfd::PeerMapping;
 use super::wire::{Envelope, GPU_HANDLE_LEN};
 use crate::transport::Segment;
 
 /// Read buffer of a link: many data headers per `read`.
 const READ_BUFFER: usize = 64 << 10;
-/// Regions of shared memory one peer may grant this node (more are refused; their units are copied by
-/// cross-memory attach instead).
-const MAX_GRANTS: usize = 4096;
 
 /// A frame waiting for the writer.
 #[derive(Debug)]
@@ -96,7 +91,7 @@ impl Link {
             queue,
             stream,
         });
-        let name = format!("shm-{}-{}", ctx.engine_id, link.peer.0);
+        let name = format!("shm-{}-{}", ctx.engine_id(), link.peer.0);
         let (s, l) = (owner.clone(), link.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("{name}-write"))
@@ -185,7 +180,12 @@ fn write_loop(
                             Ok(crc) => h.crc = crc,
                             Err(e) => {
                                 if let Some(s) = owner.upgrade() {
-                                    s.context().note(format!("refused to seal a unit: {e}"));
+                                    s.context().refused(
+                                        LogKind::Refused,
+                                        Some(link.peer),
+                                        "refused to seal a unit",
+                                        Some(e.into()),
+                                    );
                                 }
                             }
                         }
@@ -249,6 +249,7 @@ fn read_loop(owner: &Weak<dyn LinkOwner>, link: &Link, stream: UnixStream) {
         let ctx = owner.context();
         let result = match envelope {
             Envelope::Control(h, payload) => ctx
+                .core
                 .station
                 .engine()
                 .handle_frame(Instant::now(), link.peer, &h, &payload)
@@ -276,14 +277,19 @@ fn read_loop(owner: &Weak<dyn LinkOwner>, link: &Link, stream: UnixStream) {
                     break "sent a grant without its memory".into();
                 };
                 grants.add(address, len, &fd).map(|()| {
-                    grants.choose_path(ctx, link, address);
+                    grants.choose_path(ctx, link.peer, link.creds.pid, address);
                 })
             }
             Envelope::GpuGrant(address, len, handle) => grants.gpu.add(address, len, handle),
             other => break format!("sent {other:?} on a linked connection"),
         };
         if let Err(e) = result {
-            ctx.note(format!("refused a frame from engine {}: {e}", link.peer.0));
+            ctx.refused(
+                LogKind::Refused,
+                Some(link.peer),
+                format!("refused a frame from engine {}: {e}", link.peer.0),
+                None,
+            );
         }
         if input.buffered() == 0 {
             ctx.wake();
@@ -291,72 +297,6 @@ fn read_loop(owner: &Weak<dyn LinkOwner>, link: &Link, stream: UnixStream) {
     };
     if let Some(s) = owner.upgrade() {
         s.link_lost(link.peer, link.id, &why);
-    }
-}
-
-/// What a peer granted: regions of its shared memory, mapped here, by their address in the peer, and
-/// its GPU allocations.
-#[derive(Debug, Default)]
-struct Grants {
-    shared: BTreeMap<u64, PeerMapping>,
-    gpu: GpuGrants,
-    /// Whether units in granted shared memory are copied by cross-memory attach (`None` until decided).
-    by_cma: Option<bool>,
-}
-
-impl Grants {
-    /// Maps a granted region (replacing an earlier grant at the same address).
-    fn add(&mut self, address: u64, len: u64, fd: &OwnedFd) -> Result<(), TransportError> {
-        if self.shared.len() >= MAX_GRANTS && !self.shared.contains_key(&address) {
-            return Err(TransportError::protocol(
-                "shm",
-                format!("a grant beyond the {MAX_GRANTS} a peer may make"),
-            ));
-        }
-        let len = usize::try_from(len)
-            .map_err(|_| TransportError::protocol("shm", "a grant longer than memory"))?;
-        let mapping = PeerMapping::map(fd, len).map_err(|e| TransportError::Io {
-            backend: "shm",
-            message: format!("a grant cannot be mapped: {e}"),
-        })?;
-        self.shared.insert(address, mapping);
-        Ok(())
-    }
-
-    /// Decides, on the peer's first grant (the one at `address`), how units in its shared memory are
-    /// copied: as configured, or by timing both paths on that grant (the result is logged).
-    fn choose_path(&mut self, ctx: &Context, link: &Link, address: u64) {
-        if self.by_cma.is_some() {
-            return;
-        }
-        let by_cma =
-            match ctx.cfg.copy_path {
-                CopyPath::Mapping => false,
-                CopyPath::CrossMemoryAttach => true,
-                CopyPath::Measure => {
-                    let Some(mapping) = self.shared.get(&address) else {
-                        return;
-                    };
-                    let found = copy_path::measure(mapping, link.creds.pid, address);
-                    ctx.note(format!(
-                    "copy path for engine {}: {} (shared mapping {:.2} GB/s, cross-memory attach \
-                     {:.2} GB/s, measured on its first grant)",
-                    link.peer.0,
-                    if found.cma { "cross-memory attach" } else { "shared mapping" },
-                    found.mapping_gbps,
-                    found.cma_gbps
-                ));
-                    found.cma
-                }
-            };
-        self.by_cma = Some(by_cma);
-    }
-
-    /// The mapping holding `len` bytes at `address` of the peer, and the offset of `address` in it.
-    fn find(&self, address: u64, len: usize) -> Option<(&PeerMapping, usize)> {
-        let (&start, mapping) = self.shared.range(..=address).next_back()?;
-        let offset = usize::try_from(address - start).ok()?;
-        (offset.checked_add(len)? <= mapping.len()).then_some((mapping, offset))
     }
 }
 
@@ -371,7 +311,7 @@ fn place(
     header: Header,
     address: u64,
 ) -> Result<Placed, TransportError> {
-    let target = ctx.station.engine().destination(link.peer, &header)?;
+    let target = ctx.core.station.engine().destination(link.peer, &header)?;
     let Some((memory, range)) = target else {
         return Ok(Placed { header, crc: None });
     };
@@ -497,6 +437,7 @@ fn seal(
     }
     let crc = placed.crc.unwrap_or(sealed.crc);
     Ok(ctx
+        .core
         .station
         .engine()
         .handle_data(Instant::now(), link.peer, &sealed, crc)?)

@@ -53,6 +53,7 @@ mod driver;
 #[allow(unsafe_code)]
 mod fdpass;
 mod gpu;
+mod grants;
 mod handshake;
 mod hello;
 #[cfg(test)]

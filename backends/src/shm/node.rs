@@ -7,18 +7,14 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
 use tokio::sync::oneshot;
-use transfer_engine::{
-    KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
-};
+use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, TransferRequest};
 
 use super::memfd::SharedMemory;
 use super::shared::{Pool, Shared};
 use super::{ShmConfig, driver, handshake, io};
 use crate::lock::lock;
-use crate::node::log::Log;
-use crate::node::station::Station;
-use crate::node::{Driver, Node, driver::Sealed};
-use crate::transport::{BoxFuture, PeerAddress, PeerInfo, Segment, TransportError};
+use crate::node::{Driver, Node, NodeCore, driver::Sealed};
+use crate::transport::{BoxFuture, PeerAddress, PeerInfo, TransportError};
 
 /// Counters of a node: the engine's and the data path's.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,7 +51,7 @@ pub struct ShmDriver {
 impl std::fmt::Debug for ShmDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShmDriver")
-            .field("engine_id", &self.shared.engine_id)
+            .field("engine_id", &self.shared.engine_id())
             .field("socket_path", &self.shared.cfg.socket_path)
             .finish_non_exhaustive()
     }
@@ -66,16 +62,8 @@ impl Sealed for ShmDriver {}
 impl Driver for ShmDriver {
     const BACKEND: &'static str = "shm";
 
-    fn station(&self) -> &Station {
-        &self.shared.station
-    }
-
-    fn engine_id(&self) -> u32 {
-        self.shared.engine_id
-    }
-
-    fn log(&self) -> &Log {
-        &self.shared.lines
+    fn core(&self) -> &NodeCore {
+        &self.shared.core
     }
 
     fn wake(&self) {
@@ -111,48 +99,34 @@ impl Driver for ShmDriver {
         memory: MemoryRegion,
     ) -> Result<RegionHandle, TransportError> {
         if memory.kind().is_host() {
-            return Ok(self.shared.station.register_kv_region(layout, memory)?);
+            return Ok(self
+                .shared
+                .core
+                .station
+                .register_kv_region(layout, memory)?);
         }
         register_gpu_region(&self.shared, layout, memory)
     }
 
-    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        let memory = self.shared.station.engine().unregister_region(id)?;
-        lock(&self.shared.published).retain(|s| s.handle.id != id);
+    fn region_unregistered(&self, id: RegionId) {
         self.shared.remove_gpu_region(id);
-        Ok(memory)
-    }
-
-    /// The segment is offered in hellos and welcomes from now on.
-    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
-        self.shared.station.engine().region(handle.id)?;
-        Segment::offer(&mut lock(&self.shared.published), name, handle);
-        Ok(())
     }
 
     /// The peer must be linked and offer the destination region.
-    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
-        if let Some(reason) = lock(&self.shared.unreachable).get(&req.peer) {
-            return Err(TransportError::Unreachable(reason.clone()));
-        }
+    fn check_route(&self, req: &TransferRequest) -> Result<(), TransportError> {
         match self.shared.peer_info(req.peer) {
-            None => {
-                return Err(TransportError::NoRoute {
-                    peer: req.peer,
-                    why: "connect to it first".into(),
-                });
-            }
+            None => Err(TransportError::NoRoute {
+                peer: req.peer,
+                why: "connect to it first".into(),
+            }),
             Some(info) if !info.segments.iter().any(|s| s.handle.id == req.dst_region) => {
-                return Err(TransportError::NoRoute {
+                Err(TransportError::NoRoute {
                     peer: req.peer,
                     why: format!("it does not offer region {}", req.dst_region),
-                });
+                })
             }
-            Some(_) => {}
+            Some(_) => Ok(()),
         }
-        let id = self.shared.station.submit(req)?;
-        self.shared.wake();
-        Ok(id)
     }
 
     /// Closes every link (peers see it go), stops the driver and the listener, removes the socket file.
@@ -171,7 +145,7 @@ impl Driver for ShmDriver {
         if ran && let Some(path) = &self.shared.cfg.socket_path {
             let _ = std::fs::remove_file(path);
         }
-        self.shared.station.board.close();
+        self.shared.core.station.board.close();
     }
 }
 
@@ -222,7 +196,7 @@ impl Node<ShmDriver> {
         let shared = self.shared();
         let c = &shared.counters;
         ShmStats {
-            engine: shared.station.engine().stats(),
+            engine: shared.core.station.engine().stats(),
             units_pulled: c.units_pulled.load(Ordering::Relaxed),
             units_by_cma: c.units_by_cma.load(Ordering::Relaxed),
             bytes_pulled: c.bytes_pulled.load(Ordering::Relaxed),
@@ -268,7 +242,7 @@ fn register_gpu_region(
     memory: MemoryRegion,
 ) -> Result<RegionHandle, TransportError> {
     let export = crate::cuda::ipc_export(&memory)?;
-    let handle = shared.station.register_kv_region(layout, memory)?;
+    let handle = shared.core.station.register_kv_region(layout, memory)?;
     shared.add_gpu_region(handle.id, export.base, export.len, export.handle);
     Ok(handle)
 }

@@ -1,5 +1,5 @@
-//! What the node's API, its driver and its listener share: the [`Context`] the links use too, the links by
-//! peer, the peers found gone, the published segments and the memory granted to peers.
+//! What the node's API, its driver and its listener share: the [`Context`] the links use too (with the
+//! node's core), the links by peer and the memory granted to peers.
 
 use std::collections::HashMap;
 use std::ops::Deref;
@@ -16,7 +16,8 @@ use super::context::Context;
 use super::hello::{Hello, peer_of};
 use super::link::{Link, LinkOwner, Outbound};
 use crate::lock::lock;
-use crate::transport::{PeerInfo, Segment};
+use crate::node::LogKind;
+use crate::transport::PeerInfo;
 
 /// A region of shared memory this node allocated: its address, length and memfd (while it lives).
 #[derive(Debug)]
@@ -55,9 +56,6 @@ pub(crate) struct Shared {
     /// What the links use too: the engine, the configuration, counters and the log.
     pub(crate) ctx: Context,
     pub(crate) links: Mutex<HashMap<PeerId, Arc<Link>>>,
-    /// Peers whose link was lost, and why: new sessions to them are refused until they are reached again.
-    pub(crate) unreachable: Mutex<HashMap<PeerId, String>>,
-    pub(crate) published: Mutex<Vec<Segment>>,
     /// Shared memory this node allocated, granted to every peer it links to.
     pub(crate) pools: Mutex<Vec<Pool>>,
     /// GPU allocations this node exported, granted to every peer it links to.
@@ -87,7 +85,7 @@ impl LinkOwner for Shared {
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
-            .field("engine_id", &self.engine_id)
+            .field("engine_id", &self.engine_id())
             .field("path", &self.cfg.socket_path)
             .finish_non_exhaustive()
     }
@@ -98,8 +96,6 @@ impl Shared {
         Self {
             ctx: Context::new(cfg, wake),
             links: Mutex::default(),
-            unreachable: Mutex::default(),
-            published: Mutex::default(),
             pools: Mutex::default(),
             gpu_pools: Mutex::default(),
             handshakes: AtomicUsize::new(0),
@@ -110,11 +106,11 @@ impl Shared {
     /// This node's hello (or welcome).
     pub(crate) fn hello(&self) -> Hello {
         Hello {
-            engine_id: self.engine_id,
+            engine_id: self.engine_id(),
             checksum: self.cfg.checksum,
             path: self.cfg.socket_path.clone(),
             probe: self.ctx.probe(),
-            segments: lock(&self.published).clone(),
+            segments: self.core.segments.list(),
         }
     }
 
@@ -160,11 +156,15 @@ impl Shared {
         links.insert(peer, link.clone());
         drop(links);
         self.grant_pools(&link);
-        lock(&self.unreachable).remove(&peer);
-        self.note(format!(
-            "linked to engine {} (process {}, user {})",
-            peer.0, creds.pid, creds.uid
-        ));
+        self.core.reachable_again(peer);
+        self.core.log.note(
+            LogKind::Connected,
+            Some(peer),
+            format!(
+                "linked to engine {} (process {}, user {})",
+                peer.0, creds.pid, creds.uid
+            ),
+        );
         Ok(link)
     }
 
@@ -249,13 +249,8 @@ impl Shared {
             "unreachable: engine {} (process {}) {why}",
             peer.0, link.creds.pid
         );
-        lock(&self.unreachable).insert(peer, reason.clone());
-        {
-            let mut engine = self.station.engine();
-            engine.abort_peer(peer, &reason);
-            self.station.drain_events(&mut engine);
-        }
-        self.note(reason);
+        self.core
+            .declare_unreachable(peer, reason, std::time::Instant::now());
         self.wake();
     }
 

@@ -29,6 +29,7 @@ use super::served::{Asker, offer};
 use super::socket;
 use super::state::NodeState;
 use crate::TransportError;
+use crate::node::LogKind;
 
 pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
     let mut stop = node.shutdown.subscribe();
@@ -51,7 +52,11 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
                         Ok(slot) => slot,
                         Err(reason) => {
                             c.handshakes_refused.fetch_add(1, Ordering::Relaxed);
-                            node.ctx.log(format!("refused connection from {from}: {reason}"));
+                            node.ctx.core.log.note(
+                                LogKind::HandshakeRefused,
+                                None,
+                                format!("refused connection from {from}: {reason}"),
+                            );
                             match refusals.clone().try_acquire_owned() {
                                 Ok(permit) => {
                                     tokio::spawn(async move {
@@ -72,7 +77,12 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
                     tokio::spawn(handshake_turn(node, turns, stream, from, slot));
                 }
                 Err(e) => {
-                    node.ctx.log(format!("accept failed: {e}"));
+                    node.ctx.core.log.error(
+                        LogKind::Failed,
+                        None,
+                        "accept failed",
+                        TransportError::io("tcp", &e),
+                    );
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             },
@@ -84,9 +94,24 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
 /// Why a handshake failed: told to the peer already, or not yet.
 enum Failed {
     /// The peer has not been told: it is answered with a Reject carrying the reason.
-    Unanswered(String),
+    Unanswered {
+        /// What the Reject says.
+        reason: String,
+        /// What went wrong, as logged here.
+        error: TransportError,
+    },
     /// The peer was sent a Reject already (or sent one).
     Answered(TransportError),
+}
+
+impl Failed {
+    /// A failure the peer is told of by its error's text.
+    fn unanswered(error: TransportError) -> Self {
+        Failed::Unanswered {
+            reason: error.to_string(),
+            error,
+        }
+    }
 }
 
 impl From<TransportError> for Failed {
@@ -109,27 +134,33 @@ async fn handshake_turn(
 ) {
     // A socket the kernel will not configure still serves, with the kernel's settings.
     if let Err(e) = socket::configure(&stream, from.ip(), &node.ctx.cfg) {
-        node.ctx.log(format!(
-            "lane from {from}: socket settings refused ({e}); kept the kernel's"
-        ));
+        node.ctx.core.log.note(
+            LogKind::Failed,
+            None,
+            format!("lane from {from}: socket settings refused ({e}); kept the kernel's"),
+        );
     }
     let limit = node.ctx.cfg.liveness.handshake_timeout;
     let deadline = tokio::time::Instant::now() + limit;
-    let late = move || Failed::Unanswered(format!("no handshake within {limit:?}"));
+    let late = move || Failed::Unanswered {
+        reason: format!("no handshake within {limit:?}"),
+        error: TransportError::Timeout {
+            what: "the handshake".into(),
+            waited: limit,
+        },
+    };
     let secret = node.ctx.secret();
     let result = async {
-        let ours = node
-            .hello()
-            .map_err(|e| Failed::Unanswered(e.to_string()))?;
+        let ours = node.hello().map_err(Failed::unanswered)?;
         let first = next_message(&mut stream, deadline, late).await?;
-        let turn = take_turn(&slot, &turns, deadline).await?;
+        let turn = take_turn(&slot, &turns, deadline, limit).await?;
         let answer = handshake::answer_hello(&mut stream, &first, &ours, secret);
         let (peer, covered) = tokio::time::timeout_at(deadline, answer)
             .await
             .map_err(|_| late())??;
         drop(turn);
         let auth = next_message(&mut stream, deadline, late).await?;
-        let _turn = take_turn(&slot, &turns, deadline).await?;
+        let _turn = take_turn(&slot, &turns, deadline, limit).await?;
         handshake::check_auth(&mut stream, &auth, &covered, secret).await?;
         let link = welcome(&node, &mut stream, from, &mut slot, &peer);
         let link = tokio::time::timeout_at(deadline, link)
@@ -142,18 +173,20 @@ async fn handshake_turn(
         Ok(link) => return lane::start(&node, &link, stream, false, Some(slot)),
         Err(failed) => failed,
     };
-    let reason = match &failed {
-        Failed::Answered(e) => e.to_string(),
-        Failed::Unanswered(reason) => reason.clone(),
-    };
     node.ctx
         .counters
         .handshakes_refused
         .fetch_add(1, Ordering::Relaxed);
+    let refused = format!("refused connection from {from}");
+    let error = match &failed {
+        Failed::Answered(e) | Failed::Unanswered { error: e, .. } => e.clone(),
+    };
     node.ctx
-        .log(format!("refused connection from {from}: {reason}"));
+        .core
+        .log
+        .error(LogKind::HandshakeRefused, None, refused, error);
     // (The slot is held until the refusal is told: it still counts against its address.)
-    if let Failed::Unanswered(reason) = failed {
+    if let Failed::Unanswered { reason, .. } = failed {
         super::admission::refuse(stream, reason).await;
     }
     drop(slot);
@@ -168,7 +201,7 @@ async fn next_message(
     tokio::time::timeout_at(deadline, handshake::recv_body(stream))
         .await
         .map_err(|_| late())?
-        .map_err(|e| Failed::Unanswered(e.to_string()))
+        .map_err(Failed::unanswered)
 }
 
 /// One of `slot`'s address's handshake turns, then one of the node's, by `deadline`.
@@ -176,6 +209,7 @@ async fn take_turn(
     slot: &super::admission::ConnectionSlot,
     turns: &Arc<Semaphore>,
     deadline: tokio::time::Instant,
+    limit: std::time::Duration,
 ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), Failed> {
     let both = async {
         let address = slot.address_turn().await;
@@ -184,10 +218,16 @@ async fn take_turn(
     };
     match tokio::time::timeout_at(deadline, both).await {
         Ok((address, Ok(node_turn))) => Ok((address, node_turn)),
-        _ => Err(Failed::Unanswered(
-            "too many handshakes in progress here: none had a turn within the handshake's time limit"
-                .into(),
-        )),
+        _ => {
+            let reason = "too many handshakes in progress here: none had a turn within the handshake's time limit";
+            Err(Failed::Unanswered {
+                reason: reason.into(),
+                error: TransportError::Timeout {
+                    what: "waiting for a handshake turn".into(),
+                    waited: limit,
+                },
+            })
+        }
     }
 }
 

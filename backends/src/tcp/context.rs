@@ -1,5 +1,5 @@
-//! What every lane task needs from its node, and nothing more: the configuration, the engine's station,
-//! the driver's wake-up, counters, the queue total and the log. Readers, writers and links hold this, not
+//! What every lane task needs from its node, and nothing more: the configuration, the node's core (engine,
+//! log, segments, verdicts), the driver's wake-up, counters and the queue total. Readers, writers and links hold this, not
 //! the node's whole state, so they sit below it.
 
 use std::sync::atomic::AtomicU64;
@@ -8,8 +8,7 @@ use tokio::sync::Notify;
 
 use super::stage::StagedCounters;
 use super::{Secret, TcpConfig};
-use crate::node::log::Log;
-use crate::node::station::Station;
+use crate::node::NodeCore;
 
 #[derive(Default)]
 pub(crate) struct LaneCounters {
@@ -28,7 +27,7 @@ pub(crate) struct LaneCounters {
 /// The lane tasks' view of their node.
 pub(crate) struct Context {
     pub(crate) cfg: TcpConfig,
-    pub(crate) station: Station,
+    pub(crate) core: NodeCore,
     /// Wakes the driver: new input, freed queue space, a lane came or went.
     pub(crate) wake: Notify,
     /// Frame bytes queued for all peers' lanes.
@@ -37,30 +36,21 @@ pub(crate) struct Context {
     /// Bytes lanes staged (GPU regions, or host regions when asked).
     pub(crate) staged: StagedCounters,
     pub(crate) next_lane: AtomicU64,
-    /// The node's log.
-    pub(crate) lines: Log,
 }
 
 pub(crate) use crate::lock::lock;
 
 impl Context {
     pub(crate) fn new(cfg: TcpConfig) -> Self {
-        let cfg_engine_id = cfg.engine.engine_id;
         Self {
-            station: Station::new(cfg.engine.clone()),
+            core: NodeCore::new("tcp", cfg.engine.clone()),
             cfg,
             wake: Notify::new(),
             total_queued: AtomicU64::new(0),
             counters: LaneCounters::default(),
             staged: StagedCounters::default(),
             next_lane: AtomicU64::new(1),
-            lines: Log::new("tcp", cfg_engine_id),
         }
-    }
-
-    /// Records a log line.
-    pub(crate) fn log(&self, line: String) {
-        self.lines.note(line);
     }
 
     pub(crate) fn secret(&self) -> Option<&[u8]> {

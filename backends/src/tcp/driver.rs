@@ -41,7 +41,7 @@ pub(crate) async fn drive(node: Arc<NodeState>) {
 /// One pass of the driver: timers, transmits routed to links, events. Returns the next timer.
 fn step(node: &NodeState) -> Option<Instant> {
     let now = Instant::now();
-    let mut engine = node.ctx.station.engine();
+    let mut engine = node.ctx.core.station.engine();
     if engine.poll_timeout().is_some_and(|t| t <= now) {
         engine.handle_timeout(now);
     }
@@ -78,7 +78,7 @@ fn step(node: &NodeState) -> Option<Instant> {
         link.push(t);
         node.ctx.total_queued.fetch_add(len, Ordering::Relaxed);
     }
-    node.ctx.station.drain_events(&mut engine);
+    node.ctx.core.station.drain_events(&mut engine);
     let next = engine.poll_timeout();
     drop(engine);
     for link in &touched {

@@ -27,7 +27,7 @@ pub(crate) fn forget_idle_strangers(node: &NodeState, now: Instant) -> usize {
     // them the other way round).
     let candidates: Vec<PeerId> = {
         let links = node.all_links();
-        let engine = node.ctx.station.engine();
+        let engine = node.ctx.core.station.engine();
         links
             .iter()
             .filter(|l| l.idle_stranger_since(cutoff) && !engine.has_sessions_with(l.peer))
@@ -54,6 +54,7 @@ pub(crate) fn forget_idle_strangers(node: &NodeState, now: Instant) -> usize {
     }
     for &peer in &forgotten {
         super::served::free_all_of(node, peer);
+        node.ctx.core.forget_verdict(peer);
     }
     node.ctx
         .counters

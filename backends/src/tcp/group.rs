@@ -23,14 +23,8 @@ pub(crate) fn join(node: &NodeState, link: &PeerLink, token: [u8; TOKEN_LEN]) {
          the sessions of its earlier group end here",
         link.peer.0
     );
-    let mut engine = node.ctx.station.engine();
-    let ended = engine.abort_peer(link.peer, &reason);
-    node.ctx.station.drain_events(&mut engine);
-    drop(engine);
+    node.ctx.core.replace_peer(link.peer, &reason);
     link.clear_queue(&node.ctx);
-    if ended > 0 {
-        node.ctx.log(format!("{reason}; ended {ended} session(s)"));
-    }
     // The earlier group's served regions go with it (their sessions have just ended).
     served::free_earlier_groups(node, link.peer, token);
 }

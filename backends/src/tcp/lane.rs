@@ -18,7 +18,8 @@ use super::peer_link::{LaneHandle, PeerLink};
 use super::socket;
 use super::state::NodeState;
 use super::state::PeerInfo;
-use crate::TransportError;
+use crate::node::LogKind;
+use crate::{Fault, TransportError};
 
 /// Dials `addr`, handshakes and starts a lane; the peer's id comes from its hello (checked against
 /// `expect` if given).
@@ -51,7 +52,16 @@ pub(crate) async fn dial(
     let expect = expect.map(|p| p.0 as u32);
     let accepted = handshake::dial(&mut stream, &hello, node.ctx.secret(), expect, limit)
         .await
-        .inspect_err(|e| node.ctx.log(format!("dialing {addr}: {e}")))?;
+        .inspect_err(|e| {
+            let kind = match e.fault() {
+                Fault::Peer => LogKind::HandshakeRefused,
+                _ => LogKind::Failed,
+            };
+            node.ctx
+                .core
+                .log
+                .error(kind, None, format!("dialing {addr}"), e.clone());
+        })?;
     let peer = PeerId(u64::from(accepted.peer.engine_id));
     let link = node.link(peer);
     link.pin();

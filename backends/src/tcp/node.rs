@@ -11,21 +11,16 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use tokio::net::TcpListener;
-use transfer_engine::{
-    KvLayout, MemoryRegion, PeerId, RegionHandle, RegionId, SessionId, TransferRequest,
-};
+use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle, TransferRequest};
 
 use super::TcpConfig;
 use super::accept;
 use super::context::{Context, lock};
 use super::driver;
-use super::handshake::Segment;
 use super::lane;
-use super::reach;
 use super::state::{NodeState, PeerInfo};
-use crate::node::log::Log;
-use crate::node::station::Station;
-use crate::node::{Driver, Node, driver::Sealed};
+use crate::node::reach::Verdict;
+use crate::node::{Driver, Node, NodeCore, driver::Sealed};
 use crate::transport::{BoxFuture, PeerAddress, TransportError};
 
 /// Lane and refusal counters of a node, beside the engine's.
@@ -97,16 +92,8 @@ impl Sealed for TcpDriver {}
 impl Driver for TcpDriver {
     const BACKEND: &'static str = "tcp";
 
-    fn station(&self) -> &Station {
-        &self.state.ctx.station
-    }
-
-    fn engine_id(&self) -> u32 {
-        self.state.ctx.cfg.engine.engine_id
-    }
-
-    fn log(&self) -> &Log {
-        &self.state.ctx.lines
+    fn core(&self) -> &NodeCore {
+        &self.state.ctx.core
     }
 
     fn wake(&self) {
@@ -145,49 +132,44 @@ impl Driver for TcpDriver {
                 format!("TCP lanes cannot send or receive {}: {why}", memory.kind()),
             )
         })?;
-        Ok(self.state.ctx.station.register_kv_region(layout, memory)?)
+        Ok(self
+            .state
+            .ctx
+            .core
+            .station
+            .register_kv_region(layout, memory)?)
     }
 
-    fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
-        let memory = self.state.ctx.station.engine().unregister_region(id)?;
-        lock(&self.state.segments).retain(|s| s.handle.id != id);
-        Ok(memory)
-    }
-
-    /// The segment is listed in the handshake's welcome from now on.
-    fn publish_segment(&self, name: &str, handle: RegionHandle) -> Result<(), TransportError> {
-        self.state.ctx.station.engine().region(handle.id)?;
-        Segment::offer(&mut lock(&self.state.segments), name, handle);
-        Ok(())
-    }
-
-    /// Fails at once when the peer cannot be reached: no lane and no address to dial, or declared
-    /// unreachable after its connections were lost, for [`Liveness::unreachable_hold`](crate::tcp::Liveness::unreachable_hold) (or until a lane
-    /// to it opens again). The first transfer after that hold dials the peer again.
-    fn submit(&self, req: TransferRequest) -> Result<SessionId, TransportError> {
+    /// Fails at once when the peer cannot be reached: no lane and no address to dial.
+    fn check_route(&self, req: &TransferRequest) -> Result<(), TransportError> {
         let link = self.state.link(req.peer);
         link.pin();
-        let reach = reach::check_held(
-            &link,
-            self.state.ctx.cfg.liveness.unreachable_hold,
-            Instant::now(),
-        )?;
-        if !link.routable() {
-            return Err(TransportError::NoRoute {
-                peer: req.peer,
-                why: "connect to it first or add its address".into(),
-            });
+        if link.routable() {
+            return Ok(());
         }
-        let id = self.state.ctx.station.submit(req)?;
-        drop(reach);
-        self.state.ctx.wake.notify_one();
-        Ok(id)
+        Err(TransportError::NoRoute {
+            peer: req.peer,
+            why: "connect to it first or add its address".into(),
+        })
+    }
+
+    /// A peer declared unreachable after its connections were lost is refused for
+    /// [`Liveness::unreachable_hold`](crate::tcp::Liveness::unreachable_hold), or until a lane to it opens
+    /// again.
+    fn verdict_holds(&self, peer: PeerId, verdict: &Verdict, now: Instant) -> bool {
+        now.duration_since(verdict.since) < self.state.ctx.cfg.liveness.unreachable_hold
+            && self.state.link(peer).lane_count() == 0
+    }
+
+    /// The first transfer after the hold dials the peer again, its earlier dial failures forgotten.
+    fn verdict_cleared(&self, peer: PeerId, now: Instant) {
+        self.state.link(peer).reset_dial_failures(now);
     }
 
     /// Stops the driver, listener and lanes.
     fn shutdown(&self) {
         self.state.shutdown.send_replace(true);
-        self.state.ctx.station.board.close();
+        self.state.ctx.core.station.board.close();
         let links = self.state.all_links();
         for link in links {
             link.abort_all(&self.state.ctx);
@@ -254,14 +236,14 @@ impl Node<TcpDriver> {
         let state = self.state();
         let c = &state.ctx.counters;
         NodeStats {
-            engine: state.ctx.station.engine().stats(),
+            engine: state.ctx.core.station.engine().stats(),
             lanes_opened: c.lanes_opened.load(Ordering::Relaxed),
             lanes_closed: c.lanes_closed.load(Ordering::Relaxed),
             handshakes_refused: c.handshakes_refused.load(Ordering::Relaxed),
             refusals_unanswered: c.refusals_unanswered.load(Ordering::Relaxed),
             lanes_closed_for_bad_frames: c.bad_frames.load(Ordering::Relaxed),
             unroutable_frames: c.unroutable.load(Ordering::Relaxed),
-            incoming_dropped: state.ctx.station.board.incoming_dropped(),
+            incoming_dropped: state.ctx.core.station.board.incoming_dropped(),
             control_frames_dropped: c.control_dropped.load(Ordering::Relaxed),
             control_frames_throttled: c.control_frames_throttled.load(Ordering::Relaxed),
             data_frames_throttled: c.data_frames_throttled.load(Ordering::Relaxed),

@@ -28,7 +28,8 @@ pub(crate) struct PeerLink {
     addr: Mutex<Option<SocketAddr>>,
     pub(crate) lanes: Mutex<BTreeMap<u64, LaneHandle>>,
     dial: Mutex<DialState>,
-    pub(crate) reach: Mutex<Reach>,
+    /// Since when the peer has had no lane while sessions with it were live (see `reach.rs`).
+    pub(crate) lost_since: Mutex<Option<Instant>>,
     /// The token of the peer's connection group, once a handshake with it completed.
     token: Mutex<Option<[u8; TOKEN_LEN]>>,
     /// When it last lost its last lane.
@@ -49,16 +50,6 @@ struct DialState {
     last_error: Option<String>,
     /// When the dials of the last `Dialing::dial_window` started (at most `max_dials_per_window`).
     recent: VecDeque<Instant>,
-}
-
-/// Whether a peer can be reached, as the driver judges it from its lanes and dials.
-#[derive(Debug, Default)]
-pub(crate) struct Reach {
-    /// Since when the peer has had no lane while sessions with it were live.
-    pub(crate) lost_since: Option<Instant>,
-    /// Set once the peer was declared unreachable (its sessions were ended): the reason and when. Cleared
-    /// when a lane opens, or by the first transfer submitted after `Liveness::unreachable_hold`.
-    pub(crate) unreachable: Option<(String, Instant)>,
 }
 
 pub(crate) struct LaneHandle {
@@ -84,7 +75,7 @@ impl PeerLink {
                 last_error: None,
                 recent: VecDeque::new(),
             }),
-            reach: Mutex::new(Reach::default()),
+            lost_since: Mutex::new(None),
             token: Mutex::new(None),
             last_lane_closed: Mutex::new(None),
             data_budget: super::budget::data_budget(data_bytes_per_sec).map(Mutex::new),

@@ -17,7 +17,8 @@ use super::reader_budgets::ReaderBudgets;
 use super::socket_io::recv_exact;
 use super::stage::{LaneStagers, RELEASE_IDLE_STAGERS, staged};
 use super::staged_io::{Unplaced, recv_staged};
-use crate::transport::CloseReason;
+use crate::node::LogKind;
+use crate::transport::{CloseReason, TransportError};
 
 /// Data frames received back to back before the driver is woken to acknowledge them.
 const WAKE_EVERY: u32 = 16;
@@ -38,10 +39,14 @@ pub(crate) async fn reader(
     if let Some(reason) = reason {
         // Refusals were logged where they happened; every other end of a lane is logged here.
         if !matches!(reason, CloseReason::Refused(_)) {
-            ctx.log(format!(
-                "lane {} from peer {} closed: {reason}",
-                lane.id, link.peer.0
-            ));
+            ctx.core.log.closed(
+                link.peer,
+                format!(
+                    "lane {} from peer {} closed: {reason}",
+                    lane.id, link.peer.0
+                ),
+                reason.clone(),
+            );
         }
         lane.close(&reason);
     }
@@ -118,7 +123,7 @@ async fn read_loop(
             return Some(why);
         }
         let placement = (header.kind == FrameKind::Data)
-            .then(|| ctx.station.engine().destination(peer, &header));
+            .then(|| ctx.core.station.engine().destination(peer, &header));
         let staged_kind = match &placement {
             Some(Ok(Some((memory, _)))) if staged(&ctx.cfg, memory.kind()) => Some(memory.kind()),
             _ => None,
@@ -171,7 +176,8 @@ async fn read_loop(
                         Ok(crc) => crc,
                         Err(e) => return Some(CloseReason::from_error(&e)),
                     };
-                ctx.station
+                ctx.core
+                    .station
                     .engine()
                     .handle_data(Instant::now(), peer, &header, crc)
             }
@@ -194,7 +200,8 @@ async fn read_loop(
                     return Some(CloseReason::from_error(&e));
                 }
                 nothing.and_then(|_| {
-                    ctx.station
+                    ctx.core
+                        .station
                         .engine()
                         .handle_data(Instant::now(), peer, &header, header.crc)
                 })
@@ -208,13 +215,18 @@ async fn read_loop(
                     return Some(CloseReason::from_error(&e));
                 }
                 if header.kind == FrameKind::Reject && header.session == 0 {
-                    ctx.log(format!(
-                        "peer {} refused a frame of ours and closed the lane: {}",
-                        peer.0,
-                        String::from_utf8_lossy(payload)
-                    ));
+                    ctx.core.log.error(
+                        LogKind::Closed,
+                        Some(peer),
+                        format!(
+                            "peer {} refused a frame of ours and closed the lane",
+                            peer.0
+                        ),
+                        TransportError::Refused(String::from_utf8_lossy(payload).into_owned()),
+                    );
                 }
-                ctx.station
+                ctx.core
+                    .station
                     .engine()
                     .handle_frame(Instant::now(), peer, &header, payload)
             }
@@ -266,10 +278,11 @@ fn hand_on(
 /// Hands the engine a staged frame whose device copy has completed; keeps a refusal that costs the lane.
 /// (The driver is woken as for any data frame: every few frames, or when the lane waits.)
 fn deliver(ctx: &Context, peer: PeerId, held: &Unplaced, refused: &mut Option<(Header, Error)>) {
-    let result = ctx
-        .station
-        .engine()
-        .handle_data(Instant::now(), peer, &held.header, held.crc);
+    let result =
+        ctx.core
+            .station
+            .engine()
+            .handle_data(Instant::now(), peer, &held.header, held.crc);
     if let Err(e) = result
         && fatal(&e)
     {
@@ -291,7 +304,15 @@ fn refuse(
         peer.0,
         e.cause()
     );
-    ctx.log(reason.clone());
+    ctx.core.log.error(
+        LogKind::Refused,
+        Some(peer),
+        format!(
+            "lane {} closed: peer {} sent a refused frame",
+            lane.id, peer.0
+        ),
+        e.clone(),
+    );
     // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
     // header itself could not be read.
     let text = reason.clone().into_bytes();

@@ -29,7 +29,7 @@ pub(crate) fn offer(
     asker: Asker,
     want: Option<KvLayout>,
 ) -> Result<Vec<Segment>, String> {
-    let mut segments = lock(&node.segments).clone();
+    let mut segments = node.ctx.core.segments.list();
     if let Some(layout) = want {
         segments.push(serve(node, asker, layout)?);
     }
@@ -41,7 +41,7 @@ pub(crate) fn offer(
 pub(crate) fn free_earlier_groups(node: &NodeState, peer: PeerId, group: [u8; TOKEN_LEN]) {
     // (The served list before the engine, the order `serve` takes them in.)
     let mut served = lock(&node.served);
-    let mut engine = node.ctx.station.engine();
+    let mut engine = node.ctx.core.station.engine();
     served.retain(|r| {
         r.owner != peer
             || r.group == group
@@ -52,7 +52,7 @@ pub(crate) fn free_earlier_groups(node: &NodeState, peer: PeerId, group: [u8; TO
 /// Frees every served region of `peer` (a stranger forgotten after idling: no session can use them).
 pub(crate) fn free_all_of(node: &NodeState, peer: PeerId) {
     let mut served = lock(&node.served);
-    let mut engine = node.ctx.station.engine();
+    let mut engine = node.ctx.core.station.engine();
     served.retain(|r| r.owner != peer || engine.unregister_region(r.segment.handle.id).is_err());
 }
 
@@ -96,7 +96,7 @@ fn serve(node: &NodeState, asker: Asker, layout: KvLayout) -> Result<Segment, St
         r.handed_out = now;
         return Ok(r.segment.clone());
     }
-    let mut engine = node.ctx.station.engine();
+    let mut engine = node.ctx.core.station.engine();
     // The address's own regions first (its share), then anyone's (the node's limit).
     for address in [Some(asker.address), None] {
         let cap = if address.is_some() { share } else { limit };

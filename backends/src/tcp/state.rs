@@ -1,5 +1,5 @@
-//! A node's state behind its handle: the lane tasks' context, the links to its peers, its listen address,
-//! the segments it offers and the regions it serves. The handle, the driver, the acceptor and the dialer
+//! A node's state behind its handle: the lane tasks' context (with the node's core), the links to its
+//! peers, its listen address and the regions it serves. The handle, the driver, the acceptor and the dialer
 //! hold it; lane tasks hold only the [`Context`] inside.
 
 use std::collections::BTreeMap;
@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use transfer_engine::PeerId;
 
 use super::context::{Context, lock};
-use super::handshake::{Hello, Segment};
+use super::handshake::Hello;
 use super::peer_link::PeerLink;
 use super::served_region::ServedRegion;
 use crate::TransportError;
@@ -23,7 +23,6 @@ pub(crate) struct NodeState {
     pub(crate) ctx: Arc<Context>,
     pub(crate) links: Mutex<BTreeMap<PeerId, Arc<PeerLink>>>,
     pub(crate) listen: Option<SocketAddr>,
-    pub(crate) segments: Mutex<Vec<Segment>>,
     /// Regions allocated for peers that asked in their handshake, with the peer each belongs to.
     pub(crate) served: Mutex<Vec<ServedRegion>>,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -42,7 +41,6 @@ impl NodeState {
             ctx: Arc::new(ctx),
             links: Mutex::new(BTreeMap::new()),
             listen,
-            segments: Mutex::new(Vec::new()),
             served: Mutex::new(Vec::new()),
             shutdown: watch::Sender::new(false),
             admission: Arc::new(admission),

@@ -45,7 +45,7 @@ pub(crate) async fn writer(
         )
     {
         let line = format!("lane {} to peer {} closed: {reason}", lane.id, link.peer.0);
-        ctx.log(line);
+        ctx.core.log.closed(link.peer, line, reason.clone());
     }
     lane.close(&reason);
     link.remove(lane.id, &ctx);
@@ -115,7 +115,7 @@ fn idle_past(ctx: &Context, link: &PeerLink, lane: &LaneState, idle: Option<Dura
         return false;
     };
     let quiet = lock(&lane.last_rx).elapsed();
-    quiet >= idle && (lane.outbound || !ctx.station.engine().has_sessions_with(link.peer))
+    quiet >= idle && (lane.outbound || !ctx.core.station.engine().has_sessions_with(link.peer))
 }
 
 /// One piece of a vectored write, by index into the batch and the writer's scratch (no borrows, so the
@@ -163,7 +163,7 @@ impl Scratch {
         if let Some(i) = self.ids.iter().position(|r| *r == id) {
             return Some(i);
         }
-        let memory = ctx.station.engine().memory(id).ok()?.clone();
+        let memory = ctx.core.station.engine().memory(id).ok()?.clone();
         self.ids.push(id);
         self.regions.push(memory);
         Some(self.regions.len() - 1)

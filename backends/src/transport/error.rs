@@ -7,6 +7,7 @@ use transfer_engine::{Error as EngineError, PeerId};
 pub use transfer_engine::Fault;
 
 use crate::board::WaitError;
+use crate::node::handshake::Mismatch;
 
 /// Errors of every backend and of the [`super::Transport`] interface. The variants come in four groups,
 /// and [`TransportError::fault`] follows from them: the caller's (a request the engine refused, a bad
@@ -48,10 +49,14 @@ pub enum TransportError {
         /// Why, and what to do.
         why: String,
     },
-    /// The peer and this node did not agree on who may talk (handshake, version, namespace,
-    /// authentication): one refused the other; the reason says which side must change what.
+    /// The peer refused this node, with its reason (a Reject in the handshake: another version,
+    /// namespace or secret there, or a limit of the peer's); the reason says which side must change what.
     #[error("refused by the peer: {0}")]
     Refused(String),
+    /// The peer and this node cannot talk: another protocol version, the same engine id, another KV
+    /// namespace, or a shared secret on one side only or not the same on both.
+    #[error("the peer does not fit this node: {0}")]
+    Mismatch(#[from] Mismatch),
     /// The peer sent something this node cannot use: it broke the protocol.
     #[error("the peer broke the {backend} protocol: {message}")]
     Protocol {
@@ -116,7 +121,9 @@ impl TransportError {
             | TransportError::Config { .. }
             | TransportError::Unsupported { .. }
             | TransportError::NoRoute { .. } => Fault::Caller,
-            TransportError::Refused(_) | TransportError::Protocol { .. } => Fault::Peer,
+            TransportError::Refused(_)
+            | TransportError::Mismatch(_)
+            | TransportError::Protocol { .. } => Fault::Peer,
             TransportError::Unreachable(_)
             | TransportError::Timeout { .. }
             | TransportError::Io { .. }

@@ -73,17 +73,6 @@ pub struct Segment {
     pub handle: RegionHandle,
 }
 
-impl Segment {
-    /// Offers `handle` under `name` in a node's list of `offered` segments, replacing one of that name.
-    pub(crate) fn offer(offered: &mut Vec<Segment>, name: &str, handle: RegionHandle) {
-        offered.retain(|s| s.name != name);
-        offered.push(Segment {
-            name: name.to_owned(),
-            handle,
-        });
-    }
-}
-
 /// A peer this node reached or that reached it, and the segments it offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerInfo {

@@ -42,7 +42,7 @@ impl Driver<'_> {
                             nonce,
                             tag,
                             name: self.shared.name.clone(),
-                            segments: lock(&self.shared.published).clone(),
+                            segments: self.shared.offered(),
                         };
                         self.send_now(addr, &hello)?;
                         Ok((nonce, addr, tag))
@@ -74,7 +74,7 @@ impl Driver<'_> {
 
     /// Sends a message, progressing the queue until a slot frees (handshakes only: rare and small).
     pub(super) fn send_now(&mut self, addr: u64, msg: &Message) -> Result<(), TransportError> {
-        let bytes = msg.encode(self.shared.engine_id);
+        let bytes = msg.encode(self.shared.engine_id());
         let give_up = Instant::now() + Duration::from_secs(2);
         while !self.ep.send(addr, &bytes)? {
             if Instant::now() > give_up {
@@ -100,7 +100,7 @@ impl Driver<'_> {
             if self.ep.is_registered(mr) {
                 self.deregister_later.push(mr);
             } else {
-                self.shared.log(format!("deregistering: {e}"));
+                self.shared.failed(None, format!("deregistering: {e}"));
             }
         }
     }

@@ -15,6 +15,7 @@ use super::wait::Waiter;
 use flight::{Incoming, Outgoing, QueuedWrite};
 
 mod commands;
+mod dead_peers;
 mod flight;
 mod reach;
 mod receive;
@@ -75,7 +76,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
         connects: HashMap::new(),
         dialed: HashMap::new(),
         next_tag: 1,
-        next_nonce: u64::from(shared.engine_id) << 32,
+        next_nonce: u64::from(shared.engine_id()) << 32,
         completions: Vec::with_capacity(256),
         waiter: Waiter::default(),
         reach: reach::Reach::default(),
@@ -86,7 +87,7 @@ pub(crate) fn run(ep: Endpoint, shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         shared.beat.beat();
         if let Err(e) = d.step() {
-            shared.log(format!("driver: {e}"));
+            shared.failed(None, format!("driver: {e}"));
         }
     }
 }
@@ -99,11 +100,11 @@ impl Driver<'_> {
         }
         let now = Instant::now();
         let next = {
-            let mut engine = self.shared.station.engine();
+            let mut engine = self.shared.core.station.engine();
             if engine.poll_timeout().is_some_and(|t| t <= now) {
                 engine.handle_timeout(now);
             }
-            self.shared.station.drain_events(&mut engine);
+            self.shared.core.station.drain_events(&mut engine);
             engine.poll_timeout()
         };
         self.abandon_stuck(now);
@@ -120,7 +121,7 @@ impl Driver<'_> {
                 || !self.queued.is_empty()
                 || self.stash.is_some()
                 || !self.pending.is_empty()
-                || self.shared.station.engine().live_sessions() > 0;
+                || self.shared.core.station.engine().live_sessions() > 0;
             got = self
                 .waiter
                 .wait(&mut self.ep, busy, idle, &mut self.completions)?;
@@ -140,66 +141,29 @@ impl Driver<'_> {
         Ok(())
     }
 
-    /// Pings the peers this node has live sessions with that have been silent for half the answer
-    /// timeout: a sender that died while this node waited to receive from it is noticed like any peer that
-    /// does not answer (a live one that is only slow to produce answers the ping). Looked at every tenth of
-    /// the answer timeout.
-    fn ping_silent_senders(&mut self, now: Instant) -> Result<(), TransportError> {
-        let timeout = self.shared.cfg.answer_timeout;
-        if now.saturating_duration_since(self.last_ping_check) < timeout / 10 {
-            return Ok(());
-        }
-        self.last_ping_check = now;
-        let peers: Vec<PeerId> = {
-            let routes = lock(&self.shared.routes);
-            let engine = self.shared.station.engine();
-            routes
-                .keys()
-                .filter(|p| engine.has_sessions_with(**p))
-                .copied()
-                .collect()
-        };
-        for peer in self.reach.due_for_ping(&peers, now, timeout / 2) {
-            if let Some(route) = self.route(peer) {
-                let ping = Message::Ping.encode(self.shared.engine_id);
-                match self.ep.send(route.addr, &ping) {
-                    Err(TransportError::Unreachable(why)) => self.peer_gone(peer, &why),
-                    other => {
-                        other?;
-                    }
-                }
+    /// Sends one message to `peer` at `addr`: sent (and counted), no send slot free now (the caller keeps
+    /// the transmit), or the peer's process is gone (dropped, counted as a failed write).
+    fn send_message(
+        &mut self,
+        addr: u64,
+        peer: PeerId,
+        bytes: &[u8],
+    ) -> Result<Sent, TransportError> {
+        match self.ep.send(addr, bytes) {
+            Ok(true) => {
+                self.shared
+                    .counters
+                    .messages_sent
+                    .fetch_add(1, Ordering::Relaxed);
+                Ok(Sent::Yes)
             }
+            Ok(false) => Ok(Sent::Full),
+            Err(TransportError::Unreachable(why)) => {
+                self.peer_gone(peer, &why);
+                Ok(Sent::PeerGone)
+            }
+            Err(e) => Err(e),
         }
-        Ok(())
-    }
-
-    /// Ends the sessions of peers that failed every write, or answered nothing, for too long.
-    fn declare_unreachable(&mut self, now: Instant) {
-        let cfg = &self.shared.cfg;
-        for (peer, reason) in self
-            .reach
-            .unreachable(now, cfg.unreachable_after, cfg.answer_timeout)
-        {
-            // Refused first, so no session submitted meanwhile waits for the same verdict again.
-            lock(&self.shared.unreachable).insert(peer, (reason.clone(), now));
-            // Waiters learn at once, as on every backend, not on the driver's next step.
-            let ended = {
-                let mut engine = self.shared.station.engine();
-                let ended = engine.abort_peer(peer, &reason);
-                self.shared.station.drain_events(&mut engine);
-                ended
-            };
-            self.shared.log(format!("{reason}: {ended} sessions ended"));
-        }
-    }
-
-    /// A frame to `peer` was refused before the provider was called, its process having exited (see
-    /// `ffi/process.rs`): dropped, and counted as a failed write, so the peer is declared unreachable as
-    /// one whose writes fail.
-    fn peer_gone(&mut self, peer: PeerId, why: &str) {
-        self.reach.failed(peer, Instant::now(), why);
-        self.shared
-            .log(format!("peer {}: a frame dropped: {why}", peer.0));
     }
 
     fn window_full(&self) -> bool {
@@ -225,7 +189,7 @@ impl Driver<'_> {
             let t = match self.stash.take() {
                 Some(t) => t,
                 None => {
-                    let mut engine = self.shared.station.engine();
+                    let mut engine = self.shared.core.station.engine();
                     match engine.poll_transmit(now) {
                         Some(t) => t,
                         None => return Ok(posted),
@@ -246,76 +210,71 @@ impl Driver<'_> {
     /// Carries out one transmit; `false` when it was stashed for later.
     fn transmit(&mut self, mut t: Transmit) -> Result<bool, TransportError> {
         let Some(route) = self.route(t.peer) else {
-            self.shared
-                .log(format!("no route to peer {:?}: a frame dropped", t.peer));
+            self.shared.failed(
+                Some(t.peer),
+                format!("no route to peer {:?}: a frame dropped", t.peer),
+            );
             return Ok(true);
         };
         // Frames that ask the peer for an answer count towards its silence from their first send attempt
         // (a send that fails at once, to a dead peer, counts too); a unit this node cannot read does not.
         let asks = !t.header.kind.is_from_receiver();
-        let p = match &t.body {
-            Body::Payload(p) => *p,
-            Body::Empty | Body::Control(_) => {
-                let payload = match &t.body {
-                    Body::Control(c) => c.as_slice(),
-                    _ => &[],
-                };
-                let mut frame = t.header.encode().to_vec();
-                frame.extend_from_slice(payload);
-                let bytes = Message::Frame(frame).encode(self.shared.engine_id);
-                if bytes.len() > self.ep.slot_bytes() {
-                    self.shared.log(format!(
+        let p =
+            match &t.body {
+                Body::Payload(p) => *p,
+                Body::Empty | Body::Control(_) => {
+                    let payload = match &t.body {
+                        Body::Control(c) => c.as_slice(),
+                        _ => &[],
+                    };
+                    let mut frame = t.header.encode().to_vec();
+                    frame.extend_from_slice(payload);
+                    let bytes = Message::Frame(frame).encode(self.shared.engine_id());
+                    if bytes.len() > self.ep.slot_bytes() {
+                        self.shared.failed(None, format!(
                         "a {:?} frame of {} bytes exceeds the {}-byte message slots: dropped",
                         t.header.kind,
                         bytes.len(),
                         self.ep.slot_bytes()
                     ));
-                    return Ok(true);
-                }
-                if asks {
-                    self.reach.asked(t.peer, Instant::now());
-                }
-                match self.ep.send(route.addr, &bytes) {
-                    Ok(true) => {}
-                    Ok(false) => {
+                        return Ok(true);
+                    }
+                    if asks {
+                        self.reach.asked(t.peer, Instant::now());
+                    }
+                    if self.send_message(route.addr, t.peer, &bytes)? == Sent::Full {
                         self.stash = Some(t);
                         return Ok(false);
                     }
-                    Err(TransportError::Unreachable(why)) => {
-                        self.peer_gone(t.peer, &why);
-                        return Ok(true);
-                    }
-                    Err(e) => return Err(e),
+                    return Ok(true);
                 }
-                self.shared
-                    .counters
-                    .messages_sent
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok(true);
-            }
-        };
+            };
         let session = SessionId(t.header.session);
         let dst = lock(&self.shared.sessions).get(&session).copied();
         let (Some((dst_region, layout)), Some(write_tag)) = (dst, route.write_tag) else {
-            self.shared.log(format!(
-                "session {session}: no destination known; a unit dropped"
-            ));
+            self.shared.failed(
+                None,
+                format!("session {session}: no destination known; a unit dropped"),
+            );
             return Ok(true);
         };
         let Some(seg) = route.segments.iter().find(|s| s.handle.id == dst_region) else {
-            self.shared.log(format!(
-                "session {session}: peer {:?} does not offer region {dst_region}",
-                t.peer
-            ));
+            self.shared.failed(
+                None,
+                format!(
+                    "session {session}: peer {:?} does not offer region {dst_region}",
+                    t.peer
+                ),
+            );
             return Ok(true);
         };
         let (rkey, rbase) = (seg.rkey, seg.rma_base);
         let Some(src) = lock(&self.shared.regions).get(&p.region).copied() else {
             self.shared
-                .log(format!("region {} is not registered here", p.region));
+                .failed(None, format!("region {} is not registered here", p.region));
             return Ok(true);
         };
-        let memory = self.shared.station.engine().memory(p.region)?.clone();
+        let memory = self.shared.core.station.engine().memory(p.region)?.clone();
         // A staged region's unit is copied to its mirror (which is what is registered) before its writes.
         let mirror = lock(&self.shared.mirrors).get(&p.region).cloned();
         let crc = match mirror {
@@ -327,12 +286,12 @@ impl Driver<'_> {
             Err(e) => {
                 // A local fault (a failed GPU copy, say), not the peer's: the session ends at once with its
                 // unacknowledged blocks handed back for recompute.
-                self.shared.log(format!(
+                self.shared.failed(None, format!(
                     "session {session}: a unit could not be read ({e}); the session is cancelled"
                 ));
-                let mut engine = self.shared.station.engine();
+                let mut engine = self.shared.core.station.engine();
                 let _ = engine.cancel(session);
-                self.shared.station.drain_events(&mut engine);
+                self.shared.core.station.drain_events(&mut engine);
                 return Ok(true);
             }
         };
@@ -342,7 +301,7 @@ impl Driver<'_> {
             t.header.offset,
             u64::from(p.len),
         ) else {
-            self.shared.log(format!(
+            self.shared.failed(None, format!(
                 "session {session}: a unit does not lie in one chunk of the destination; dropped"
             ));
             return Ok(true);
@@ -366,23 +325,16 @@ impl Driver<'_> {
         if asks {
             self.reach.asked(t.peer, Instant::now());
         }
-        match self.ep.send(route.addr, &msg.encode(self.shared.engine_id)) {
-            Ok(true) => {}
-            Ok(false) => {
+        let bytes = msg.encode(self.shared.engine_id());
+        match self.send_message(route.addr, t.peer, &bytes)? {
+            Sent::Yes => {}
+            Sent::Full => {
                 t.header.crc = 0;
                 self.stash = Some(t);
                 return Ok(false);
             }
-            Err(TransportError::Unreachable(why)) => {
-                self.peer_gone(t.peer, &why);
-                return Ok(true);
-            }
-            Err(e) => return Err(e),
+            Sent::PeerGone => return Ok(true),
         }
-        self.shared
-            .counters
-            .messages_sent
-            .fetch_add(1, Ordering::Relaxed);
         self.counter = self.counter.wrapping_add(1);
         self.next_unit += 1;
         let unit = self.next_unit;
@@ -441,7 +393,7 @@ impl Driver<'_> {
                     .counters
                     .write_errors
                     .fetch_add(1, Ordering::Relaxed);
-                self.shared.log(format!("write refused: {e}"));
+                self.shared.failed(None, format!("write refused: {e}"));
                 if let Some(o) = self.out.get(&w.unit) {
                     self.reach.failed(o.peer, Instant::now(), &e.to_string());
                 }
@@ -474,7 +426,7 @@ impl Driver<'_> {
                     .counters
                     .write_errors
                     .fetch_add(1, Ordering::Relaxed);
-                self.shared.log(format!(
+                self.shared.failed(None, format!(
                     "a unit's writes did not complete within {limit:?}: its window share is freed"
                 ));
             }
@@ -490,4 +442,12 @@ impl Driver<'_> {
             }
         }
     }
+}
+
+/// What became of a message [`Driver::send_message`] tried to send.
+#[derive(Debug, PartialEq, Eq)]
+enum Sent {
+    Yes,
+    Full,
+    PeerGone,
 }

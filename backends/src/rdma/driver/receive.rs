@@ -18,7 +18,9 @@ impl Driver<'_> {
     pub(super) fn completion(&mut self, c: Completion) {
         match c {
             Completion::Sent { error: None } => {}
-            Completion::Sent { error: Some(e) } => self.shared.log(format!("send failed: {e}")),
+            Completion::Sent { error: Some(e) } => {
+                self.shared.failed(None, format!("send failed: {e}"))
+            }
             Completion::Written { ctx, error } => {
                 let peer = self.out.get(&ctx).map(|o| o.peer);
                 if let Some(e) = error {
@@ -27,7 +29,7 @@ impl Driver<'_> {
                         .write_errors
                         .fetch_add(1, Ordering::Relaxed);
                     self.shared
-                        .log(format!("write refused by the provider: {e}"));
+                        .failed(peer, format!("write refused by the provider: {e}"));
                     if let Some(peer) = peer {
                         self.reach.failed(peer, Instant::now(), &e);
                     }
@@ -50,7 +52,8 @@ impl Driver<'_> {
                     None => self.ep.received(slot, len).and_then(Message::decode),
                 };
                 if let Err(e) = self.ep.repost(slot) {
-                    self.shared.log(format!("reposting a receive: {e}"));
+                    self.shared
+                        .failed(None, format!("reposting a receive: {e}"));
                 }
                 self.shared
                     .counters
@@ -59,10 +62,13 @@ impl Driver<'_> {
                 match msg {
                     Ok((from, msg)) => {
                         if let Err(e) = self.message(from, msg) {
-                            self.shared.log(format!("from engine {from}: {e}"));
+                            self.shared.refused(
+                                Some(PeerId(u64::from(from))),
+                                format!("from engine {from}: {e}"),
+                            );
                         }
                     }
-                    Err(e) => self.shared.log(format!("a message refused: {e}")),
+                    Err(e) => self.shared.refused(None, format!("a message refused: {e}")),
                 }
             }
         }
@@ -71,12 +77,12 @@ impl Driver<'_> {
     fn message(&mut self, from: u32, msg: Message) -> Result<(), TransportError> {
         let peer = PeerId(u64::from(from));
         self.reach.heard_from(peer, Instant::now());
-        lock(&self.shared.unreachable).remove(&peer);
+        self.shared.core.reachable_again(peer);
         match msg {
             Message::Ping => {
                 // Answered while a send slot is free; a peer that gets no pong pings again.
                 if let Some(route) = self.route(peer) {
-                    let pong = Message::Pong.encode(self.shared.engine_id);
+                    let pong = Message::Pong.encode(self.shared.engine_id());
                     self.ep.send(route.addr, &pong)?;
                 }
                 Ok(())
@@ -106,7 +112,7 @@ impl Driver<'_> {
                 let welcome = Message::Welcome {
                     nonce,
                     tag: our_tag,
-                    segments: lock(&self.shared.published).clone(),
+                    segments: self.shared.offered(),
                 };
                 self.send_now(addr, &welcome)
             }
@@ -138,9 +144,9 @@ impl Driver<'_> {
             Message::Frame(bytes) => {
                 let (header, payload) = decode_frame(&bytes)
                     .map_err(|e| TransportError::protocol("rdma", e.to_string()))?;
-                let mut engine = self.shared.station.engine();
+                let mut engine = self.shared.core.station.engine();
                 let result = engine.handle_frame(Instant::now(), peer, &header, payload);
-                self.shared.station.drain_events(&mut engine);
+                self.shared.core.station.drain_events(&mut engine);
                 drop(engine);
                 if header.kind == FrameKind::CloseAck {
                     self.forget_finished();
@@ -183,8 +189,10 @@ impl Driver<'_> {
 
     fn landed(&mut self, token: u32) {
         if !self.pending.contains_key(&token) && self.pending.len() >= MAX_PENDING {
-            self.shared
-                .log("too many units half-arrived: a write's completion dropped".into());
+            self.shared.refused(
+                None,
+                "too many units half-arrived: a write's completion dropped".into(),
+            );
             return;
         }
         self.pending.entry(token).or_default().landed += 1;
@@ -211,7 +219,7 @@ impl Driver<'_> {
         let peer = PeerId(u64::from(from));
         let now = Instant::now();
         let placed = {
-            let mut engine = self.shared.station.engine();
+            let mut engine = self.shared.core.station.engine();
             match engine.placement(peer, &header) {
                 Ok(Placement::Write {
                     region: r,
@@ -242,23 +250,27 @@ impl Driver<'_> {
                 Err(e) => {
                     // The unit could not be read or copied where it belongs: reported as arrived corrupt
                     // (a CRC that cannot match), so the sender resends it now rather than at its deadline.
-                    self.shared.log(format!("verifying a unit: {e}"));
+                    self.shared.failed(None, format!("verifying a unit: {e}"));
                     !header.crc
                 }
             },
             Ok(None) => header.crc,
             Err(e) => {
-                self.shared
-                    .log(format!("a unit from engine {from} refused: {e}"));
+                self.shared.refused(
+                    Some(PeerId(u64::from(from))),
+                    format!("a unit from engine {from} refused: {e}"),
+                );
                 return;
             }
         };
-        let mut engine = self.shared.station.engine();
+        let mut engine = self.shared.core.station.engine();
         if let Err(e) = engine.handle_data(now, peer, &header, crc) {
-            self.shared
-                .log(format!("a unit from engine {from} refused: {e}"));
+            self.shared.refused(
+                Some(PeerId(u64::from(from))),
+                format!("a unit from engine {from} refused: {e}"),
+            );
         }
-        self.shared.station.drain_events(&mut engine);
+        self.shared.core.station.drain_events(&mut engine);
     }
 
     /// The CRC-32C of a unit that landed in `range` of region `region`: taken in place, or in the region's
@@ -282,7 +294,7 @@ impl Driver<'_> {
         if sessions.is_empty() {
             return;
         }
-        let engine = self.shared.station.engine();
+        let engine = self.shared.core.station.engine();
         sessions.retain(|id, _| engine.session_stats(*id).is_some());
     }
 }

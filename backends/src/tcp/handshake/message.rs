@@ -6,6 +6,7 @@ use transfer_engine::{Dtype, KvLayout, Namespace};
 
 use crate::TransportError;
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
+use crate::node::handshake::{Identity, Mismatch};
 
 /// Version of the handshake and lane protocol this build speaks.
 pub const PROTOCOL_VERSION: u16 = 4;
@@ -15,7 +16,7 @@ pub const TOKEN_LEN: usize = 16;
 pub const NO_TOKEN: [u8; TOKEN_LEN] = [0; TOKEN_LEN];
 const MAGIC: &[u8; 8] = b"KVTE-LN\0";
 pub(super) const MAX_MESSAGE: usize = 64 << 10;
-pub(super) const MAC_LEN: usize = 32;
+pub(super) use crate::node::handshake::MAC_LEN;
 
 const TAG_HELLO: u8 = 1;
 const TAG_AUTH: u8 = 2;
@@ -69,40 +70,22 @@ impl Hello {
         })
     }
 
-    /// Why `peer` cannot talk to `self`, if it cannot.
-    pub fn mismatch(&self, peer: &Hello) -> Option<String> {
-        if peer.protocol != PROTOCOL_VERSION || peer.wire != WIRE_VERSION {
-            return Some(format!(
-                "protocol version {}/{} is not supported (this build speaks {PROTOCOL_VERSION}/{WIRE_VERSION}): \
-                 upgrade the older side",
-                peer.protocol, peer.wire
-            ));
+    /// What this hello says about its node that a peer must agree with.
+    #[must_use]
+    pub fn identity(&self) -> Identity {
+        Identity {
+            protocol: self.protocol,
+            wire: self.wire,
+            engine_id: self.engine_id,
+            namespace: self.namespace.clone(),
+            authenticated: self.authenticated,
         }
-        if peer.engine_id == self.engine_id {
-            return Some(format!(
-                "both ends have engine id {}: give every engine a distinct engine_id",
-                peer.engine_id
-            ));
-        }
-        if peer.namespace != self.namespace {
-            return Some(format!(
-                "KV namespace mismatch: the peer serves {}, this node {}: connect engines of the same model, \
-                 weights and block size",
-                peer.namespace, self.namespace
-            ));
-        }
-        if peer.authenticated != self.authenticated {
-            return Some(if self.authenticated {
-                "this node requires shared-secret authentication and the peer has no secret: configure the same \
-                 secret on both sides"
-                    .into()
-            } else {
-                "the peer requires shared-secret authentication and this node has no secret: configure the same \
-                 secret on both sides"
-                    .into()
-            });
-        }
-        None
+    }
+
+    /// Why `peer` cannot talk to `self`, if it cannot (see [`Identity::mismatch`]).
+    #[must_use]
+    pub fn mismatch(&self, peer: &Hello) -> Option<Mismatch> {
+        self.identity().mismatch(&peer.identity())
     }
 
     /// Appends the Hello's bytes (what the MACs cover, and the body of a Hello message).

@@ -13,18 +13,20 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::TransportError;
+pub use crate::node::handshake::auth_mac;
+use crate::node::handshake::{Mismatch, verify_mac};
 
 mod message;
 
 pub use message::{Hello, Message, NO_TOKEN, PROTOCOL_VERSION, Segment, TOKEN_LEN};
 use message::{MAC_LEN, MAX_MESSAGE};
 
+/// What both MACs cover: the dialer's and the acceptor's Hello, byte for byte as sent (nonces, engine
+/// ids, namespace, listening address, the region asked for and the group token), so that nothing a peer
 /// says about itself can be changed on the way without failing authentication.
 #[must_use]
 pub fn transcript(dialer: &Hello, acceptor: &Hello) -> Vec<u8> {
@@ -32,29 +34,6 @@ pub fn transcript(dialer: &Hello, acceptor: &Hello) -> Vec<u8> {
     dialer.encode(&mut out);
     acceptor.encode(&mut out);
     out
-}
-
-/// HMAC-SHA256 over a role label and the handshake `transcript`; all zeros without a secret.
-#[must_use]
-pub fn auth_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> [u8; MAC_LEN] {
-    match keyed(secret, role, transcript) {
-        Some(mac) => mac.finalize().into_bytes().into(),
-        None => [0; MAC_LEN],
-    }
-}
-
-fn verify_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8], got: &[u8; MAC_LEN]) -> bool {
-    keyed(secret, role, transcript).is_none_or(|mac| mac.verify_slice(got).is_ok())
-}
-
-fn keyed(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> Option<Hmac<Sha256>> {
-    let mut mac =
-        <Hmac<Sha256> as Mac>::new_from_slice(secret?).expect("HMAC takes keys of any length");
-    mac.update(b"kvte-lane-auth:");
-    mac.update(role.as_bytes());
-    mac.update(b":");
-    mac.update(transcript);
-    Some(mac)
 }
 
 /// Writes one message.
@@ -134,19 +113,20 @@ pub async fn dial(
             other => return Err(unexpected(&other)),
         };
         let mut problem = hello.mismatch(&peer);
-        if let Some(want) = expect_engine.filter(|e| problem.is_none() && *e != peer.engine_id) {
-            problem = Some(format!(
-                "expected engine {want} at this address but engine {} answered: the address is stale",
-                peer.engine_id
-            ));
+        if let Some(expected) = expect_engine.filter(|e| problem.is_none() && *e != peer.engine_id)
+        {
+            problem = Some(Mismatch::UnexpectedEngine {
+                expected,
+                found: peer.engine_id,
+            });
         }
         let covered = transcript(hello, &peer);
         if problem.is_none() && !verify_mac(secret, "acceptor", &covered, &mac) {
-            problem = Some("the peer failed shared-secret authentication: configure the same secret on both sides".into());
+            problem = Some(Mismatch::Authentication { role: "acceptor" });
         }
-        if let Some(reason) = problem {
-            let _ = send(stream, &Message::Reject(reason.clone())).await;
-            return Err(TransportError::Refused(reason));
+        if let Some(mismatch) = problem {
+            let _ = send(stream, &Message::Reject(mismatch.to_string())).await;
+            return Err(mismatch.into());
         }
         let mac = auth_mac(secret, "dialer", &covered);
         send(stream, &Message::Auth(mac)).await?;
@@ -185,9 +165,9 @@ pub(crate) async fn answer_hello(
             return Err(err);
         }
     };
-    if let Some(reason) = hello.mismatch(&peer) {
-        let _ = send(stream, &Message::Reject(reason.clone())).await;
-        return Err(TransportError::Refused(reason));
+    if let Some(mismatch) = hello.mismatch(&peer) {
+        let _ = send(stream, &Message::Reject(mismatch.to_string())).await;
+        return Err(mismatch.into());
     }
     let covered = transcript(&peer, hello);
     let mac = auth_mac(secret, "acceptor", &covered);
@@ -206,9 +186,9 @@ pub(crate) async fn check_auth(
     match Message::decode(body).map_err(broken)? {
         Message::Auth(mac) if verify_mac(secret, "dialer", covered, &mac) => Ok(()),
         Message::Auth(_) => {
-            let reason = "the dialer failed shared-secret authentication: configure the same secret on both sides";
-            let _ = send(stream, &Message::Reject(reason.into())).await;
-            Err(TransportError::Refused(reason.into()))
+            let mismatch = Mismatch::Authentication { role: "dialer" };
+            let _ = send(stream, &Message::Reject(mismatch.to_string())).await;
+            Err(mismatch.into())
         }
         Message::Reject(reason) => Err(TransportError::Refused(reason)),
         other => Err(unexpected(&other)),
@@ -269,21 +249,18 @@ mod tests {
     }
 
     #[test]
-    fn mismatches_are_explained() {
+    fn a_hello_is_checked_by_its_identity() {
         let a = Hello::new(1, Namespace::default()).unwrap();
         let mut b = Hello::new(2, Namespace::default()).unwrap();
         assert_eq!(a.mismatch(&b), None);
         b.namespace.weight_version = 2;
-        assert!(a.mismatch(&b).unwrap().contains("namespace"));
+        assert!(matches!(a.mismatch(&b), Some(Mismatch::Namespace { .. })));
         b.namespace.weight_version = 0;
-        b.namespace.dtype = Dtype::F16;
-        assert!(a.mismatch(&b).unwrap().contains("F16"));
-        b.namespace.dtype = Dtype::Bf16;
         b.protocol = 9;
-        assert!(a.mismatch(&b).unwrap().contains("protocol version 9"));
-        b.protocol = PROTOCOL_VERSION;
-        b.engine_id = 1;
-        assert!(a.mismatch(&b).unwrap().contains("engine id"));
+        assert!(matches!(
+            a.mismatch(&b),
+            Some(Mismatch::Version { theirs: (9, _), .. })
+        ));
     }
 
     #[test]
