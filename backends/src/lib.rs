@@ -88,6 +88,7 @@ pub mod transport;
 
 pub use board::{IncomingSession, Outcome, Received, WaitError};
 pub use gpu_support::{NO_GPU_SUPPORT, check_gpu};
+pub use node::Liveness;
 pub use transport::{Fault, PeerAddress, PeerInfo, Segment, Transport, TransportError};
 
 /// A fresh engine seed for this process (`fallback` where the system has no randomness): session ids start

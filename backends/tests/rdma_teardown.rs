@@ -18,7 +18,7 @@ fn start(id: u32) -> Option<RdmaNode> {
     let mut cfg = RdmaConfig::new(id, Provider::Named("shm".into()));
     // A closed shm peer never completes a write nor answers: found unreachable after a second.
     cfg.write_timeout = Duration::from_secs(1);
-    cfg.answer_timeout = Duration::from_secs(1);
+    cfg.liveness.answer_timeout = Duration::from_secs(1);
     common::on_listed_provider("shm", None, || RdmaNode::start(cfg))
 }
 

@@ -19,6 +19,9 @@ impl KvConnector {
     /// A connector over TCP. A producer (or `both`) serves lookups and loads on `control_listen`; a
     /// consumer (or `both`) asks the producer whose control address is `producer`. `tcp` sets up the
     /// transfer engine's node (its listen address, lanes, shaping, secret); a consumer's node must listen.
+    /// The node's lanes check the connector's namespace: leave `tcp.namespace` at its default (the
+    /// connector fills it in) or give it the connector's; another one is refused as a configuration
+    /// mistake.
     pub fn tcp(
         cfg: ConnectorConfig,
         tcp: TcpConfig,
@@ -57,11 +60,19 @@ impl KvConnector {
         mut tcp: TcpConfig,
     ) -> Result<Arc<dyn Transport>, ConnectorError> {
         // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
-        // handshake checks the model and block size only.
-        tcp.namespace = Namespace {
+        // handshake checks the model, block size and dtype only.
+        let lanes = |ns: &Namespace| Namespace {
             weight_version: 0,
-            ..cfg.namespace.clone()
+            ..ns.clone()
         };
+        if tcp.namespace != Namespace::default() && lanes(&tcp.namespace) != lanes(&cfg.namespace) {
+            return Err(ConnectorError::Config(format!(
+                "TcpConfig::namespace is {} but the connector's is {}: leave TcpConfig::namespace at its \
+                 default (the connector sets it) or give it the connector's",
+                tcp.namespace, cfg.namespace
+            )));
+        }
+        tcp.namespace = lanes(&cfg.namespace);
         let node = rt.block_on(TcpNode::start(tcp))?;
         if cfg.role.loads() && node.local_addr().is_none() {
             return Err(ConnectorError::Config(

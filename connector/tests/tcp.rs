@@ -264,6 +264,23 @@ fn a_consumer_finds_its_producer_through_discovery() {
 }
 
 #[test]
+fn a_tcp_config_of_another_namespace_is_refused_not_overwritten() {
+    let mut tcp = TcpConfig::with_engine_id(7);
+    tcp.namespace.model = "another-model".into();
+    let refused = KvConnector::tcp(config(KvRole::Producer), tcp, None, None).unwrap_err();
+    assert!(
+        matches!(&refused, connector::ConnectorError::Config(m) if m.contains("another-model")),
+        "{refused}"
+    );
+    assert_eq!(refused.fault(), backends::Fault::Caller);
+    // The connector's own namespace (any weight version) is accepted, as is the default.
+    let mut tcp = TcpConfig::with_engine_id(8);
+    tcp.namespace = config(KvRole::Producer).namespace;
+    tcp.namespace.weight_version += 1;
+    assert!(KvConnector::tcp(config(KvRole::Producer), tcp, None, None).is_ok());
+}
+
+#[test]
 fn a_both_connector_loads_from_its_own_tier_store() {
     let both = KvConnector::tcp(
         config(KvRole::Both),

@@ -199,7 +199,7 @@ fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnecto
     let node = |id| {
         let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
         cfg.domain = domain.map(str::to_owned);
-        cfg.answer_timeout = Duration::from_secs(1);
+        cfg.liveness.answer_timeout = Duration::from_secs(1);
         cfg
     };
     let p = KvConnector::rdma(config(KvRole::Producer), node(1), None, None).unwrap();

@@ -13,6 +13,7 @@ mod calls;
 pub(crate) mod core;
 pub(crate) mod driver;
 pub mod handshake;
+mod liveness;
 pub mod log;
 pub(crate) mod reach;
 pub(crate) mod station;
@@ -23,6 +24,7 @@ use std::fmt;
 pub use core::NodeCore;
 pub use driver::Driver;
 pub(crate) use driver::Role;
+pub use liveness::Liveness;
 pub use log::{KEEP_LINES, LogEntry, LogKind};
 
 #[cfg(doc)]

@@ -62,7 +62,7 @@ mod wait;
 
 use std::time::Duration;
 
-use crate::TransportError;
+use crate::{Liveness, TransportError};
 use transfer_engine::EngineConfig;
 
 pub use ffi::{ProviderInfo, parked_endpoints};
@@ -95,8 +95,6 @@ pub struct RdmaConfig {
     pub recv_slots: usize,
     /// Largest single RDMA write; larger units go as several (capped by the provider's limit).
     pub max_write_bytes: usize,
-    /// Time allowed for [`RdmaNode::connect`]'s hello/welcome exchange.
-    pub connect_timeout: Duration,
     /// Ask for delivery completion on writes (`FI_DELIVERY_COMPLETE`): a write completes at the sender
     /// only once its bytes are placed at the target, so a write the target's provider refuses (wrong key,
     /// out of range) comes back as an error at once. Without it a refused write is only noticed when the
@@ -105,15 +103,14 @@ pub struct RdmaConfig {
     /// A unit whose writes have not completed after this long stops counting against the window (the
     /// provider dropped a refused write without a completion, or the peer vanished).
     pub write_timeout: Duration,
-    /// A peer whose writes all fail (error completions, or writes that never complete) for this long, none
-    /// succeeding, is declared unreachable: its sessions end at once with recompute and a reason (1 s).
-    pub unreachable_after: Duration,
-    /// A peer that answers none of the frames asking it to (opens, units, closes) for this long, sending
-    /// nothing at all, is declared unreachable the same way (3 s): a closed or killed `shm` peer neither
-    /// completes nor fails writes. A live peer that stalls this long is declared unreachable too. New
-    /// sessions to an unreachable peer are refused until it sends a message again, which
+    /// When a peer is given up on: `handshake_timeout` bounds [`RdmaNode::connect`]'s hello/welcome
+    /// exchange; a peer whose writes all fail (error completions, or writes that never complete) for
+    /// `unreachable_after`, none succeeding, or that answers none of the frames asking it to (opens,
+    /// units, closes) for `answer_timeout`, sending nothing at all, is declared unreachable: its sessions
+    /// end at once with recompute and a reason. A live peer that stalls that long is declared unreachable
+    /// too. New sessions to an unreachable peer are refused until it sends a message again, which
     /// [`RdmaNode::connect`] asks it to (the rule of every [`crate::transport::Transport`]).
-    pub answer_timeout: Duration,
+    pub liveness: Liveness,
     /// A driver that has not come back from one step for this long is taken as stuck inside a provider
     /// call (on `shm`, a peer process that died holding a lock in shared memory leaves the call spinning
     /// for good): every live session ends at once with recompute, its peer given as unreachable, and the
@@ -145,11 +142,9 @@ impl RdmaConfig {
             send_slots: 256,
             recv_slots: 256,
             max_write_bytes: 16 << 20,
-            connect_timeout: Duration::from_secs(5),
             delivery_complete: true,
             write_timeout: Duration::from_secs(5),
-            unreachable_after: Duration::from_secs(1),
-            answer_timeout: Duration::from_secs(3),
+            liveness: Liveness::default(),
             stuck_after: Duration::from_secs(5),
             gpu_memory: false,
             host_memory: HostMemoryAccess::Mirrored,

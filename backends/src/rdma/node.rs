@@ -303,7 +303,7 @@ impl Node<RdmaDriver> {
 async fn connect(shared: &Shared, address: &[u8]) -> Result<PeerInfo, TransportError> {
     let (tx, rx) = oneshot::channel();
     shared.command(Command::Connect(address.to_vec(), tx));
-    let limit = shared.cfg.connect_timeout;
+    let limit = shared.cfg.liveness.handshake_timeout;
     match tokio::time::timeout(limit, rx).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(TransportError::Closed),

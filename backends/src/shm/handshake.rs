@@ -67,7 +67,7 @@ pub(crate) fn dial(
     let mut stream = UnixStream::connect(path).map_err(|e| {
         TransportError::Unreachable(format!("cannot connect to {}: {e}", path.display()))
     })?;
-    timeouts(&stream, Some(shared.cfg.connect_timeout)).map_err(io)?;
+    timeouts(&stream, Some(shared.cfg.liveness.handshake_timeout)).map_err(io)?;
     let creds = cma::peer_credentials(&stream).map_err(io)?;
     // The listener's user is checked before this node says anything to it.
     if !shared.cfg.allowed.allows(creds.uid) {
@@ -118,7 +118,7 @@ pub(crate) fn dial(
 /// Answers one connection: credentials, hello, probe, then admission (the engine id must not be
 /// connected already), welcome and the link's threads.
 fn answer(shared: &Arc<Shared>, mut stream: UnixStream) -> Result<(), String> {
-    timeouts(&stream, Some(shared.cfg.connect_timeout)).map_err(|e| e.to_string())?;
+    timeouts(&stream, Some(shared.cfg.liveness.handshake_timeout)).map_err(|e| e.to_string())?;
     let creds = cma::peer_credentials(&stream).map_err(|e| e.to_string())?;
     let refuse = |stream: &mut UnixStream, why: String| {
         super::wire::refuse(stream, &why);

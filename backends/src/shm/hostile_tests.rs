@@ -28,11 +28,9 @@ fn runtime() -> tokio::runtime::Runtime {
 /// A receiving node with a published `kv` region, that drops a peer taking no bytes for 1 s.
 fn victim(name: &str) -> (ShmNode, PathBuf) {
     let path = std::env::temp_dir().join(format!("shm-hostile-{name}-{}.sock", std::process::id()));
-    let node = ShmNode::start(ShmConfig {
-        stall_timeout: Duration::from_secs(1),
-        ..ShmConfig::new(2, Some(path.clone()))
-    })
-    .unwrap();
+    let mut cfg = ShmConfig::new(2, Some(path.clone()));
+    cfg.liveness.stall_timeout = Duration::from_secs(1);
+    let node = ShmNode::start(cfg).unwrap();
     let dst = node.kv_region(layout()).unwrap();
     node.publish_segment("kv", dst).unwrap();
     (node, path)

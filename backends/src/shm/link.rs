@@ -79,7 +79,7 @@ impl Link {
     ) -> io::Result<Arc<Self>> {
         let reader = stream.try_clone()?;
         let writer = stream.try_clone()?;
-        writer.set_write_timeout(Some(ctx.cfg.stall_timeout))?;
+        writer.set_write_timeout(Some(ctx.cfg.liveness.stall_timeout))?;
         let (queue, rx) = mpsc::sync_channel(ctx.cfg.queue_frames.max(1));
         let link = Arc::new(Self {
             peer: peer_of(&hello),
@@ -206,7 +206,10 @@ fn write_loop(
             e.kind(),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
         ) {
-            format!("took no bytes for {:?}", s.context().cfg.stall_timeout)
+            format!(
+                "took no bytes for {:?}",
+                s.context().cfg.liveness.stall_timeout
+            )
         } else if matches!(
             e.kind(),
             io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset

@@ -32,13 +32,13 @@
 //! # Dead peers
 //! A peer that exits or is killed closes its socket: its sessions end at once with recompute, reasons
 //! naming the peer, and new sessions to it are refused until [`ShmNode::connect`] reaches it again. A peer
-//! that stops reading loses its connection after [`ShmConfig::stall_timeout`].
+//! that stops reading loses its connection after [`Liveness::stall_timeout`].
 //!
 //! # Memory a node can be made to hold
 //! The caller's regions; per connection a bounded queue of [`ShmConfig::queue_frames`] outgoing frames
 //! (headers and references, no payloads), a 64 KiB read buffer and one control payload (4 MiB at most);
 //! [`ShmConfig::max_peers`] connections and [`ShmConfig::max_handshakes`] handshakes in progress, each
-//! ended after [`ShmConfig::connect_timeout`]; the board's bounded retention.
+//! ended after [`Liveness::handshake_timeout`]; the board's bounded retention.
 //!
 //! # GPU memory (feature `cuda`)
 //! GPU regions are shared through CUDA IPC: the allocation holding a registered GPU region is exported
@@ -66,9 +66,10 @@ mod shared;
 mod wire;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use transfer_engine::EngineConfig;
+
+use crate::Liveness;
 
 pub use copy_path::CopyPath;
 pub use node::{ShmDriver, ShmNode, ShmStats};
@@ -131,10 +132,9 @@ pub struct ShmConfig {
     pub copy_path: CopyPath,
     /// Frames queued to one peer before more are dropped (the engine resends what is not acknowledged).
     pub queue_frames: usize,
-    /// Longest a handshake may take.
-    pub connect_timeout: Duration,
-    /// A peer that takes no bytes for this long loses its connection.
-    pub stall_timeout: Duration,
+    /// When a peer is given up on: `handshake_timeout` is the longest a handshake may take, and a peer
+    /// that takes no bytes for `stall_timeout` loses its connection (a lost link is declared at once).
+    pub liveness: Liveness,
     /// Connections at once.
     pub max_peers: usize,
     /// Handshakes in progress at once; more are refused at once.
@@ -153,8 +153,7 @@ impl ShmConfig {
             pull_chunk: 256 << 10,
             copy_path: CopyPath::Measure,
             queue_frames: 8192,
-            connect_timeout: Duration::from_secs(5),
-            stall_timeout: Duration::from_secs(10),
+            liveness: Liveness::default(),
             max_peers: 256,
             max_handshakes: 16,
         }

@@ -274,7 +274,7 @@ async fn connect(shared: &Arc<Shared>, path: &Path) -> Result<PeerInfo, Transpor
     spawn("shm-dial", move || {
         let _ = tx.send(dial(&dialer, &target));
     })?;
-    let limit = shared.cfg.connect_timeout * 2;
+    let limit = shared.cfg.liveness.handshake_timeout * 2;
     match tokio::time::timeout(limit, rx).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(TransportError::Closed),

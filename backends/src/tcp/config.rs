@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use transfer_engine::EngineConfig;
 
-use super::{Namespace, Secret, SocketBuffers, tcp_engine_config};
+use super::{Liveness, Namespace, Secret, SocketBuffers, tcp_engine_config};
 
 /// Settings of one TCP node.
 #[derive(Debug, Clone)]
@@ -82,49 +82,6 @@ impl Default for Security {
             secret: None,
             allow_unauthenticated_remote: false,
             dial_back: true,
-        }
-    }
-}
-
-/// When an idle, silent or stalled lane or peer is given up on. Part of [`TcpConfig`] (`liveness`).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Liveness {
-    /// A lane this node dialed, with nothing to write and nothing received for this long, is closed.
-    pub idle_timeout: Duration,
-    /// A lane a peer dialed, with nothing to write, nothing received for this long and no session with
-    /// that peer, is closed (`None`: never), so a peer that connects and then says nothing does not hold
-    /// a lane forever. Longer than `idle_timeout` by default: an honest dialer closes its idle lanes first.
-    pub inbound_idle_timeout: Option<Duration>,
-    /// Time allowed for connecting and the handshake.
-    pub handshake_timeout: Duration,
-    /// A peer that starts a frame and then sends nothing for this long, or does not read what this node
-    /// writes for this long, loses its lane.
-    pub stall_timeout: Duration,
-    /// How long a peer with live sessions may have no lane, with redialing refused (or impossible), before
-    /// its sessions end with recompute and new transfers to it are refused.
-    pub unreachable_after: Duration,
-    /// How long new transfers to a peer declared unreachable fail at once. Nothing redials it meanwhile
-    /// (a lane it opens to this node clears the verdict); the first transfer after this dials it again and
-    /// is judged afresh by `unreachable_after`.
-    pub unreachable_hold: Duration,
-    /// A peer that connected here (one this node's user never dialed, added or sent a transfer to), with
-    /// no lane, nothing queued and no session for this long (and at least `served_region_grace`), is
-    /// forgotten with any region served to it, so strangers cycling through engine ids cannot grow the
-    /// node's memory without bound. When it connects again it is a new connection group.
-    pub forget_peer_after: Duration,
-}
-
-impl Default for Liveness {
-    fn default() -> Self {
-        Self {
-            idle_timeout: Duration::from_secs(30),
-            inbound_idle_timeout: Some(Duration::from_secs(120)),
-            handshake_timeout: Duration::from_secs(5),
-            stall_timeout: Duration::from_secs(10),
-            unreachable_after: Duration::from_secs(1),
-            unreachable_hold: Duration::from_secs(5),
-            forget_peer_after: Duration::from_secs(60),
         }
     }
 }

@@ -96,8 +96,9 @@ use transfer_engine::EngineConfig;
 mod writer;
 
 pub use crate::board::{IncomingSession, Outcome, Received, WaitError};
+pub use crate::node::Liveness;
 pub use blocking::BlockingNode;
-pub use config::{Buffers, Dialing, Liveness, Security, Serving, StrangerLimits, TcpConfig};
+pub use config::{Buffers, Dialing, Security, Serving, StrangerLimits, TcpConfig};
 pub use handshake::Segment;
 pub use node::{NodeStats, TcpDriver, TcpNode};
 pub use secret::Secret;

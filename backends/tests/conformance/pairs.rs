@@ -186,7 +186,7 @@ pub(crate) fn rdma(provider: &str, domain: Option<&str>) -> Option<Pair> {
     let start = |id| {
         let mut cfg = RdmaConfig::new(id, Provider::Named(provider.into()));
         cfg.domain = domain.map(str::to_owned);
-        cfg.answer_timeout = Duration::from_secs(1);
+        cfg.liveness.answer_timeout = Duration::from_secs(1);
         RdmaNode::start(cfg)
     };
     let (sender, receiver) = common::on_listed_provider(provider, domain, || {

@@ -17,7 +17,7 @@ impl Driver<'_> {
     /// does not answer (a live one that is only slow to produce answers the ping). Looked at every tenth of
     /// the answer timeout.
     pub(super) fn ping_silent_senders(&mut self, now: Instant) -> Result<(), TransportError> {
-        let timeout = self.shared.cfg.answer_timeout;
+        let timeout = self.shared.cfg.liveness.answer_timeout;
         if now.saturating_duration_since(self.last_ping_check) < timeout / 10 {
             return Ok(());
         }
@@ -48,10 +48,11 @@ impl Driver<'_> {
     /// Ends the sessions of peers that failed every write, or answered nothing, for too long.
     pub(super) fn declare_unreachable(&mut self, now: Instant) {
         let cfg = &self.shared.cfg;
-        for (peer, reason) in self
-            .reach
-            .unreachable(now, cfg.unreachable_after, cfg.answer_timeout)
-        {
+        for (peer, reason) in self.reach.unreachable(
+            now,
+            cfg.liveness.unreachable_after,
+            cfg.liveness.answer_timeout,
+        ) {
             // Recorded and ended under one lock, so no session submitted meanwhile waits for the same
             // verdict again; waiters learn at once, as on every backend.
             self.shared.core.declare_unreachable(peer, reason, now);
