@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 out=${1:-figures}
 mkdir -p "$out"
 cargo build --release -p benches --bin te-bench
-tb=./target/release/te-bench
+tb="$(bash scripts/target-dir.sh)/release/te-bench"
 
 # Loopback and TCP throughput, caller memory to caller memory: 256 KiB, 4 MiB and 64 MiB blocks (both),
 # 64 KiB and 1 MiB (TCP).

@@ -53,7 +53,7 @@ if [[ $mode != prebuilt ]]; then
   connector_tests=$(test_binary connector gpu)
   [[ -n $tests && -n $connector_tests ]] || { echo "could not find the GPU test binaries" >&2; exit 1; }
   mkdir -p "$dir"
-  cp "${CARGO_TARGET_DIR:-target}/release/te-bench" "$dir/te-bench"
+  cp "$(bash scripts/target-dir.sh)/release/te-bench" "$dir/te-bench"
   cp "$tests" "$dir/cuda-tests"
   cp "$connector_tests" "$dir/connector-gpu-tests"
   # Small enough to carry to a GPU machine that has no cargo or no network (about 10 MB stripped).

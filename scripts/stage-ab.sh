@@ -4,7 +4,7 @@
 # Usage: scripts/stage-ab.sh [pairs]   (needs a release te-bench: cargo build --release -p benches)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${CARGO_TARGET_DIR:-target}/release/te-bench
+bin="$(bash scripts/target-dir.sh)/release/te-bench"
 pairs=${1:-5}
 out=$(mktemp)
 for block in 4MiB 256KiB; do

@@ -9,8 +9,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cargo test --workspace --all-features --locked "$@"
+# The te-bench those tests built, wherever cargo put it (CARGO_TARGET_DIR, a cargo config, or ./target).
+target=$(bash scripts/target-dir.sh)
 pyenv=$(bash scripts/python-env.sh)
-TE_BENCH="$PWD/target/debug/te-bench" "$pyenv/bin/python" -m pytest -q tests/outsider
+TE_BENCH="$target/debug/te-bench" "$pyenv/bin/python" -m pytest -q tests/outsider
 "$pyenv/bin/python" -m pytest -q -rs python/tests
 vllm_env=$(bash scripts/vllm-env.sh)
 "$vllm_env/bin/python" -m pytest -q python/tests_vllm
