@@ -74,10 +74,12 @@ pub(crate) fn source_memory(
     Ok(shared)
 }
 
-/// The receiver child; killed when dropped.
+/// The receiver child; killed when dropped, and its socket file (which a killed node leaves behind)
+/// removed.
 struct Receiver {
     child: Child,
     lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    socket: std::path::PathBuf,
 }
 
 impl Receiver {
@@ -93,6 +95,7 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.socket);
     }
 }
 
@@ -122,6 +125,7 @@ pub(crate) fn run_shm(
     let mut receiver = Receiver {
         child,
         lines: BufReader::new(stdout).lines(),
+        socket: socket.clone(),
     };
     let ready = receiver.next_line()?;
     if ready != "LISTENING" {
