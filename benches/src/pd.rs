@@ -210,11 +210,15 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
         let source = std::sync::Arc::downgrade(&decode);
         eprintln!("pd: metrics on http://{}/metrics", listener.local_addr()?);
         std::thread::spawn(move || {
-            serve_metrics(&listener, || source.upgrade().map(|c| c.prometheus()))
+            serve_metrics(&listener, || {
+                source.upgrade().map(|c| c.worker.prometheus())
+            })
         });
     }
     let pool = MemoryRegion::zeroed(pool_bytes(args) as usize);
-    decode.register_kv_caches(pool.clone(), pool_blocks(args))?;
+    decode
+        .worker
+        .register_kv_caches(pool.clone(), pool_blocks(args))?;
     let bs = args.block_tokens as usize;
     let (mut ttft_engine, mut ttft_recompute) = (Vec::new(), Vec::new());
     let (mut prefill_ms, mut decode_ms, mut all_blocks) = (Vec::new(), Vec::new(), 0u64);
@@ -250,27 +254,27 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
             external_keys: None,
             transfer_params: None,
         };
-        let keys = decode.request_keys(&kreq);
-        let (n, _) = decode.get_num_new_matched_tokens(&kreq, 0)?;
+        let keys = decode.scheduler.request_keys(&kreq);
+        let (n, _) = decode.scheduler.wait_matched_tokens(&kreq, 0)?;
         let blocks: Vec<u32> = (0..total_blocks as u32).collect();
-        decode.update_state_after_alloc(&id, &blocks, n)?;
-        decode.bind_connector_metadata(decode.build_connector_meta());
+        decode.scheduler.update_state_after_alloc(&id, &blocks, n)?;
+        decode.plan_step()?;
         let load_started = Instant::now();
-        decode.start_load_kv()?;
+        decode.worker.start_load_kv()?;
         let loaded = (n / bs) as u64;
         for layer in 0..args.layers {
-            decode.wait_for_layer_load(layer)?;
+            decode.worker.wait_for_layer_load(layer)?;
             sleep_us(args.compute_us * (total_blocks - loaded));
         }
         load_time += load_started.elapsed();
-        let failed = decode.failed_blocks();
+        let failed = decode.worker.failed_blocks();
         sleep_us(args.compute_us * u64::from(args.layers) * failed.len() as u64); // recompute them
         ttft_engine.push(started.elapsed().as_secs_f64() * 1e3);
         decode_ms.push(decode_started.elapsed().as_secs_f64() * 1e3);
         engine_time += started.elapsed();
-        decode.clear_connector_metadata();
-        decode.request_finished(&id);
-        let _ = decode.get_finished();
+        decode.worker.clear_connector_metadata();
+        decode.scheduler.request_finished(&id);
+        let _ = decode.worker.get_finished();
         if !args.sequential {
             reply = child.reply()?;
         }
@@ -303,7 +307,7 @@ pub(crate) fn main(args: &PdArgs) -> anyhow::Result<()> {
         ttft_recompute.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let stats = child.call(&ChildCommand::Stats)?;
-    let snap = decode.metrics().snapshot();
+    let snap = decode.worker.metrics().snapshot();
     let block_all_layers = args.block_bytes * u64::from(args.layers);
     let recompute_total: f64 = ttft_recompute.iter().sum::<f64>() / 1e3;
     let report = PdReport {

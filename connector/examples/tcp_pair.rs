@@ -1,12 +1,14 @@
-//! A producer and a consumer connector over TCP in one process, as a prefill and a decode instance would
-//! run them in two: the producer saves a request's KV layer by layer while its layers are computed, the
+//! A producer and a consumer over TCP in one process, each a scheduler half and a worker half, as a prefill
+//! and a decode instance would run them in four processes: the producer saves a request's KV layer by layer while its layers are computed, the
 //! consumer finds how many of the prompt's tokens it can load, loads them into its own blocks layer by
 //! layer, and prints its metrics.
 //!
 //! `cargo run -p connector --example tcp_pair`
 
 use backends::tcp::TcpConfig;
-use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
+use connector::{
+    ConnectorConfig, KvRequest, KvRole, KvScheduler, KvWorker, RequestExtras, Sources, namespace,
+};
 use transfer_engine::MemoryRegion;
 
 const LAYERS: usize = 4;
@@ -19,21 +21,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     (cfg.layers, cfg.block_bytes, cfg.store_blocks) = (LAYERS as u32, BLOCK_BYTES as u64, 64);
     // The producer serves lookups and loads on a control port; the consumer is told where.
     let listen = "127.0.0.1:0".parse()?;
-    let prefill = KvConnector::tcp(
-        cfg.clone(),
-        TcpConfig::with_engine_id(1),
-        Some(listen),
-        None,
-    )?;
-    let mut consumer = cfg;
+    let prefill = KvWorker::tcp(cfg.clone(), TcpConfig::with_engine_id(1), Some(listen))?;
+    let control = prefill
+        .control_addr()
+        .ok_or("a producer serves a control address")?;
+    let mut consumer = cfg.clone();
     consumer.role = KvRole::Consumer;
     consumer.store_blocks = 0;
-    let decode = KvConnector::tcp(
-        consumer,
-        TcpConfig::with_engine_id(2),
-        None,
-        prefill.control_addr(),
-    )?;
+    let decode = KvWorker::tcp(consumer.clone(), TcpConfig::with_engine_id(2), None)?;
+    let prefill_plan = KvScheduler::new(cfg, Sources::own(control))?;
+    let decode_plan = KvScheduler::new(consumer, Sources::producer(control))?;
 
     let layer_bytes = BLOCK_BYTES * BLOCKS;
     let prefill_kv =
@@ -53,18 +50,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     // Producer: the scheduler plans the save of blocks 0, 1, 2; the worker saves each layer once computed.
-    prefill.get_num_new_matched_tokens(&req, 0)?;
-    prefill.update_state_after_alloc("r1", &[0, 1, 2, 3], 0)?;
-    prefill.bind_connector_metadata(prefill.build_connector_meta());
+    prefill_plan.wait_matched_tokens(&req, 0)?;
+    prefill_plan.update_state_after_alloc("r1", &[0, 1, 2, 3], 0)?;
+    prefill.bind_connector_metadata(prefill_plan.build_connector_meta());
     for layer in 0..LAYERS as u32 {
         prefill.save_kv_layer(layer)?;
     }
     prefill.wait_for_save()?;
 
     // Consumer: 48 tokens can be loaded, into its blocks 7, 8, 9; each layer is waited for before it runs.
-    let (tokens_to_load, _) = decode.get_num_new_matched_tokens(&req, 0)?;
-    decode.update_state_after_alloc("r1", &[7, 8, 9, 10], tokens_to_load)?;
-    decode.bind_connector_metadata(decode.build_connector_meta());
+    // (The lookup runs in the background; a serving engine asks again on its next step, this waits.)
+    let (tokens_to_load, _) = decode_plan.wait_matched_tokens(&req, 0)?;
+    decode_plan.update_state_after_alloc("r1", &[7, 8, 9, 10], tokens_to_load)?;
+    decode.bind_connector_metadata(decode_plan.build_connector_meta());
     decode.start_load_kv()?;
     for layer in 0..LAYERS as u32 {
         decode.wait_for_layer_load(layer)?;
@@ -79,6 +77,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("block 8 does not hold the producer's block 1".into());
     }
     println!("loaded {tokens_to_load} tokens over TCP into blocks 7, 8, 9; metrics:");
-    println!("{}", decode.prometheus());
+    println!("{}{}", decode_plan.prometheus(), decode.prometheus());
     Ok(())
 }

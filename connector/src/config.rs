@@ -79,7 +79,7 @@ pub struct ConnectorConfig {
     /// Layers a load may run ahead of the consumer's compute.
     pub prefetch_depth: u32,
     /// Loads run between the engine's steps instead of inside its forward pass: the scheduler half says
-    /// a load is asynchronous, the request waits until [`crate::KvConnector::get_finished`] reports its
+    /// a load is asynchronous, the request waits until [`crate::KvWorker::get_finished`] reports its
     /// load over (all layers, or its missing blocks handed back), and `wait_for_layer_load` does not wait
     /// for it. Off by default: layers stream while the forward pass computes.
     pub async_loads: bool,
@@ -91,7 +91,11 @@ pub struct ConnectorConfig {
     /// Time a load may take before its missing blocks are handed back for recompute (and a control
     /// call to a producer before it fails).
     pub load_timeout: Duration,
-    /// How long a producer holds the blocks saved for a decode ([`crate::KvConnector::hold_for_decode`])
+    /// Time the scheduler half gives each producer to answer a lookup: every candidate is asked at once,
+    /// and one that has not answered by then counts as holding nothing, so a slow peer costs the lookup
+    /// this much at most, never the sum of every peer's time.
+    pub lookup_timeout: Duration,
+    /// How long a producer holds the blocks saved for a decode ([`crate::KvScheduler::hold_for_decode`])
     /// when no load of them comes: its store never drops a held block (a disk tier may take it) while
     /// another can go. Zero holds nothing.
     pub hold_timeout: Duration,
@@ -124,6 +128,7 @@ impl ConnectorConfig {
             class: TrafficClass::UrgentKv,
             shaping: None,
             load_timeout: Duration::from_secs(10),
+            lookup_timeout: Duration::from_secs(1),
             hold_timeout: Duration::from_secs(60),
             disk: None,
             disk_min_sharers: 1,
@@ -145,6 +150,23 @@ impl ConnectorConfig {
         if self.disk.is_some() && !self.role.saves() {
             return Err(ConnectorError::Config(
                 "a disk tier belongs to a producer's store (this role saves nothing)".into(),
+            ));
+        }
+        if self.load_timeout.is_zero() {
+            return Err(ConnectorError::Config(
+                "load_timeout must be above zero (a load given no time is never waited for)".into(),
+            ));
+        }
+        if self.disk_min_sharers == 0 {
+            return Err(ConnectorError::Config(
+                "disk_min_sharers must be at least 1 (a block no request used is never worth a disk write)"
+                    .into(),
+            ));
+        }
+        if self.lookup_timeout.is_zero() {
+            return Err(ConnectorError::Config(
+                "lookup_timeout must be above zero (a lookup nobody can answer finds nothing)"
+                    .into(),
             ));
         }
         self.tp.validate()?;

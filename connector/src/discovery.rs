@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use backends::discovery::{Discovery, Lease, PeerRecord};
 
-use crate::connector::KvConnector;
 use crate::error::ConnectorError;
+use crate::worker::KvWorker;
 
 /// Set in the engine id under which a connector's control address is registered.
 pub const CONTROL_ID_BIT: u32 = 1 << 31;
@@ -21,8 +21,9 @@ fn registry_error(e: impl std::fmt::Display) -> ConnectorError {
     }
 }
 
-impl KvConnector {
-    /// Registers this producer's control address under `engine_id` (with [`CONTROL_ID_BIT`]) and `lease`.
+impl KvWorker {
+    /// Registers this producer worker's control address under `engine_id` (with [`CONTROL_ID_BIT`]) and
+    /// `lease`.
     pub async fn announce<D: Discovery>(
         &self,
         discovery: &D,

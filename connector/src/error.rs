@@ -3,7 +3,7 @@
 use transfer_engine::SessionId;
 
 /// What can go wrong in a connector call. Every error is a value the caller handles; none yields wrong
-/// KV: a load that fails names the blocks to recompute ([`crate::KvConnector::failed_blocks`]).
+/// KV: a load that fails names the blocks to recompute ([`crate::KvWorker::failed_blocks`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectorError {

@@ -91,12 +91,19 @@ impl ProducerCore {
         lock(&self.store).lookup(keys)
     }
 
-    /// Leading keys stored whole or being saved now: what [`ProducerCore::load`] can serve a consumer.
-    pub(crate) fn lookup_streaming(&self, keys: &[ScopedKey]) -> usize {
+    /// A lookup's answer: leading keys this producer can serve (stored whole only, with `whole`; else also
+    /// being saved now), and how many of those only its disk tier holds.
+    pub(crate) fn lookup_tiers(&self, keys: &[ScopedKey], whole: bool) -> (usize, usize) {
         if !self.servable(keys) {
-            return 0;
+            return (0, 0);
         }
-        lock(&self.store).lookup_streaming(keys)
+        let store = lock(&self.store);
+        let found = if whole {
+            store.lookup(keys)
+        } else {
+            store.lookup_streaming(keys)
+        };
+        (found, store.disk_only(&keys[..found]))
     }
 
     /// Releases to each streaming load the layers saved since (after a `save_kv_layer`), and cancels those

@@ -19,7 +19,7 @@ pub struct KvRequest<'a> {
     pub extras: &'a RequestExtras,
     /// The serving engine's own block hashes, used as they are instead of hashing `tokens`.
     pub external_keys: Option<&'a [BlockHash]>,
-    /// Where this request's KV waits (what the producer's [`crate::KvConnector::request_finished`] returned,
+    /// Where this request's KV waits (what the producer's [`crate::KvScheduler::request_finished`] returned,
     /// carried by the serving engine's proxy); `None`: the consumer's default producer.
     pub transfer_params: Option<&'a KvTransferParams>,
 }
@@ -67,7 +67,7 @@ pub struct BlockSpec {
     pub local: bool,
     /// The producer to load from (`None`: the default one).
     pub producer: Option<KvTransferParams>,
-    /// A save for a decode to load (see [`crate::KvConnector::hold_for_decode`]): the store keeps the
+    /// A save for a decode to load (see [`crate::KvScheduler::hold_for_decode`]): the store keeps the
     /// blocks from being dropped until a load of them completes or
     /// [`crate::ConnectorConfig::hold_timeout`] passes.
     pub hold: bool,
@@ -80,6 +80,9 @@ pub struct ConnectorMetadata {
     pub loads: Vec<BlockSpec>,
     /// Saves to make, layer by layer (producer).
     pub saves: Vec<BlockSpec>,
+    /// Requests the engine preempted since the last step: their blocks are being given to others, so
+    /// nothing more of a load of theirs may land (see [`crate::KvWorker::handle_preemptions`]).
+    pub preempted: Vec<String>,
 }
 
 /// A stable 64-bit id for a request id (the tier manager counts sharers by it).
@@ -90,12 +93,13 @@ pub(crate) fn request_number(id: &str) -> u64 {
     })
 }
 
-/// A [`BlockSpec`] as it travels between processes: keys in hex, in one namespace.
+/// A [`BlockSpec`] as it travels between processes, its keys (in one namespace) in the frame's key part.
 #[derive(Serialize, Deserialize)]
 struct SpecOnWire {
     request: String,
     ns: u64,
-    keys: Vec<String>,
+    /// How many of the frame's keys are this spec's (they follow the previous spec's).
+    keys: usize,
     blocks: Vec<u32>,
     local: bool,
     producer: Option<KvTransferParams>,
@@ -103,19 +107,23 @@ struct SpecOnWire {
     hold: bool,
 }
 
-/// [`ConnectorMetadata`] as it travels between processes.
+/// [`ConnectorMetadata`] as it travels between processes: a control frame's head (see
+/// [`crate::control::frame`]) whose key part holds every spec's keys in turn.
 #[derive(Serialize, Deserialize)]
 struct MetadataOnWire {
     loads: Vec<SpecOnWire>,
     saves: Vec<SpecOnWire>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    preempted: Vec<String>,
 }
 
 impl SpecOnWire {
-    fn from(s: &BlockSpec) -> Self {
+    fn from(s: &BlockSpec, hashes: &mut Vec<BlockHash>) -> Self {
+        hashes.extend(s.keys.iter().map(|k| k.hash));
         SpecOnWire {
             request: s.request.clone(),
             ns: s.keys.first().map_or(0, |k| k.ns.0),
-            keys: crate::control::hex_keys(&s.keys),
+            keys: s.keys.len(),
             blocks: s.blocks.clone(),
             local: s.local,
             producer: s.producer.clone(),
@@ -123,9 +131,16 @@ impl SpecOnWire {
         }
     }
 
-    fn into_spec(self) -> Result<BlockSpec, String> {
+    fn into_spec(self, hashes: &mut std::vec::IntoIter<BlockHash>) -> Result<BlockSpec, String> {
+        let mine: Vec<BlockHash> = hashes.by_ref().take(self.keys).collect();
+        if mine.len() < self.keys {
+            return Err(format!(
+                "request {:?} names {} keys, the frame holds fewer",
+                self.request, self.keys
+            ));
+        }
         Ok(BlockSpec {
-            keys: crate::control::parse_keys(self.ns, &self.keys)?,
+            keys: crate::control::scoped_keys(self.ns, mine),
             request: self.request,
             blocks: self.blocks,
             local: self.local,
@@ -136,28 +151,47 @@ impl SpecOnWire {
 }
 
 impl ConnectorMetadata {
-    /// The metadata as JSON, for a serving engine that hands it from its scheduler process to its
-    /// workers (vLLM pickles it).
+    /// The metadata as bytes, for a serving engine that hands it from its scheduler process to its
+    /// workers (vLLM pickles it): a control frame, the keys raw.
     #[must_use]
-    pub fn to_json(&self) -> String {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut hashes = Vec::new();
         let wire = MetadataOnWire {
-            loads: self.loads.iter().map(SpecOnWire::from).collect(),
-            saves: self.saves.iter().map(SpecOnWire::from).collect(),
+            loads: self
+                .loads
+                .iter()
+                .map(|s| SpecOnWire::from(s, &mut hashes))
+                .collect(),
+            saves: self
+                .saves
+                .iter()
+                .map(|s| SpecOnWire::from(s, &mut hashes))
+                .collect(),
+            preempted: self.preempted.clone(),
         };
-        serde_json::to_string(&wire).expect("metadata serialises")
+        crate::control::frame::encode(&wire, &hashes)
     }
 
-    /// Metadata from [`ConnectorMetadata::to_json`]; the error says what is malformed.
-    pub fn from_json(json: &str) -> Result<ConnectorMetadata, crate::ConnectorError> {
+    /// Metadata from [`ConnectorMetadata::to_bytes`]; the error says what is malformed.
+    pub fn from_bytes(bytes: &[u8]) -> Result<ConnectorMetadata, crate::ConnectorError> {
         let bad = |e: String| crate::ConnectorError::Blocks(format!("connector metadata: {e}"));
-        let wire: MetadataOnWire = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-        let specs = |v: Vec<SpecOnWire>| -> Result<Vec<BlockSpec>, crate::ConnectorError> {
-            v.into_iter().map(|s| s.into_spec().map_err(bad)).collect()
+        let frame = crate::control::frame::decode(bytes).map_err(|e| bad(e.to_string()))?;
+        let wire: MetadataOnWire = frame.head().map_err(bad)?;
+        let mut hashes = frame.keys.into_iter();
+        let mut specs = |v: Vec<SpecOnWire>| -> Result<Vec<BlockSpec>, crate::ConnectorError> {
+            v.into_iter()
+                .map(|s| s.into_spec(&mut hashes).map_err(bad))
+                .collect()
         };
-        Ok(ConnectorMetadata {
+        let meta = ConnectorMetadata {
             loads: specs(wire.loads)?,
             saves: specs(wire.saves)?,
-        })
+            preempted: wire.preempted,
+        };
+        if hashes.next().is_some() {
+            return Err(bad("the frame holds keys no request names".into()));
+        }
+        Ok(meta)
     }
 }
 
@@ -167,7 +201,7 @@ mod tests {
     use policy::NamespaceId;
 
     #[test]
-    fn metadata_survives_json_and_refuses_garbage() {
+    fn metadata_survives_its_bytes_and_refuses_garbage() {
         let key = |b: u8| ScopedKey {
             ns: NamespaceId(42),
             hash: BlockHash([b; 32]),
@@ -196,10 +230,21 @@ mod tests {
                 producer: None,
                 hold: true,
             }],
+            preempted: vec!["r3".into()],
         };
-        assert_eq!(ConnectorMetadata::from_json(&meta.to_json()).unwrap(), meta);
-        assert!(ConnectorMetadata::from_json("{\"loads\":[]}").is_err());
-        let bad_key = meta.to_json().replace(&"01".repeat(32), "zz");
-        assert!(ConnectorMetadata::from_json(&bad_key).is_err());
+        let bytes = meta.to_bytes();
+        assert_eq!(ConnectorMetadata::from_bytes(&bytes).unwrap(), meta);
+        // Three keys of 32 bytes travel raw, not 192 hex digits.
+        assert!(bytes.len() < 400, "{} bytes", bytes.len());
+        assert!(ConnectorMetadata::from_bytes(b"{\"loads\":[]}").is_err());
+        for cut in 0..bytes.len() {
+            assert!(ConnectorMetadata::from_bytes(&bytes[..cut]).is_err());
+        }
+        let fewer = crate::control::frame::encode(
+            &serde_json::json!({"loads": [], "saves": [{"request": "r", "ns": 1, "keys": 2,
+                "blocks": [0, 1], "local": false, "producer": null}]}),
+            &[BlockHash([1; 32])],
+        );
+        assert!(ConnectorMetadata::from_bytes(&fewer).is_err());
     }
 }

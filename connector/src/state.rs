@@ -17,18 +17,20 @@ pub(crate) struct Tracked {
     pub(crate) keys: Vec<ScopedKey>,
     pub(crate) computed_blocks: usize,
     pub(crate) matched_blocks: usize,
+    /// Of the matched blocks, how many only the producer's disk tier holds.
+    pub(crate) disk_blocks: usize,
     pub(crate) local: bool,
     pub(crate) producer: Option<KvTransferParams>,
     /// Its load is asynchronous and not planned yet ([`crate::ConnectorConfig::async_loads`]).
     pub(crate) load_async: bool,
     /// The blocks a saving role still has to save, once they are computed.
     pub(crate) save: Option<SavePlan>,
-    /// Its saves are held for a decode ([`crate::KvConnector::hold_for_decode`]).
+    /// Its saves are held for a decode ([`crate::KvScheduler::hold_for_decode`]).
     pub(crate) hold: bool,
 }
 
 /// A saving role's plan for one request: its block table and how far it was saved. Blocks are saved
-/// in the step that computes them (see [`crate::KvConnector::record_step`]).
+/// in the step that computes them (see [`crate::KvScheduler::record_step`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SavePlan {
     /// The request's block table, as far as the engine allocated it.

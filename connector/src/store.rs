@@ -196,6 +196,15 @@ impl TierStore {
             .count()
     }
 
+    /// How many of `keys` only the disk tier holds (their bytes are not in host memory): of a lookup's
+    /// prefix, the blocks a load reads back from disk.
+    #[must_use]
+    pub fn disk_only(&self, keys: &[ScopedKey]) -> usize {
+        keys.iter()
+            .filter(|k| !self.index.contains_key(k) && self.disk_holds(k))
+            .count()
+    }
+
     /// The layers saved of every block of `keys`, each in the slot paired with it in `slots` (the fewest of
     /// them), or `None` when one of them is no longer stored in that slot (abandoned, evicted, or stored
     /// anew elsewhere): a load of those slots can never complete.

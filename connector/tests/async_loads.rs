@@ -6,8 +6,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{HANG_GUARD, Kv, begin_save, loopback_pair_with, request, tcp_pair};
-use connector::{ConnectorConfig, KvConnector, KvRole, RequestExtras, namespace};
+use common::{HANG_GUARD, Instance, Kv, begin_save, loopback_pair_with, request, tcp_pair};
+use connector::{ConnectorConfig, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -31,15 +31,15 @@ fn config_with(role: KvRole, load_timeout: Duration, async_loads: bool) -> Conne
 
 /// A pair whose consumer gives up on a load after `load_timeout` (the producer's sessions have the
 /// hang guard's time).
-fn loopback(load_timeout: Duration) -> (KvConnector, KvConnector) {
-    KvConnector::loopback_pair(
+fn loopback(load_timeout: Duration) -> (Instance, Instance) {
+    Instance::loopback_pair(
         config(KvRole::Producer, HANG_GUARD),
         config(KvRole::Consumer, load_timeout),
     )
     .unwrap()
 }
 
-fn tcp(load_timeout: Duration) -> (KvConnector, KvConnector) {
+fn tcp(load_timeout: Duration) -> (Instance, Instance) {
     tcp_pair(|role| {
         config(
             role,
@@ -53,7 +53,7 @@ fn tcp(load_timeout: Duration) -> (KvConnector, KvConnector) {
 }
 
 /// KV caches for both ends: the producer's blocks hold their own numbers, the consumer's zeros.
-fn caches(p: &KvConnector, c: &KvConnector) -> (MemoryRegion, MemoryRegion) {
+fn caches(p: &Instance, c: &Instance) -> (MemoryRegion, MemoryRegion) {
     let bytes = KV.pool_bytes();
     let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
     let dst = MemoryRegion::zeroed(bytes);
@@ -63,7 +63,7 @@ fn caches(p: &KvConnector, c: &KvConnector) -> (MemoryRegion, MemoryRegion) {
 }
 
 /// Calls `get_finished` until it reports `id` as received (failing after [`HANG_GUARD`]).
-fn until_received(c: &KvConnector, id: &str) -> Duration {
+fn until_received(c: &Instance, id: &str) -> Duration {
     let start = Instant::now();
     loop {
         let (_, received) = c.get_finished();
@@ -76,7 +76,7 @@ fn until_received(c: &KvConnector, id: &str) -> Duration {
 }
 
 /// The consumer's step: `id` found asynchronous, its load planned into `blocks` and started.
-fn start_async_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
+fn start_async_load(c: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
     let extras = RequestExtras::default();
     let (n, load_async) = c
         .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
@@ -94,7 +94,7 @@ fn start_async_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -
 }
 
 fn an_asynchronous_load_arrives_whole_then_is_reported(
-    (p, c): (KvConnector, KvConnector),
+    (p, c): (Instance, Instance),
     backend: &str,
 ) {
     let (src, dst) = caches(&p, &c);
@@ -140,7 +140,7 @@ fn an_asynchronous_load_arrives_whole_then_is_reported_over_tcp() {
 /// A producer saving layer 0 only (its prefill stalls), and a consumer that gives up on the load after
 /// `load_timeout`, asynchronous or inside the forward pass: every block is handed back, and once the
 /// engine recomputes into them, the producer's late layer never lands there.
-fn a_load_given_up_on_never_writes_again((p, c): (KvConnector, KvConnector), backend: &str) {
+fn a_load_given_up_on_never_writes_again((p, c): (Instance, Instance), backend: &str) {
     let (_src, dst) = caches(&p, &c);
     let a: Vec<u32> = (0..16 * 3 + 1).collect();
     begin_save(&p, "a", &a, &[0, 1, 2]);

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{Kv, begin_save, plan_load, wait_each_layer_and_check};
+use common::{Instance, Kv, begin_save, plan_load, wait_each_layer_and_check};
 use connector::disk::DiskConfig;
-use connector::{ConnectorConfig, KvConnector, KvRole, namespace};
+use connector::{ConnectorConfig, KvRole, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -14,7 +14,7 @@ const KV: Kv = Kv {
     pool: 16,
 };
 
-fn pair(dir: &std::path::Path) -> (KvConnector, KvConnector) {
+fn pair(dir: &std::path::Path) -> (Instance, Instance) {
     let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (KV.layers, KV.block, 4);
     p.disk = Some(DiskConfig::new(dir, 1 << 20));
@@ -22,11 +22,11 @@ fn pair(dir: &std::path::Path) -> (KvConnector, KvConnector) {
     c.role = KvRole::Consumer;
     c.store_blocks = 0;
     c.disk = None;
-    KvConnector::loopback_pair(p, c).unwrap()
+    Instance::loopback_pair(p, c).unwrap()
 }
 
 /// Saves `tokens` (4 full blocks) from producer blocks `blocks` as request `id`.
-fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+fn save(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) {
     begin_save(p, id, tokens, blocks);
     for layer in 0..KV.layers {
         p.save_kv_layer(layer).unwrap();
@@ -37,7 +37,7 @@ fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
 }
 
 /// Loads `tokens` into consumer blocks 8..12 and checks them against producer blocks `src_first..`.
-fn load_and_check(c: &KvConnector, id: &str, tokens: &[u32], src: &MemoryRegion, src_first: u32) {
+fn load_and_check(c: &Instance, id: &str, tokens: &[u32], src: &MemoryRegion, src_first: u32) {
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
     c.register_kv_caches(dst.clone(), KV.pool).unwrap();
     assert_eq!(plan_load(c, id, tokens, &[8, 9, 10, 11, 12]), 64);

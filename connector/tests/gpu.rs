@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{Kv, loopback_pair};
-use connector::KvConnector;
+use common::{Instance, Kv, loopback_pair};
 use transfer_engine::{MemoryKind, MemoryRegion, RawMemory};
 
 const KV: Kv = Kv {
@@ -16,7 +15,7 @@ const KV: Kv = Kv {
 };
 const POOL: u32 = KV.pool;
 
-fn pair() -> (KvConnector, KvConnector) {
+fn pair() -> (Instance, Instance) {
     loopback_pair(&KV, 16)
 }
 
@@ -72,10 +71,10 @@ fn gpu_kv_caches_without_a_gpu_are_refused_with_the_reason() {
 mod with_gpu {
     use backends::cuda::{CopyEngine, DeviceMemory, Gpu, driver_present};
     use backends::tcp::TcpConfig;
-    use connector::{ConnectorConfig, KvConnector, KvRole};
+    use connector::{ConnectorConfig, KvRole};
     use transfer_engine::MemoryRegion;
 
-    use super::common::{begin_save, plan_load, tcp_pair};
+    use super::common::{Instance, begin_save, plan_load, tcp_pair};
     use super::{KV, POOL, pair, say};
 
     const LAYERS: u32 = KV.layers;
@@ -137,7 +136,7 @@ mod with_gpu {
 
     /// Saves blocks 0-2 on `p` (from its GPU KV caches into its host store), then loads them on `c` into
     /// blocks 5-7 of its KV caches.
-    fn save_then_load(p: &KvConnector, c: &KvConnector, tokens: &[u32]) {
+    fn save_then_load(p: &Instance, c: &Instance, tokens: &[u32]) {
         begin_save(p, "a", tokens, &[0, 1, 2]);
         for layer in 0..LAYERS {
             p.save_kv_layer(layer).unwrap();
@@ -181,7 +180,7 @@ mod with_gpu {
         s.check(&dst, &[0, 1, 2], &[5, 6, 7], "tcp");
 
         // Both roles in one connector: a later request's blocks come back from its own store, host to GPU.
-        let both = KvConnector::tcp(
+        let both = Instance::tcp(
             config(KvRole::Both),
             TcpConfig::with_engine_id(3),
             None,

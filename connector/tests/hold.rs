@@ -5,8 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Kv, begin_save_held, loopback_pair_with, plan_load, request};
-use connector::{KvConnector, RequestExtras};
+use common::{Instance, Kv, begin_save_held, loopback_pair_with, plan_load, request};
+use connector::RequestExtras;
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -16,7 +16,7 @@ const KV: Kv = Kv {
 };
 
 /// Saves `tokens` from `blocks` through a whole producer step, held for a decode when `hold`.
-fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32], hold: bool) {
+fn save(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32], hold: bool) {
     begin_save_held(p, id, tokens, blocks, hold);
     for layer in 0..KV.layers {
         p.save_kv_layer(layer).unwrap();
@@ -26,7 +26,7 @@ fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32], hold: bool) {
 }
 
 /// Tokens the consumer could load for `tokens` now (a lookup only: the request is then dropped).
-fn loadable(c: &KvConnector, id: &str, tokens: &[u32]) -> usize {
+fn loadable(c: &Instance, id: &str, tokens: &[u32]) -> usize {
     let extras = RequestExtras::default();
     let (n, _) = c
         .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
@@ -35,7 +35,7 @@ fn loadable(c: &KvConnector, id: &str, tokens: &[u32]) -> usize {
     n
 }
 
-fn pair(hold_timeout: Duration) -> (KvConnector, KvConnector, MemoryRegion, MemoryRegion) {
+fn pair(hold_timeout: Duration) -> (Instance, Instance, MemoryRegion, MemoryRegion) {
     let (p, c) = loopback_pair_with(&KV, 4, |cfg| cfg.hold_timeout = hold_timeout);
     let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i / 4096) as u8).collect());
     let dst = MemoryRegion::zeroed(KV.pool_bytes());

@@ -3,8 +3,10 @@
 
 mod common;
 
-use common::{Kv, begin_save, loopback_pair, loopback_pair_with, plan_load, request, returns};
-use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
+use common::{
+    Instance, Kv, begin_save, loopback_pair, loopback_pair_with, plan_load, request, returns,
+};
+use connector::{ConnectorConfig, KvRequest, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -16,11 +18,11 @@ const LAYERS: u32 = KV.layers;
 const BLOCK: u64 = KV.block;
 const POOL: u32 = KV.pool;
 
-fn pair(store_blocks: u32) -> (KvConnector, KvConnector) {
+fn pair(store_blocks: u32) -> (Instance, Instance) {
     loopback_pair(&KV, store_blocks)
 }
 
-fn save(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+fn save(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) {
     begin_save(p, id, tokens, blocks);
     for layer in 0..LAYERS {
         p.save_kv_layer(layer).unwrap();
@@ -144,7 +146,7 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
     cap.link_bytes_per_sec = Some(1_250_000_000);
     let mut capped = p.clone();
     capped.shaping = Some(cap.clone());
-    assert!(KvConnector::loopback_pair(capped, c.clone()).is_ok());
+    assert!(Instance::loopback_pair(capped, c.clone()).is_ok());
     // One it refuses (KV share above the whole link) fails the connector with the engine's reason.
     let mut bad = p;
     bad.shaping = Some({
@@ -152,7 +154,7 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
         cfg.kv_share = 1.5;
         cfg
     });
-    let Err(err) = KvConnector::loopback_pair(bad, c) else {
+    let Err(err) = Instance::loopback_pair(bad, c) else {
         panic!("a KV share of 1.5 was accepted");
     };
     let err = err.to_string();
@@ -163,14 +165,8 @@ fn the_kv_bandwidth_cap_reaches_the_engine() {
 /// that found them being saved, started loading them into blocks 5-7 and has layer 0; `pair` holds 16
 /// blocks in the producer's store.
 fn streaming_after_layer_0(
-    (p, c): (KvConnector, KvConnector),
-) -> (
-    KvConnector,
-    KvConnector,
-    MemoryRegion,
-    MemoryRegion,
-    Vec<u32>,
-) {
+    (p, c): (Instance, Instance),
+) -> (Instance, Instance, MemoryRegion, MemoryRegion, Vec<u32>) {
     let bytes = KV.pool_bytes();
     let src = MemoryRegion::from_vec((0..bytes).map(|i| (i / 4096 + 1) as u8).collect());
     let dst = MemoryRegion::zeroed(bytes);
@@ -228,4 +224,47 @@ fn a_save_that_ends_early_cancels_its_streaming_load_and_the_rest_is_recomputed(
         .unwrap();
     assert_eq!(n, 0);
     c.request_finished("b");
+}
+
+#[test]
+fn a_preempted_request_stops_saving_and_its_running_load_ends_cleanly() {
+    let (p, c) = pair(16);
+    let bytes = KV.pool_bytes();
+    p.register_kv_caches(
+        MemoryRegion::from_vec((0..bytes).map(|i| (i % 7) as u8).collect()),
+        POOL,
+    )
+    .unwrap();
+    c.register_kv_caches(MemoryRegion::zeroed(bytes), POOL)
+        .unwrap();
+    // The producer prefills in chunks: the first step computes one block of three, then the engine
+    // preempts the request. The rest of its plan is dropped; the saved block stays whole.
+    let tokens: Vec<u32> = (500..500 + 16 * 3 + 1).collect();
+    let extras = RequestExtras::default();
+    p.get_num_new_matched_tokens(&request("pre", &tokens, &extras), 0)
+        .unwrap();
+    p.update_state_after_alloc("pre", &[0, 1, 2, 3], 0).unwrap();
+    assert!(p.record_step("pre", &[], false, 16));
+    p.bind_connector_metadata(p.build_connector_meta());
+    for layer in 0..LAYERS {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    assert!(p.scheduler.request_preempted("pre"));
+    assert!(!p.scheduler.request_preempted("never-seen"));
+    assert!(p.record_step("pre", &[], false, 48));
+    let meta = p.build_connector_meta();
+    assert!(meta.saves.is_empty(), "{meta:?}");
+    assert_eq!(meta.preempted, vec!["pre".to_string()]);
+    // The consumer loads the one saved block, and is preempted before it waits for the load: the load
+    // is abandoned and reported over, none of its blocks a failed block.
+    assert_eq!(plan_load(&c, "pre", &tokens, &[9, 10, 11]), 16);
+    c.start_load_kv().unwrap();
+    assert!(c.take_load_errors().is_empty());
+    assert!(c.scheduler.request_preempted("pre"));
+    let meta = c.build_connector_meta();
+    c.handle_preemptions(&meta);
+    c.wait_for_all_loads().unwrap();
+    assert_eq!(c.get_finished().1, vec!["pre".to_string()]);
+    assert!(c.failed_blocks().is_empty());
 }

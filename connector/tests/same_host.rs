@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use backends::shm::{ShmConfig, ShmNode};
 use backends::tcp::{TcpConfig, TcpNode};
-use common::{Kv, begin_save, fresh_socket, plan_load};
-use connector::{ConnectorConfig, KvConnector, KvRole, SameHostTransport, namespace};
+use common::{Instance, Kv, begin_save, fresh_socket, plan_load};
+use connector::{ConnectorConfig, KvRole, SameHostTransport, namespace};
 use policy::Namespace;
 use transfer_engine::MemoryRegion;
 
@@ -32,7 +32,7 @@ fn config(role: KvRole) -> ConnectorConfig {
 
 /// Saves four blocks of a request on `p`, plans their load on `c` into other blocks, loads them layer by
 /// layer and checks every byte.
-fn save_then_load(p: &KvConnector, c: &KvConnector) {
+fn save_then_load(p: &Instance, c: &Instance) {
     let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 13 % 251) as u8).collect());
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
     p.register_kv_caches(src.clone(), KV.pool).unwrap();
@@ -55,12 +55,12 @@ fn save_then_load(p: &KvConnector, c: &KvConnector) {
 }
 
 /// (loads over shm, loads that fell back to TCP) as the producer counted them.
-fn paths(p: &KvConnector) -> (u64, u64) {
+fn paths(p: &Instance) -> (u64, u64) {
     let s = p.metrics().snapshot();
     (s.same_host_loads, s.same_host_fallbacks)
 }
 
-fn mixed_producer() -> KvConnector {
+fn mixed_producer() -> Instance {
     common::tcp_with_shm_producer(config)
 }
 
@@ -75,7 +75,7 @@ fn a_consumer_on_this_host_is_served_over_shared_memory() {
 #[test]
 fn a_consumer_without_shm_is_served_over_tcp() {
     let p = mixed_producer();
-    let c = KvConnector::tcp(
+    let c = Instance::tcp(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
@@ -100,7 +100,7 @@ fn a_consumer_on_another_host_is_served_over_tcp() {
     let main = Arc::new(rt.block_on(TcpNode::start(tcp)).unwrap());
     let shm = ShmNode::start(ShmConfig::new(2, Some(fresh_socket("elsewhere")))).unwrap();
     let same_host = SameHostTransport::on_host(Arc::new(shm), "another-host");
-    let c = KvConnector::over_with_same_host(cfg, main, same_host, None, p.control_addr()).unwrap();
+    let c = Instance::over_with_same_host(cfg, main, same_host, None, p.control_addr()).unwrap();
     save_then_load(&p, &c);
     assert_eq!(paths(&p), (0, 0), "another host is never dialled over shm");
     drop(c);
@@ -110,7 +110,7 @@ fn a_consumer_on_another_host_is_served_over_tcp() {
 fn a_same_host_endpoint_that_cannot_be_dialled_falls_back_to_tcp() {
     let p = mixed_producer();
     let socket = fresh_socket("gone");
-    let c = KvConnector::tcp_with_shm(
+    let c = Instance::tcp_with_shm(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         ShmConfig::new(2, Some(socket.clone())),

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use common::{Kv, begin_save, plan_load, request, returns, tcp_pair, tcp_producer};
-use connector::{ConnectorConfig, KvConnector, KvRole, RequestExtras, namespace};
+use common::{Instance, Kv, begin_save, plan_load, request, returns, tcp_pair, tcp_producer};
+use connector::{ConnectorConfig, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -27,12 +27,12 @@ fn config(role: KvRole) -> ConnectorConfig {
     c
 }
 
-fn pair() -> (KvConnector, KvConnector) {
+fn pair() -> (Instance, Instance) {
     tcp_pair(config)
 }
 
 /// Runs the producer's step for `id`: plan, then save every layer of blocks `blocks`.
-fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+fn produce(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) {
     assert_eq!(begin_save(p, id, tokens, blocks), (0, false));
     for layer in 0..LAYERS {
         p.save_kv_layer(layer).unwrap();
@@ -204,17 +204,28 @@ fn roles_refuse_what_they_never_do() {
 
 #[test]
 fn a_control_peer_sending_garbage_gets_an_error_and_the_producer_keeps_serving() {
-    use std::io::{BufRead, BufReader, Write};
+    use connector::control::frame::VERSION;
+    use std::io::{Read, Write};
     let (p, c) = pair();
     let addr = p.control_addr().unwrap();
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"{not json}\n{\"op\":\"lookup\",\"ns\":1,\"keys\":[\"zz\"]}\n")
-        .unwrap();
-    let mut r = BufReader::new(s.try_clone().unwrap());
-    for _ in 0..2 {
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        assert!(line.contains("\"reply\":\"error\""), "{line}");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A head that is not JSON, then one that is no request: each answered with an error, the
+    // connection kept.
+    for head in [&b"{not json}"[..], br#"{"op":"lookup","ns":1}"#] {
+        let mut frame = vec![VERSION];
+        frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        frame.extend_from_slice(head);
+        frame.extend_from_slice(&0u32.to_le_bytes());
+        s.write_all(&frame).unwrap();
+        let mut answer = [0u8; 5];
+        s.read_exact(&mut answer).unwrap();
+        assert_eq!(answer[0], VERSION);
+        let mut reply =
+            vec![0u8; u32::from_le_bytes(answer[1..5].try_into().unwrap()) as usize + 4];
+        s.read_exact(&mut reply).unwrap();
+        let text = String::from_utf8_lossy(&reply);
+        assert!(text.contains("\"reply\":\"error\""), "{text}");
     }
     c.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), POOL)
         .unwrap();
@@ -247,7 +258,7 @@ fn a_consumer_finds_its_producer_through_discovery() {
             .unwrap()
     });
     assert_eq!(Some(addr), p.control_addr());
-    let c = KvConnector::tcp(
+    let c = Instance::tcp(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
@@ -267,7 +278,7 @@ fn a_consumer_finds_its_producer_through_discovery() {
 fn a_tcp_config_of_another_namespace_is_refused_not_overwritten() {
     let mut tcp = TcpConfig::with_engine_id(7);
     tcp.namespace.model = "another-model".into();
-    let refused = KvConnector::tcp(config(KvRole::Producer), tcp, None, None).unwrap_err();
+    let refused = Instance::tcp(config(KvRole::Producer), tcp, None, None).unwrap_err();
     assert!(
         matches!(&refused, connector::ConnectorError::Config(m) if m.contains("another-model")),
         "{refused}"
@@ -277,12 +288,12 @@ fn a_tcp_config_of_another_namespace_is_refused_not_overwritten() {
     let mut tcp = TcpConfig::with_engine_id(8);
     tcp.namespace = config(KvRole::Producer).namespace;
     tcp.namespace.weight_version += 1;
-    assert!(KvConnector::tcp(config(KvRole::Producer), tcp, None, None).is_ok());
+    assert!(Instance::tcp(config(KvRole::Producer), tcp, None, None).is_ok());
 }
 
 #[test]
 fn a_both_connector_loads_from_its_own_tier_store() {
-    let both = KvConnector::tcp(
+    let both = Instance::tcp(
         config(KvRole::Both),
         TcpConfig::with_engine_id(3),
         None,
@@ -315,7 +326,7 @@ fn a_both_connector_loads_from_its_own_tier_store() {
 #[test]
 fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
     let (p, _) = pair();
-    let c = KvConnector::tcp(
+    let c = Instance::tcp(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(5),
         None,
@@ -358,42 +369,62 @@ fn a_consumer_without_a_default_producer_follows_the_transfer_params() {
 }
 
 #[test]
-fn an_endless_control_line_loses_its_connection_not_memory() {
+fn an_oversized_or_old_control_frame_is_refused_with_a_reason_and_the_connection_ends() {
+    use connector::control::frame::{MAX_HEAD, VERSION};
     use std::io::{Read, Write};
     let (p, _) = pair();
-    let mut s = std::net::TcpStream::connect(p.control_addr().unwrap()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let chunk = vec![b'x'; 1 << 20];
-    let mut sent = 0u64;
-    while sent <= connector::control::MAX_LINE {
-        if s.write_all(&chunk).is_err() {
-            break; // closed by the producer
-        }
-        sent += chunk.len() as u64;
-    }
-    let mut buf = [0u8; 16];
+    let ask = |bytes: &[u8]| -> Vec<u8> {
+        let mut s = std::net::TcpStream::connect(p.control_addr().unwrap()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(bytes).unwrap();
+        let mut answer = Vec::new();
+        // The producer answers, then closes: the read ends (a hang here fails on the timeout).
+        s.read_to_end(&mut answer).unwrap();
+        answer
+    };
+    // A head declared longer than the producer takes: told why in a frame, nothing more is read.
+    let mut oversized = vec![VERSION];
+    oversized.extend_from_slice(&(MAX_HEAD + 1).to_le_bytes());
+    let answer = ask(&oversized);
+    assert_eq!(answer[0], VERSION, "{answer:?}");
     assert!(
-        matches!(s.read(&mut buf), Ok(0) | Err(_)),
-        "the producer closed the connection"
+        String::from_utf8_lossy(&answer).contains("longer than"),
+        "{answer:?}"
     );
+    // A consumer of protocol 1 (JSON lines) is told in its own protocol.
+    let answer = ask(
+        b"{\"op\":\"lookup\",\"ns\":1,\"keys\":[],\"tp\":{\"rank\":0,\"size\":1,\"mla\":false}}\n",
+    );
+    let line = String::from_utf8(answer).unwrap();
+    assert!(line.starts_with("{\"reply\":\"error\""), "{line}");
+    assert!(line.contains("control protocol 1"), "{line}");
+    assert!(line.ends_with('\n'), "{line}");
 }
 
 #[test]
-fn a_producer_that_never_answers_is_an_error_not_a_hang() {
+fn a_producer_that_never_answers_costs_a_lookup_its_timeout_not_a_hang() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = silent.local_addr().unwrap();
     let hold = std::thread::spawn(move || silent.accept().map(|(s, _)| s));
     let mut cfg = config(KvRole::Consumer);
-    cfg.load_timeout = Duration::from_millis(300);
-    let c = KvConnector::tcp(cfg, TcpConfig::with_engine_id(2), None, Some(addr)).unwrap();
-    // The configured timeout is what ends the call (the error names it); the guard only catches a hang.
-    let (_, err) = returns("a lookup from a silent producer", c, |c| {
+    cfg.lookup_timeout = Duration::from_millis(300);
+    let c = Instance::tcp(cfg, TcpConfig::with_engine_id(2), None, Some(addr)).unwrap();
+    // The lookup's timeout is what ends it (the error names it): nothing found, the prompt computed;
+    // the guard only catches a hang.
+    let (c, found) = returns("a lookup from a silent producer", c, |c| {
         let tokens: Vec<u32> = (0..40).collect();
         let extras = RequestExtras::default();
         c.get_num_new_matched_tokens(&request("s", &tokens, &extras), 0)
-            .unwrap_err()
+            .unwrap()
     });
-    assert!(err.to_string().contains("no answer within 300ms"), "{err}");
+    assert_eq!(found, (0, false));
+    let errors = c.scheduler.take_lookup_errors();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("no answer to a lookup within 300ms")),
+        "{errors:?}"
+    );
     drop(hold.join());
 }
 

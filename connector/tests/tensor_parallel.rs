@@ -8,10 +8,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use backends::tcp::TcpConfig;
-use common::request;
+use common::{Instance, request};
 use connector::{
-    ConnectorConfig, ConnectorError, KvConnector, KvRole, KvTransferParams, RequestExtras, TpRank,
-    namespace,
+    ConnectorConfig, ConnectorError, KvRole, KvTransferParams, RequestExtras, TpRank, namespace,
 };
 use transfer_engine::{BlockId, Dtype, KvHeads, KvKind, KvLayout, MemoryRegion, TensorView};
 
@@ -92,14 +91,14 @@ fn vllm_layout(block_major: bool, mla: bool) -> KvLayout {
 
 /// One worker: its connector, its KV caches and their layout.
 struct Rank {
-    c: KvConnector,
+    c: Instance,
     kv: MemoryRegion,
     layout: KvLayout,
 }
 
 impl Rank {
     /// Registers caches filled with bytes that say whose they are (`seed`).
-    fn register(c: KvConnector, block_major: bool, mla: bool, seed: u8) -> Rank {
+    fn register(c: Instance, block_major: bool, mla: bool, seed: u8) -> Rank {
         let layout = vllm_layout(block_major, mla);
         let bytes = layout.total_bytes() as usize;
         let kv = MemoryRegion::from_vec(
@@ -132,8 +131,7 @@ const SRC_BLOCKS: [u32; 4] = [2, 5, 7, 9];
 const DST_BLOCKS: [u32; 4] = [11, 0, 4, 6];
 
 /// The producer instance's step: its scheduler rank (0) plans the save of `id`, every rank saves its
-/// own shard layer by layer; returns the transfer parameters its scheduler hands the proxy (none in
-/// process: loopback producers serve no control address).
+/// own shard layer by layer; returns the transfer parameters its scheduler hands the proxy.
 fn produce(ranks: &[Rank], id: &str, tokens: &[u32]) -> Option<KvTransferParams> {
     let sched = &ranks[0].c;
     let extras = RequestExtras::default();
@@ -198,11 +196,11 @@ fn assert_loaded_from(dst: &Rank, src: &Rank, blocks: usize) {
     }
 }
 
-fn tcp(cfg: ConnectorConfig, engine: u32, producer: Option<std::net::SocketAddr>) -> KvConnector {
+fn tcp(cfg: ConnectorConfig, engine: u32, producer: Option<std::net::SocketAddr>) -> Instance {
     let listen = cfg.role.loads();
     let mut tcp = TcpConfig::with_engine_id(engine);
     tcp.listen = listen.then(|| "127.0.0.1:0".parse().unwrap());
-    KvConnector::tcp(cfg, tcp, None, producer).unwrap()
+    Instance::tcp(cfg, tcp, None, producer).unwrap()
 }
 
 /// A producer instance of `size` ranks over TCP (engine ids from `first`).
@@ -237,7 +235,7 @@ fn tcp_consumers(size: u32, mla: bool, first: u32) -> Vec<Rank> {
 fn tp2_to_tp2_over_loopback_moves_each_rank_its_own_shard() {
     let (mut producers, mut consumers) = (Vec::new(), Vec::new());
     for i in 0..2 {
-        let (p, c) = KvConnector::loopback_pair(
+        let (p, c) = Instance::loopback_pair(
             config(KvRole::Producer, rank(i, 2), false),
             config(KvRole::Consumer, rank(i, 2), false),
         )
@@ -246,8 +244,14 @@ fn tp2_to_tp2_over_loopback_moves_each_rank_its_own_shard() {
         consumers.push(Rank::register(c, true, false, 0x80 | i as u8));
     }
     let tokens: Vec<u32> = (0..TOKENS_IN as u32).collect();
-    assert_eq!(produce(&producers, "r", &tokens), None);
-    assert_eq!(consume(&consumers, "r", &tokens, None), 3 * TOKENS as usize);
+    // Loopback producers serve control channels too: their parameters name both ranks, and each
+    // consumer rank loads from the producer rank of its number.
+    let params = produce(&producers, "r", &tokens).expect("a producer names itself");
+    assert_eq!(params.ranks.len(), 2);
+    assert_eq!(
+        consume(&consumers, "r", &tokens, Some(&params)),
+        3 * TOKENS as usize
+    );
     for i in 0..2 {
         assert_loaded_from(&consumers[i], &producers[i], 3);
     }
@@ -284,7 +288,7 @@ fn tp2_to_tp2_over_tcp_moves_each_rank_its_own_shard() {
 
 #[test]
 fn tp2_to_tp1_is_refused_naming_both_sizes() {
-    let refused = KvConnector::loopback_pair(
+    let refused = Instance::loopback_pair(
         config(KvRole::Producer, rank(0, 2), false),
         config(KvRole::Consumer, TpRank::SINGLE, false),
     )
@@ -362,7 +366,7 @@ fn a_consumer_rank_that_reaches_another_producer_rank_is_refused_and_recomputes(
 }
 
 /// Waits until `p` has served `bytes` (its count is taken once a session's acknowledgements are in).
-fn served(p: &KvConnector, bytes: u64) -> u64 {
+fn served(p: &Instance, bytes: u64) -> u64 {
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         let out = p.metrics().snapshot().bytes_out;
@@ -431,7 +435,7 @@ fn a_store_keeps_its_workers_arrangement_so_kv_apart_never_feeds_kv_together() {
     let mut apart = config(KvRole::Producer, TpRank::SINGLE, false);
     apart.heads.kind = KvKind::KvApart;
     let (p, c) =
-        KvConnector::loopback_pair(apart, config(KvRole::Consumer, TpRank::SINGLE, false)).unwrap();
+        Instance::loopback_pair(apart, config(KvRole::Consumer, TpRank::SINGLE, false)).unwrap();
     let bytes = (u64::from(LAYERS * POOL) * BLOCK) as usize;
     p.register_kv_caches(MemoryRegion::from_vec(vec![7; bytes]), POOL)
         .unwrap();

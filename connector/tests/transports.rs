@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Kv, begin_save, plan_load};
-use connector::{ConnectorConfig, KvConnector, KvRole, namespace};
+use common::{Instance, Kv, begin_save, plan_load};
+use connector::{ConnectorConfig, KvRole, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -27,7 +27,7 @@ fn config(role: KvRole) -> ConnectorConfig {
 }
 
 /// Saves `id`'s `tokens` from `blocks` on the producer, every layer.
-fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
+fn produce(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) {
     assert_eq!(begin_save(p, id, tokens, blocks), (0, false));
     for layer in 0..KV.layers {
         p.save_kv_layer(layer).unwrap();
@@ -37,7 +37,7 @@ fn produce(p: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) {
     let _ = p.request_finished(id);
 }
 
-fn saved_then_loaded_layer_by_layer((p, c): (KvConnector, KvConnector)) {
+fn saved_then_loaded_layer_by_layer((p, c): (Instance, Instance)) {
     let (p, c) = (&p, &c);
     let src = MemoryRegion::from_vec((0..KV.pool_bytes()).map(|i| (i * 7 % 253) as u8).collect());
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
@@ -61,7 +61,7 @@ fn saved_then_loaded_layer_by_layer((p, c): (KvConnector, KvConnector)) {
     );
 }
 
-fn a_producer_that_dies_mid_load_yields_recompute((p, c): (KvConnector, KvConnector)) {
+fn a_producer_that_dies_mid_load_yields_recompute((p, c): (Instance, Instance)) {
     let c = std::sync::Arc::new(c);
     let src = MemoryRegion::from_vec(vec![0xAB; KV.pool_bytes()]);
     let dst = MemoryRegion::zeroed(KV.pool_bytes());
@@ -104,7 +104,7 @@ fn a_producer_that_dies_mid_load_yields_recompute((p, c): (KvConnector, KvConnec
     assert!(!failed.is_empty());
 }
 
-fn blocking_calls_work_from_async_code((p, c): (KvConnector, KvConnector)) {
+fn blocking_calls_work_from_async_code((p, c): (Instance, Instance)) {
     let (p, c) = (&p, &c);
     let src = MemoryRegion::from_vec(vec![0x5C; KV.pool_bytes()]);
     p.register_kv_caches(src, KV.pool).unwrap();
@@ -138,7 +138,7 @@ fn blocking_calls_work_from_async_code((p, c): (KvConnector, KvConnector)) {
     );
     // Built and dropped on a runtime's thread, neither blocks nor panics.
     rt.block_on(async {
-        let pair = KvConnector::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer));
+        let pair = Instance::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer));
         drop(pair.unwrap());
     });
 }
@@ -169,17 +169,17 @@ macro_rules! over {
     };
 }
 
-fn loopback() -> Option<(KvConnector, KvConnector)> {
-    Some(KvConnector::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer)).unwrap())
+fn loopback() -> Option<(Instance, Instance)> {
+    Some(Instance::loopback_pair(config(KvRole::Producer), config(KvRole::Consumer)).unwrap())
 }
 
-fn tcp() -> Option<(KvConnector, KvConnector)> {
+fn tcp() -> Option<(Instance, Instance)> {
     Some(common::tcp_pair(config))
 }
 
 /// Connectors over libfabric provider `provider` on `domain`.
 #[cfg(feature = "rdma")]
-fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnector)> {
+fn rdma(provider: &str, domain: Option<&str>) -> Option<(Instance, Instance)> {
     use backends::rdma::{Provider, RdmaConfig, available_providers};
     // The RDMA tests' rule (backends/tests/common): "not run" only where libfabric does not list the
     // provider on the domain; a listed one that fails to start fails the test.
@@ -202,26 +202,26 @@ fn rdma(provider: &str, domain: Option<&str>) -> Option<(KvConnector, KvConnecto
         cfg.liveness.answer_timeout = Duration::from_secs(1);
         cfg
     };
-    let p = KvConnector::rdma(config(KvRole::Producer), node(1), None, None).unwrap();
-    let c = KvConnector::rdma(config(KvRole::Consumer), node(2), None, p.control_addr()).unwrap();
+    let p = Instance::rdma(config(KvRole::Producer), node(1), None, None).unwrap();
+    let c = Instance::rdma(config(KvRole::Consumer), node(2), None, p.control_addr()).unwrap();
     Some((p, c))
 }
 
 /// Connectors over the same-host backend; the consumer listens on a socket of its own.
-fn shm() -> Option<(KvConnector, KvConnector)> {
+fn shm() -> Option<(Instance, Instance)> {
     use backends::shm::ShmConfig;
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let socket =
         std::env::temp_dir().join(format!("connector-shm-{}-{n}.sock", std::process::id()));
-    let p = KvConnector::shm(
+    let p = Instance::shm(
         config(KvRole::Producer),
         ShmConfig::new(1, None),
         None,
         None,
     )
     .unwrap();
-    let c = KvConnector::shm(
+    let c = Instance::shm(
         config(KvRole::Consumer),
         ShmConfig::new(2, Some(socket)),
         None,
@@ -233,7 +233,7 @@ fn shm() -> Option<(KvConnector, KvConnector)> {
 
 /// Connectors over TCP with the same-host backend beside it (both on this host, so KV goes over shm).
 #[cfg(target_os = "linux")]
-fn tcp_with_shm() -> Option<(KvConnector, KvConnector)> {
+fn tcp_with_shm() -> Option<(Instance, Instance)> {
     Some(common::tcp_with_shm_pair(config))
 }
 

@@ -17,9 +17,7 @@ pub(crate) fn region(
     device: Option<u32>,
 ) -> PyResult<MemoryRegion> {
     if address == 0 && len > 0 {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "a buffer at address 0",
-        ));
+        return Err(crate::errors::config("a buffer at address 0"));
     }
     if let Some(ordinal) = device {
         return gpu_region(ordinal, address, len, keepalive);
@@ -63,7 +61,7 @@ fn gpu_region(
     _len: usize,
     _keepalive: Py<PyAny>,
 ) -> PyResult<MemoryRegion> {
-    Err(crate::KvTransferError::new_err(format!(
+    Err(crate::errors::config(format!(
         "memory of CUDA GPU {ordinal}: this build of kv_transfer has no GPU support; build it with \
          MATURIN_PEP517_ARGS=\"--features cuda\" pip install ./python"
     )))

@@ -13,7 +13,7 @@ pub(crate) fn dtype(name: &str) -> PyResult<Dtype> {
         "f32" | "float32" => Dtype::F32,
         "f8" | "fp8" | "float8" => Dtype::Fp8,
         _ => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(crate::errors::config(format!(
                 "unknown dtype {name:?}: use bf16, f16, f32 or f8"
             )));
         }

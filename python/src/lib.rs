@@ -3,29 +3,26 @@
 //! part of the package (`kv_transfer/__init__.py`) wraps what needs Python's own machinery (buffers).
 //!
 //! Every call that waits or moves bytes releases the GIL while Rust works; every Rust error reaches Python
-//! as a [`KvTransferError`] carrying the Rust reason.
+//! as an exception of `kv_transfer/errors.py`'s hierarchy, its class and `fault` saying who must act.
 
 mod buffer;
 mod connector;
+mod errors;
 mod layout;
 mod node;
+mod objects;
 mod registry;
+mod scheduler;
 mod settings;
+mod worker;
 
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(
-    _native,
-    KvTransferError,
-    PyException,
-    "An engine, transport or connector call failed; the message is the engine's reason."
-);
+pub(crate) use errors::err;
 
 /// The runtime every node and connector of this process runs its tasks on.
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -49,7 +46,7 @@ where
     py.detach(|| runtime().block_on(f))
 }
 
-/// `f` within `seconds`, or a [`KvTransferError`] naming `what`.
+/// `f` within `seconds`, or a `PeerUnreachableError` naming `what`.
 fn within<T, F>(py: Python<'_>, seconds: f64, what: &str, f: F) -> PyResult<T>
 where
     F: Future<Output = PyResult<T>> + Send,
@@ -57,22 +54,16 @@ where
 {
     let limit = duration(seconds)?;
     block_on(py, async { tokio::time::timeout(limit, f).await }).unwrap_or_else(|_| {
-        Err(KvTransferError::new_err(format!(
+        Err(errors::failed(format!(
             "{what}: no answer within {seconds} s"
         )))
     })
 }
 
-/// Seconds from Python as a duration; negative or not finite is a `ValueError`.
+/// Seconds from Python as a duration; negative or not finite is a `ConfigurationError`.
 fn duration(seconds: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(seconds).map_err(|_| {
-        pyo3::exceptions::PyValueError::new_err(format!("{seconds} is not a number of seconds"))
-    })
-}
-
-/// Any Rust error as a [`KvTransferError`].
-fn err(e: impl std::fmt::Display) -> PyErr {
-    KvTransferError::new_err(e.to_string())
+    Duration::try_from_secs_f64(seconds)
+        .map_err(|_| errors::config(format!("{seconds} is not a number of seconds")))
 }
 
 /// libfabric settings for engine `engine_id`: `provider` as [`backends::rdma::Provider::parse`] reads it,
@@ -92,7 +83,7 @@ fn rdma_config(
 /// What an RDMA call answers in a build without feature `rdma`: how to get one.
 #[cfg(not(feature = "rdma"))]
 fn no_rdma() -> PyErr {
-    KvTransferError::new_err(
+    errors::config(
         "this kv_transfer build has no RDMA: reinstall it with MATURIN_PEP517_ARGS=\"--features rdma\" \
          pip install ./python (needs libfabric's headers and libclang)",
     )
@@ -112,7 +103,6 @@ const FEATURES: &[&str] = &[
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add("KvTransferError", m.py().get_type::<KvTransferError>())?;
     m.add("FEATURES", FEATURES.to_vec())?;
     m.add_class::<layout::PyKvLayout>()?;
     m.add_class::<node::PyNode>()?;
@@ -120,7 +110,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::PyRegionHandle>()?;
     m.add_class::<node::PyOutcome>()?;
     m.add_class::<node::PyIncoming>()?;
-    m.add_class::<connector::PyConnector>()?;
+    m.add_class::<settings::PySettings>()?;
+    m.add_class::<scheduler::PyScheduler>()?;
+    m.add_class::<worker::PyWorker>()?;
     m.add_class::<connector::PyConnectorMetadata>()?;
     m.add_class::<registry::PyRegistry>()?;
     Ok(())

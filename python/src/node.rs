@@ -13,7 +13,7 @@ use transfer_engine::{
 };
 
 use crate::layout::PyKvLayout;
-use crate::{block_on, buffer, duration, err, runtime, within};
+use crate::{block_on, duration, err, runtime, within};
 
 /// One engine and its I/O: a loopback end ([`PyNode::loopback_pair`]), a TCP node ([`PyNode::tcp`]), a
 /// same-host node ([`PyNode::shm`]) or an RDMA node ([`PyNode::rdma`]).
@@ -114,7 +114,7 @@ fn mode(mode: &str, slice_bytes: u32) -> PyResult<TransferMode> {
             exclusive_min_bytes: transfer_engine::DEFAULT_EXCLUSIVE_MIN_BYTES,
         },
         _ => {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            return Err(crate::errors::config(format!(
                 "unknown mode {mode:?}: use exclusive, packetized or auto"
             )));
         }
@@ -137,7 +137,7 @@ impl PyNode {
         let listen = listen
             .map(|a| a.parse())
             .transpose()
-            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("listen: {e}")))?;
+            .map_err(|e| crate::errors::config(format!("listen: {e}")))?;
         let mut cfg = TcpConfig::with_engine_id(engine_id);
         cfg.listen = listen;
         let node = block_on(py, TcpNode::start(cfg)).map_err(err)?;
@@ -190,20 +190,25 @@ impl PyNode {
         self.0.address().map(|a| a.to_string())
     }
 
-    /// Registers `nbytes` at `address` in place (use `kv_transfer.register`, which takes any writable
-    /// buffer or CUDA array and keeps it alive while the region lives); `device` is the CUDA ordinal of
-    /// GPU memory, `None` for host memory.
-    #[pyo3(signature = (layout, address, nbytes, keepalive, device = None))]
-    fn _register(
+    /// Registers the memory `buffer` holds, in place, as a KV region of `layout`: a writable,
+    /// C-contiguous host buffer (`bytearray`, numpy arrays, `memoryview`), a torch tensor (host or CUDA,
+    /// any dtype), or in a build with `"cuda"` in `FEATURES` any contiguous CUDA array
+    /// (`__cuda_array_interface__`). The buffer is held, exported, while the region lives.
+    fn register(
         &self,
+        py: Python<'_>,
         layout: &PyKvLayout,
-        address: usize,
-        nbytes: usize,
-        keepalive: Py<PyAny>,
-        device: Option<u32>,
+        buffer: &Bound<'_, PyAny>,
     ) -> PyResult<PyRegion> {
-        let memory = buffer::region(address, nbytes, keepalive, device)?;
-        self.register_memory(layout, memory)
+        let memory = crate::objects::memory_of(buffer)?;
+        if (memory.len() as u64) < layout.0.total_bytes() {
+            return Err(crate::errors::config(format!(
+                "a buffer of {} bytes is smaller than the layout's {}",
+                memory.len(),
+                layout.0.total_bytes()
+            )));
+        }
+        py.detach(|| self.register_memory(layout, memory))
     }
 
     /// Registers a zeroed region the engine allocates, of `layout`'s size.
@@ -380,9 +385,11 @@ impl PyNode {
     }
 
     /// Stops the node (idempotent; dropping it does too).
-    fn shutdown(&self) {
-        let _guard = runtime().enter();
-        self.0.shutdown();
+    fn shutdown(&self, py: Python<'_>) {
+        py.detach(|| {
+            let _guard = runtime().enter();
+            self.0.shutdown();
+        });
     }
 }
 
@@ -433,9 +440,10 @@ impl PyRegion {
     ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
         let end = offset
             .checked_add(length)
-            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("offset + length overflows"))?;
-        let bytes = self.memory.read(offset..end).map_err(err)?;
-        Ok(pyo3::types::PyBytes::new(py, &bytes))
+            .ok_or_else(|| crate::errors::config("offset + length overflows"))?;
+        // The read waits on the region's locks (a session placing into it), so without the GIL.
+        let bytes = py.detach(|| self.memory.read(offset..end).map(|b| b.to_vec()));
+        Ok(pyo3::types::PyBytes::new(py, &bytes.map_err(err)?))
     }
 }
 

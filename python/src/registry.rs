@@ -98,7 +98,7 @@ fn etcd_registry(py: Python<'_>, endpoints: Vec<String>, prefix: &str) -> PyResu
 
 #[cfg(not(feature = "etcd"))]
 fn etcd_registry(_py: Python<'_>, endpoints: Vec<String>, _prefix: &str) -> PyResult<PyRegistry> {
-    Err(crate::KvTransferError::new_err(format!(
+    Err(crate::errors::config(format!(
         "an etcd registry at {endpoints:?}: {}",
         no_etcd().value(_py)
     )))
@@ -184,6 +184,40 @@ impl PyRegistry {
             .collect())
     }
 
+    /// Hands `found` the producers announced in `namespace` (`exclude` apart) every `every`, on the
+    /// package's runtime, until it answers `false`; a registry that does not answer is asked again at the
+    /// next turn.
+    pub(crate) fn follow(
+        &self,
+        namespace: String,
+        exclude: Option<String>,
+        every: std::time::Duration,
+        found: impl Fn(Vec<std::net::SocketAddr>) -> bool + Send + 'static,
+    ) -> PyResult<()> {
+        use backends::discovery::Discovery;
+        let etcd = self.etcd.clone();
+        crate::runtime().spawn(async move {
+            loop {
+                if let Ok(Ok(peers)) =
+                    tokio::time::timeout(every.max(std::time::Duration::from_secs(1)), etcd.peers())
+                        .await
+                {
+                    let addrs = peers
+                        .into_iter()
+                        .filter(|p| p.engine_id & connector::discovery::CONTROL_ID_BIT != 0)
+                        .filter(|p| p.namespace == namespace && Some(&p.addr) != exclude.as_ref())
+                        .filter_map(|p| p.addr.parse().ok())
+                        .collect();
+                    if !found(addrs) {
+                        return;
+                    }
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Ok(())
+    }
+
     fn revoke_impl(&self, py: Python<'_>, lease: i64) -> PyResult<()> {
         use backends::discovery::{Discovery, Lease};
         let etcd = self.etcd.clone();
@@ -203,11 +237,20 @@ impl PyRegistry {
     fn revoke_impl(&self, _: Python<'_>, _: i64) -> PyResult<()> {
         Err(no_etcd())
     }
+    pub(crate) fn follow(
+        &self,
+        _: String,
+        _: Option<String>,
+        _: std::time::Duration,
+        _: impl Fn(Vec<std::net::SocketAddr>) -> bool + Send + 'static,
+    ) -> PyResult<()> {
+        Err(no_etcd())
+    }
 }
 
 #[cfg(not(feature = "etcd"))]
 fn no_etcd() -> PyErr {
-    crate::KvTransferError::new_err(
+    crate::errors::config(
         "this build of kv_transfer has no etcd support; build it with \
          MATURIN_PEP517_ARGS=\"--features etcd\" pip install ./python",
     )

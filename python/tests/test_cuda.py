@@ -1,6 +1,6 @@
 """CUDA arrays as regions and KV caches, in place.
 
-Everywhere: how a CUDA array is read (``cuda_buffer_of``) and that GPU memory a build or machine cannot
+Everywhere: how a CUDA array is read (by the native module) and that GPU memory a build or machine cannot
 use is refused with the reason. With torch on a CUDA GPU and a build with ``"cuda"`` in ``FEATURES``
 (``scripts/gpu-check.sh`` runs them there): torch CUDA tensors on every route of every backend
 and as a connector's KV caches, byte for byte.
@@ -27,25 +27,49 @@ class FakeCudaArray:
         }
 
 
+class OnDevice(FakeCudaArray):
+    """A fake CUDA array that names its GPU, as CuPy's do."""
+
+    class device:  # noqa: N801 (CuPy's attribute name)
+        id = 1
+
+
+def _refusal(node, array):
+    """What registering `array` raised."""
+    with pytest.raises(kt.KvTransferError) as e:
+        node.register(kt.KvLayout(4, 1, 8), array)
+    return e.value
+
+
 def test_a_cuda_array_is_read_from_its_interface():
-    assert kt.cuda_buffer_of(bytearray(8)) is None
-    assert kt.cuda_buffer_of(FakeCudaArray(shape=(4, 8), typestr="<f2")) == (0x7F0000001000, 64, 0)
-    assert kt.cuda_buffer_of(FakeCudaArray(shape=(4, 8), typestr="<f4", strides=(32, 4)))[1] == 128
-    with pytest.raises(ValueError, match="not C-contiguous"):
-        kt.cuda_buffer_of(FakeCudaArray(shape=(4, 8), typestr="<f4", strides=(4, 16)))
-    with pytest.raises(ValueError, match="read-only"):
-        kt.cuda_buffer_of(FakeCudaArray(readonly=True))
-    with pytest.raises(ValueError, match="empty"):
-        kt.cuda_buffer_of(FakeCudaArray(shape=(0, 8)))
+    """The native module reads ``__cuda_array_interface__`` itself: a malformed array is the caller's
+    mistake (a ``ConfigurationError``, a ``ValueError`` too), found before any GPU is asked for; a good one
+    reaches the GPU it names (here refused for want of GPU support, a driver, or a real allocation)."""
+    a, _ = kt.Node.loopback_pair()
+    for bad, why in [
+        (FakeCudaArray(shape=(4, 8), typestr="<f4", strides=(4, 16)), "not C-contiguous"),
+        (FakeCudaArray(readonly=True), "read-only"),
+        (FakeCudaArray(shape=(0, 8)), "empty"),
+    ]:
+        e = _refusal(a, bad)
+        assert isinstance(e, kt.ConfigurationError) and isinstance(e, ValueError), e
+        assert why in str(e), e
+        assert e.fault == "caller"
+    for good in (FakeCudaArray(shape=(4, 8), typestr="<f2"), FakeCudaArray(shape=(4, 8), typestr="<f4", strides=(32, 4))):
+        e = _refusal(a, good)
+        assert "not C-contiguous" not in str(e) and "empty" not in str(e), e
+    if "cuda" not in kt.FEATURES:
+        assert "CUDA GPU 0" in str(_refusal(a, FakeCudaArray(shape=(4, 8), typestr="<f2")))
+        assert "CUDA GPU 1" in str(_refusal(a, OnDevice(shape=(4, 8), typestr="<f2")))
 
 
 def test_gpu_memory_that_cannot_be_used_is_refused_with_the_reason():
     """No GPU support in the build: how to build it. No driver: says so. A driver: the made-up address
     is in no allocation of the GPU. Nothing is registered in any case."""
     a, _ = kt.Node.loopback_pair()
-    producer, _ = kt.Connector.loopback_pair(
-        dict(role="producer", model="m", weight_version=1, block_size=16, layers=LAYERS, block_bytes=BLOCK),
-        dict(role="consumer", model="m", weight_version=1, block_size=16, layers=LAYERS, block_bytes=BLOCK),
+    producer, _ = kt.Worker.loopback_pair(
+        kt.ConnectorSettings(role="producer", model="m", weight_version=1, block_size=16, layers=LAYERS, block_bytes=BLOCK),
+        kt.ConnectorSettings(role="consumer", model="m", weight_version=1, block_size=16, layers=LAYERS, block_bytes=BLOCK),
     )
     if "cuda" not in kt.FEATURES:
         why = "--features cuda"
@@ -54,9 +78,9 @@ def test_gpu_memory_that_cannot_be_used_is_refused_with_the_reason():
     else:
         why = "cuMemGetAddressRange|not inside one allocation"
     with pytest.raises(kt.KvTransferError, match=why):
-        kt.register(a, kt.KvLayout(LAYERS, BLOCKS, BLOCK), FakeCudaArray())
+        a.register(kt.KvLayout(LAYERS, BLOCKS, BLOCK), FakeCudaArray())
     with pytest.raises(kt.KvTransferError, match=why):
-        kt.register_kv_caches(producer, FakeCudaArray(), blocks=BLOCKS)
+        producer.register_kv_caches(FakeCudaArray(), blocks=BLOCKS)
 
 
 def _driver_present():
@@ -115,8 +139,8 @@ def test_torch_cuda_tensors_move_on_every_route_byte_for_byte(torch, pair, route
     dst_t = torch.zeros(NBYTES, dtype=torch.uint8, device=dst_dev)
     torch.cuda.synchronize()
     lay = kt.KvLayout(LAYERS, BLOCKS, BLOCK)
-    src = kt.register(sender, lay, src_t if src_dev == "cuda" else src_t.numpy())
-    dst = kt.register(receiver, lay, dst_t if dst_dev == "cuda" else dst_t.numpy())
+    src = sender.register(lay, src_t if src_dev == "cuda" else src_t.numpy())
+    dst = receiver.register(lay, dst_t if dst_dev == "cuda" else dst_t.numpy())
     receiver.publish("kv", dst)
     peer, segments = sender.connect(address)
     for mode in ["exclusive", "packetized", "auto"]:
@@ -138,7 +162,7 @@ n = layers * blocks * block
 src_t = ((torch.arange(n, dtype=torch.int64, device=src_dev) * 2654435761 + 5) % 251).to(torch.uint8)
 torch.cuda.synchronize()
 node = kt.Node.shm(1)
-src = kt.register(node, kt.KvLayout(layers, blocks, block), src_t if src_dev == "cuda" else src_t.numpy())
+src = node.register(kt.KvLayout(layers, blocks, block), src_t if src_dev == "cuda" else src_t.numpy())
 peer, segments = node.connect(address)
 for i, mode in enumerate(["exclusive", "packetized", "auto"]):
     out = node.wait(node.submit(peer, src, dict(segments)[f"kv{i}"], mode=mode), timeout=60)
@@ -160,7 +184,7 @@ def test_torch_cuda_tensors_move_between_two_processes_on_one_host(torch, tmp_pa
     dsts = [torch.zeros(NBYTES, dtype=torch.uint8, device=dst_dev) for _ in range(3)]
     torch.cuda.synchronize()
     for i, d in enumerate(dsts):
-        receiver.publish(f"kv{i}", kt.register(receiver, lay, d if dst_dev == "cuda" else d.numpy()))
+        receiver.publish(f"kv{i}", receiver.register(lay, d if dst_dev == "cuda" else d.numpy()))
     args = [receiver.address, src_dev, str(LAYERS), str(BLOCKS), str(BLOCK)]
     done = subprocess.run(
         [sys.executable, "-c", SHM_SENDER, *args], env=dict(os.environ), capture_output=True, text=True, timeout=120
@@ -177,13 +201,13 @@ def test_a_registered_tensor_stays_alive_without_the_callers_reference(torch):
     lay = kt.KvLayout(LAYERS, BLOCKS, BLOCK)
     src_t = pattern(torch, NBYTES, 11, "cuda")
     expected = src_t.cpu()
-    src = kt.register(sender, lay, src_t)
+    src = sender.register(lay, src_t)
     del src_t
     # The caching allocator would hand the freed block to the next tensor of its size, and the engine would
     # then send that tensor's bytes: the region's reference must keep it.
     decoy = torch.full((NBYTES,), 0xAB, dtype=torch.uint8, device="cuda")
     dst_t = torch.zeros(NBYTES, dtype=torch.uint8, device="cuda")
-    dst = kt.register(receiver, lay, dst_t)
+    dst = receiver.register(lay, dst_t)
     receiver.publish("kv", dst)
     peer, segments = sender.connect("loopback")
     session = sender.submit(peer, src, dict(segments)["kv"])
@@ -198,20 +222,22 @@ def test_bfloat16_kv_caches_on_the_gpu_save_and_load_through_the_connector(torch
     def settings(role):
         s = dict(role=role, model="gpu-model", weight_version=1, block_size=16, layers=LAYERS, block_bytes=BLOCK)
         s["store_blocks"] = 64 if role != "consumer" else 0
-        return s
+        return kt.ConnectorSettings(**s)
+
+    from instance import loopback_pair, made
 
     for make in ("loopback", "tcp"):
         if make == "loopback":
-            producer, consumer = kt.Connector.loopback_pair(settings("producer"), settings("consumer"))
+            producer, consumer = loopback_pair(settings("producer"), settings("consumer"))
         else:
-            producer = kt.Connector.tcp(settings("producer"), 1, listen=None)
-            consumer = kt.Connector.tcp(settings("consumer"), 2)
+            producer = made(settings("producer"), kt.Worker.tcp, 1, listen=None)
+            consumer = made(settings("consumer"), kt.Worker.tcp, 2)
         elems = LAYERS * pool * BLOCK // 2
         prefill = torch.randn(elems, device="cuda").to(torch.bfloat16)
         decode = torch.zeros(elems, dtype=torch.bfloat16, device="cuda")
         torch.cuda.synchronize()
-        kt.register_kv_caches(producer, prefill, blocks=pool)
-        kt.register_kv_caches(consumer, decode, blocks=pool)
+        producer.register_kv_caches(prefill, blocks=pool)
+        consumer.register_kv_caches(decode, blocks=pool)
         tokens = list(range(50))  # 3 full blocks
         producer.get_num_new_matched_tokens("r1", tokens)
         producer.update_state_after_alloc("r1", [0, 1, 2, 3], 0)

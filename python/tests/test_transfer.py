@@ -56,8 +56,8 @@ def test_a_numpy_array_arrives_in_a_bytearray_in_every_mode(pair):
     sender, receiver, address = pair
     src_buf = pattern(LAYERS * BLOCKS * BLOCK, 7)
     dst_buf = bytearray(LAYERS * BLOCKS * BLOCK)
-    src = kt.register(sender, layout(), src_buf)
-    dst = kt.register(receiver, layout(), dst_buf)
+    src = sender.register(layout(), src_buf)
+    dst = receiver.register(layout(), dst_buf)
     receiver.publish("kv", dst)
     peer, segments = sender.connect(address)
     assert peer == receiver.engine_id
@@ -76,8 +76,8 @@ def test_blocks_land_pair_by_pair_layer_by_layer(pair):
     sender, receiver, address = pair
     src_buf = pattern(LAYERS * BLOCKS * BLOCK, 3)
     dst_buf = np.zeros(LAYERS * BLOCKS * BLOCK, dtype=np.uint8)
-    src = kt.register(sender, layout(), src_buf)
-    dst = kt.register(receiver, layout(), dst_buf)
+    src = sender.register(layout(), src_buf)
+    dst = receiver.register(layout(), dst_buf)
     receiver.publish("kv", dst)
     peer, segments = sender.connect(address)
     session = sender.submit(
@@ -114,8 +114,8 @@ def test_vllm_views_block_major_to_layer_major(pair):
     assert src_layout.kind == "kv_together"
     src_buf = pattern(src_layout.total_bytes, 11)
     dst_buf = bytearray(dst_layout.total_bytes)
-    src = kt.register(sender, src_layout, src_buf)
-    receiver.publish("kv", kt.register(receiver, dst_layout, dst_buf))
+    src = sender.register(src_layout, src_buf)
+    receiver.publish("kv", receiver.register(dst_layout, dst_buf))
     peer, segments = sender.connect(address)
     session = sender.submit(peer, src, dict(segments)["kv"], mode="packetized")
     assert sender.wait(session, timeout=30).recompute == []
@@ -128,17 +128,17 @@ def test_vllm_views_block_major_to_layer_major(pair):
 def test_bad_input_is_a_clear_exception():
     a, b = kt.Node.loopback_pair()
     with pytest.raises(ValueError, match="read-only"):
-        kt.register(a, layout(), bytes(LAYERS * BLOCKS * BLOCK))
+        a.register(layout(), bytes(LAYERS * BLOCKS * BLOCK))
     with pytest.raises(ValueError, match="smaller than the layout"):
-        kt.register(a, layout(), bytearray(100))
+        a.register(layout(), bytearray(100))
     with pytest.raises(TypeError):
-        kt.register(a, layout(), 42)
+        a.register(layout(), 42)
     with pytest.raises(kt.KvTransferError, match="zero dimension"):
         kt.KvLayout(0, 1, 4096)
     with pytest.raises(ValueError, match="unknown dtype"):
         kt.KvLayout(1, 1, 4096, dtype="int3")
-    src = kt.register(a, layout(), bytearray(LAYERS * BLOCKS * BLOCK))
-    dst = kt.register(b, layout(), bytearray(LAYERS * BLOCKS * BLOCK))
+    src = a.register(layout(), bytearray(LAYERS * BLOCKS * BLOCK))
+    dst = b.register(layout(), bytearray(LAYERS * BLOCKS * BLOCK))
     with pytest.raises(kt.KvTransferError):
         a.submit(b.engine_id, src, dst.handle, src_blocks=[BLOCKS], dst_blocks=[0])
     with pytest.raises(ValueError, match="unknown mode"):
@@ -150,7 +150,7 @@ def test_bad_input_is_a_clear_exception():
 def test_a_registered_buffer_cannot_be_resized():
     a, _ = kt.Node.loopback_pair()
     buf = bytearray(LAYERS * BLOCKS * BLOCK)
-    region = kt.register(a, layout(), buf)
+    region = a.register(layout(), buf)
     with pytest.raises(BufferError):
         buf.extend(b"x")
     assert region.nbytes == len(buf)

@@ -136,8 +136,11 @@ impl Drop for PrefillChild {
 pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
     let prefill = backend::connector(args, KvRole::Producer, 1, None)?;
     let pool = MemoryRegion::zeroed(pool_bytes(args) as usize);
-    prefill.register_kv_caches(pool.clone(), pool_blocks(args))?;
+    prefill
+        .worker
+        .register_kv_caches(pool.clone(), pool_blocks(args))?;
     let control = prefill
+        .worker
         .control_addr()
         .context("a producer serves control")?;
     let mut out = std::io::stdout().lock();
@@ -152,10 +155,10 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                 ChildReply::default()
             }
             ChildCommand::Stats => ChildReply {
-                store_peak_blocks: prefill.store_usage().1,
-                saved_blocks: prefill.metrics().snapshot().saved_blocks,
-                save_dropped: prefill.metrics().snapshot().save_dropped,
-                streamed_loads: prefill.metrics().snapshot().streamed_loads,
+                store_peak_blocks: prefill.worker.store_usage().1,
+                saved_blocks: prefill.worker.metrics().snapshot().saved_blocks,
+                save_dropped: prefill.worker.metrics().snapshot().save_dropped,
+                streamed_loads: prefill.worker.metrics().snapshot().streamed_loads,
                 ..ChildReply::default()
             },
             ChildCommand::Prefill {
@@ -172,14 +175,16 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                     external_keys: None,
                     transfer_params: None,
                 };
-                let keys = prefill.request_keys(&req);
-                let cached = prefill.stored_prefix(&keys);
+                let keys = prefill.scheduler.request_keys(&req);
+                let cached = prefill.worker.stored_prefix(&keys);
                 let total = tokens.len().div_ceil(bs);
                 let blocks: Vec<u32> = (0..total as u32).collect();
-                prefill.get_num_new_matched_tokens(&req, 0)?;
-                prefill.update_state_after_alloc(&id, &blocks, 0)?;
-                prefill.bind_connector_metadata(prefill.build_connector_meta());
-                let version = prefill.namespace().weight_version;
+                prefill.scheduler.wait_matched_tokens(&req, 0)?;
+                prefill
+                    .scheduler
+                    .update_state_after_alloc(&id, &blocks, 0)?;
+                prefill.plan_step()?;
+                let version = prefill.worker.namespace().weight_version;
                 for layer in 0..args.layers {
                     sleep_us(args.compute_us * (total - cached) as u64);
                     for (b, key) in keys.iter().enumerate() {
@@ -187,7 +192,7 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                             * args.block_bytes) as usize;
                         pool.copy_from(at, &stamp(version, key))?;
                     }
-                    prefill.save_kv_layer(layer)?;
+                    prefill.worker.save_kv_layer(layer)?;
                     if layer == 0 && announce {
                         let first = ChildReply {
                             started: true,
@@ -197,10 +202,10 @@ pub(super) fn prefill_child(args: &PdArgs) -> anyhow::Result<()> {
                         out.flush()?;
                     }
                 }
-                prefill.wait_for_save()?;
-                prefill.clear_connector_metadata();
-                prefill.request_finished(&id);
-                let _ = prefill.get_finished();
+                prefill.worker.wait_for_save()?;
+                prefill.worker.clear_connector_metadata();
+                prefill.scheduler.request_finished(&id);
+                let _ = prefill.worker.get_finished();
                 ChildReply {
                     computed_blocks: total - cached,
                     elapsed_us: started.elapsed().as_micros() as u64,

@@ -3,11 +3,12 @@
 
 use std::net::SocketAddr;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::TcpStream;
 use transfer_engine::{SessionId, TrafficClass};
 
-use super::{MAX_LINE, Reply, Request, class_code, hex_keys};
+use super::frame::{self, FrameError};
+use super::{ErrorKind, Reply, Request, class_code, hashes};
 use crate::data_plane::{Endpoints, PlaneSession};
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
@@ -43,69 +44,84 @@ impl ControlClient {
         }
     }
 
-    async fn call(&self, req: &Request) -> Result<Reply, ConnectorError> {
-        match tokio::time::timeout(self.timeout, self.call_now(req)).await {
+    async fn call(&self, req: &Request, keys: &[ScopedKey]) -> Result<Reply, ConnectorError> {
+        match tokio::time::timeout(self.timeout, self.call_now(req, keys)).await {
             Ok(r) => r,
-            Err(_) => {
-                // The connection may hold half an answer: start afresh next time.
-                if let Ok(mut guard) = self.conn.try_lock() {
-                    *guard = None;
-                }
-                Err(self.err(format!("no answer within {:?}", self.timeout)))
-            }
+            // The call's connection went with it (see `call_now`): the next one connects afresh.
+            Err(_) => Err(self.err(format!("no answer within {:?}", self.timeout))),
         }
     }
 
-    async fn call_now(&self, req: &Request) -> Result<Reply, ConnectorError> {
+    async fn call_now(&self, req: &Request, keys: &[ScopedKey]) -> Result<Reply, ConnectorError> {
         let mut guard = self.conn.lock().await;
-        if guard.is_none() {
-            let s = TcpStream::connect(self.addr)
-                .await
-                .map_err(|e| self.err(format!("cannot connect: {e}")))?;
-            let _ = s.set_nodelay(true);
-            let (r, w) = s.into_split();
-            *guard = Some((BufReader::new(r), w));
-        }
-        let (read, write) = guard.as_mut().expect("connected above");
-        let mut out = serde_json::to_vec(req).expect("requests serialise");
-        out.push(b'\n');
-        let mut line = Vec::new();
-        let io = async {
-            write.write_all(&out).await?;
-            read.take(MAX_LINE).read_until(b'\n', &mut line).await
-        };
-        match io.await {
-            Ok(n) if n > 0 && line.last() == Some(&b'\n') => {}
-            other => {
-                *guard = None; // reconnect next time
-                return Err(self.err(format!("connection lost: {other:?}")));
+        // The connection is taken out while it is used and put back only after a whole answer, so a
+        // call cancelled half-way (its caller gave up) leaves none holding half an answer behind.
+        let (mut read, mut write) = match guard.take() {
+            Some(conn) => conn,
+            None => {
+                let s = TcpStream::connect(self.addr)
+                    .await
+                    .map_err(|e| self.err(format!("cannot connect: {e}")))?;
+                let _ = s.set_nodelay(true);
+                let (r, w) = s.into_split();
+                (BufReader::new(r), w)
             }
+        };
+        let io = async {
+            frame::write(&mut write, req, &hashes(keys))
+                .await
+                .map_err(|e| FrameError::Closed(e.to_string()))?;
+            frame::read(&mut read).await
+        };
+        let answer = match io.await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => return Err(self.err("connection lost: closed by the producer")),
+            Err(e) => return Err(self.err(e.to_string())),
+        };
+        *guard = Some((read, write));
+        let reply: Reply = answer.head().map_err(|e| self.err(e))?;
+        match reply {
+            Reply::Error {
+                message,
+                kind: Some(ErrorKind::Pairing),
+            } => Err(ConnectorError::TensorParallel(format!(
+                "producer at {}: {message}",
+                self.addr
+            ))),
+            Reply::Error {
+                message,
+                kind: None,
+            } => Err(self.err(message)),
+            reply => Ok(reply),
         }
-        let reply: Reply =
-            serde_json::from_slice(&line).map_err(|e| self.err(format!("bad reply: {e}")))?;
-        if let Reply::Error { message } = reply {
-            return Err(self.err(message));
-        }
-        Ok(reply)
     }
 
+    /// How many leading blocks of `keys` the producer can serve (stored whole only, with `whole`), and
+    /// how many of those only its disk tier holds.
     pub(crate) async fn lookup(
         &self,
         keys: &[ScopedKey],
         tp: RankKv,
-    ) -> Result<usize, ConnectorError> {
+        whole: bool,
+    ) -> Result<(usize, usize), ConnectorError> {
         let Some(first) = keys.first() else {
-            return Ok(0);
+            return Ok((0, 0));
         };
         match self
-            .call(&Request::Lookup {
-                ns: first.ns.0,
-                keys: hex_keys(keys),
-                tp,
-            })
+            .call(
+                &Request::Lookup {
+                    ns: first.ns.0,
+                    tp,
+                    whole,
+                },
+                keys,
+            )
             .await?
         {
-            Reply::Found { blocks } => Ok(blocks.min(keys.len())),
+            Reply::Found { blocks, disk } => {
+                let blocks = blocks.min(keys.len());
+                Ok((blocks, disk.min(blocks)))
+            }
             other => Err(self.err(format!("unexpected reply {other:?}"))),
         }
     }
@@ -123,16 +139,18 @@ impl ControlClient {
             return Ok((None, 0));
         };
         match self
-            .call(&Request::Load {
-                ns: first.ns.0,
-                keys: hex_keys(keys),
-                engine_addr: to.main.to_string(),
-                blocks: blocks.to_vec(),
-                class: class_code(class),
-                request,
-                tp,
-                same_host: to.same_host,
-            })
+            .call(
+                &Request::Load {
+                    ns: first.ns.0,
+                    engine_addr: to.main.to_string(),
+                    blocks: blocks.to_vec(),
+                    class: class_code(class),
+                    request,
+                    tp,
+                    same_host: to.same_host,
+                },
+                keys,
+            )
             .await?
         {
             Reply::Started {

@@ -1,12 +1,13 @@
-//! The control channel between a consumer and a producer over TCP: lookups and load requests as JSON
-//! lines on a connection of their own (the KV itself travels on the transfer engine's lanes).
+//! The control channel between a consumer and a producer over TCP: lookups and load requests in frames
+//! of their own ([`frame`]: a JSON head, and the keys as raw 32-byte hashes), on a connection of their
+//! own (the KV itself travels on the transfer engine's transport). `docs/CONTROL.md` is the document.
 //!
 //! ```text
 //! consumer                                        producer
-//!   {"op":"lookup","ns":..,"keys":[hex..],"tp":{"rank":0,"size":1,"mla":false}}     ->
+//!   lookup {"op":"lookup","ns":..,"tp":{"rank":0,"size":1,"mla":false}} + keys        ->
 //!                                              <-  {"reply":"found","blocks":n}
-//!   {"op":"load","ns":..,"keys":[..],"engine_addr":"ip:port","blocks":[..],"class":1,"request":r,"tp":{..},
-//!    "same_host":{"host":h,"addr":"shm:/path"}}                                ->
+//!   load {"op":"load","ns":..,"engine_addr":"ip:port","blocks":[..],"class":1,"request":r,"tp":{..},
+//!    "same_host":{"host":h,"addr":"shm:/path"}} + keys                                 ->
 //!                                              <-  {"reply":"started","session":s,"served":n,"via":"same_host"}
 //! ```
 //! `same_host` (optional) is the consumer's same-host endpoint: a producer whose own same-host transport
@@ -16,10 +17,12 @@
 //! the consumer rank of its own number in an instance of its own size (any rank, for MLA on both sides),
 //! and refuses others with an error naming both ([`crate::tp`]).
 //! A lookup counts blocks stored whole and blocks being saved now (a load streams their layers as they
-//! are saved). A load's reply names the sending session; the consumer waits on it layer by layer. Lines longer than
-//! [`MAX_LINE`] end the connection (memory stays bounded); a malformed line is answered with an error.
+//! are saved). A load's reply names the sending session; the consumer waits on it layer by layer. A frame
+//! longer than [`frame::MAX_HEAD`] or [`frame::MAX_KEY_BYTES`] ends the connection (memory stays
+//! bounded); a malformed head is answered with an error.
 
 mod client;
+pub mod frame;
 mod server;
 
 use policy::NamespaceId;
@@ -33,8 +36,6 @@ use crate::tp::RankKv;
 pub(crate) use client::ControlClient;
 pub(crate) use server::serve;
 
-/// Longest control line accepted (16 MiB: about 250,000 keys).
-pub const MAX_LINE: u64 = 16 << 20;
 /// The segment name a consumer offers its KV pool under.
 pub const KV_SEGMENT: &str = "kv";
 
@@ -43,12 +44,13 @@ pub const KV_SEGMENT: &str = "kv";
 pub(crate) enum Request {
     Lookup {
         ns: u64,
-        keys: Vec<String>,
         tp: RankKv,
+        /// Count blocks stored whole only, not those being saved now (an instance asking its own store).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        whole: bool,
     },
     Load {
         ns: u64,
-        keys: Vec<String>,
         engine_addr: String,
         blocks: Vec<u32>,
         class: u8,
@@ -64,6 +66,9 @@ pub(crate) enum Request {
 pub(crate) enum Reply {
     Found {
         blocks: usize,
+        /// Of those, how many only the producer's disk tier holds.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        disk: usize,
     },
     Started {
         session: Option<u64>,
@@ -73,30 +78,50 @@ pub(crate) enum Reply {
     },
     Error {
         message: String,
+        /// What kind of refusal: `pairing` when the asker's tensor-parallel place cannot be served by
+        /// this producer (a configuration mistake on one side), absent otherwise.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<ErrorKind>,
     },
 }
 
-pub(crate) fn hex_keys(keys: &[ScopedKey]) -> Vec<String> {
-    keys.iter().map(|k| k.hash.to_hex()).collect()
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
-pub(crate) fn parse_keys(ns: u64, keys: &[String]) -> Result<Vec<ScopedKey>, String> {
-    keys.iter()
-        .map(|h| {
-            if h.len() != 64 || !h.is_ascii() {
-                return Err(format!("key {h:?} is not 64 hex digits"));
-            }
-            let mut b = [0u8; 32];
-            for (i, out) in b.iter_mut().enumerate() {
-                *out = u8::from_str_radix(&h[2 * i..2 * i + 2], 16)
-                    .map_err(|_| format!("key {h:?} is not hex"))?;
-            }
-            Ok(ScopedKey {
-                ns: NamespaceId(ns),
-                hash: BlockHash(b),
-            })
+/// A kind of [`Reply::Error`] the asker acts on differently from a plain failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ErrorKind {
+    /// The two instances' tensor-parallel places do not pair (see [`crate::tp`]).
+    Pairing,
+}
+
+impl Reply {
+    /// An error reply saying `message`.
+    pub(crate) fn error(message: impl Into<String>) -> Reply {
+        Reply::Error {
+            message: message.into(),
+            kind: None,
+        }
+    }
+}
+
+/// The keys of `ns` a frame carried.
+pub(crate) fn scoped_keys(ns: u64, hashes: Vec<BlockHash>) -> Vec<ScopedKey> {
+    hashes
+        .into_iter()
+        .map(|hash| ScopedKey {
+            ns: NamespaceId(ns),
+            hash,
         })
         .collect()
+}
+
+/// The hashes of `keys`, as a frame carries them.
+pub(crate) fn hashes(keys: &[ScopedKey]) -> Vec<BlockHash> {
+    keys.iter().map(|k| k.hash).collect()
 }
 
 pub(crate) fn class_code(c: TrafficClass) -> u8 {
@@ -107,8 +132,8 @@ pub(crate) fn class_code(c: TrafficClass) -> u8 {
 mod tests {
     use super::*;
 
-    /// Every JSON example in `docs/CONTROL.md` is a request or reply this code reads, and writes back the
-    /// same.
+    /// Every JSON example in `docs/CONTROL.md` is a request's or reply's head this code reads, and writes
+    /// back the same.
     #[test]
     fn the_documents_examples_are_what_the_code_reads_and_writes() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONTROL.md");
@@ -137,7 +162,7 @@ mod tests {
         }
         assert_eq!(
             (requests, replies),
-            (3, 3),
+            (4, 5),
             "the examples were not all found"
         );
     }
@@ -147,7 +172,7 @@ mod tests {
         let r: Reply =
             serde_json::from_str(r#"{"reply":"started","session":1,"served":2}"#).unwrap();
         assert!(matches!(r, Reply::Started { via: Via::Main, .. }));
-        let load = r#"{"op":"load","ns":1,"keys":[],"engine_addr":"a","blocks":[],"class":2,"request":0,"tp":{"rank":0,"size":1,"mla":false}}"#;
+        let load = r#"{"op":"load","ns":1,"engine_addr":"a","blocks":[],"class":2,"request":0,"tp":{"rank":0,"size":1,"mla":false}}"#;
         let r: Request = serde_json::from_str(load).unwrap();
         assert!(matches!(
             r,

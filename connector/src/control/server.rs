@@ -6,13 +6,15 @@ use std::sync::Arc;
 
 use backends::transport::BadAddress;
 use backends::{PeerAddress, TransportError};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use transfer_engine::TrafficClass;
 
-use super::{KV_SEGMENT, MAX_LINE, Reply, Request, parse_keys};
+use super::frame::{self, FrameError};
+use super::{ErrorKind, KV_SEGMENT, Reply, Request, scoped_keys};
 use crate::data_plane::{Destination, SameHostEndpoint, Via};
 use crate::error::ConnectorError;
+use crate::keys::BlockHash;
 use crate::producer::{ProducerCore, Started};
 use crate::tp::check_pairing;
 
@@ -38,48 +40,56 @@ pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
 
 async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStream) {
     let (read, mut write) = stream.into_split();
-    let mut read = BufReader::new(read);
-    let mut line = Vec::new();
+    let mut read = tokio::io::BufReader::new(read);
     loop {
-        line.clear();
-        match (&mut read)
-            .take(MAX_LINE)
-            .read_until(b'\n', &mut line)
-            .await
-        {
-            Ok(0) | Err(_) => return,
-            Ok(_) if line.last() != Some(&b'\n') => return, // over the limit
-            Ok(_) => {}
-        }
-        let reply = match serde_json::from_slice::<Request>(&line) {
-            Err(e) => Reply::Error {
-                message: format!("malformed control line: {e}"),
-            },
-            Ok(req) => answer(&core, &peers, req).await,
+        let frame = match frame::read(&mut read).await {
+            Ok(Some(f)) => f,
+            Ok(None) | Err(FrameError::Closed(_)) => return,
+            Err(FrameError::Version1) => {
+                // Told in its own protocol (a JSON line), then the connection ends.
+                let reply = Reply::error(FrameError::Version1.to_string());
+                let mut line = serde_json::to_vec(&reply).expect("replies serialise");
+                line.push(b'\n');
+                let _ = write.write_all(&line).await;
+                return;
+            }
+            Err(e) => {
+                // Another version, or a frame over the limits: told why, then the connection ends.
+                let reply = Reply::error(e.to_string());
+                let _ = frame::write(&mut write, &reply, &[]).await;
+                return;
+            }
         };
-        let mut out = serde_json::to_vec(&reply).expect("replies serialise");
-        out.push(b'\n');
-        if write.write_all(&out).await.is_err() {
+        let reply = match frame.head::<Request>() {
+            Err(message) => Reply::error(message),
+            Ok(req) => answer(&core, &peers, req, frame.keys).await,
+        };
+        if frame::write(&mut write, &reply, &[]).await.is_err() {
             return;
         }
     }
 }
 
-async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply {
+async fn answer(
+    core: &Arc<ProducerCore>,
+    peers: &Peers,
+    req: Request,
+    hashes: Vec<BlockHash>,
+) -> Reply {
     let (Request::Lookup { tp, .. } | Request::Load { tp, .. }) = &req;
     if let Err(message) = check_pairing(core.rank, *tp) {
-        return Reply::Error { message };
+        return Reply::Error {
+            message,
+            kind: Some(ErrorKind::Pairing),
+        };
     }
     match req {
-        Request::Lookup { ns, keys, .. } => match parse_keys(ns, &keys) {
-            Ok(keys) => Reply::Found {
-                blocks: core.lookup_streaming(&keys),
-            },
-            Err(message) => Reply::Error { message },
-        },
+        Request::Lookup { ns, whole, .. } => {
+            let (blocks, disk) = core.lookup_tiers(&scoped_keys(ns, hashes), whole);
+            Reply::Found { blocks, disk }
+        }
         Request::Load {
             ns,
-            keys,
             engine_addr,
             blocks,
             class,
@@ -87,15 +97,12 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
             same_host,
             ..
         } => {
-            let keys = match parse_keys(ns, &keys) {
-                Ok(k) => k,
-                Err(message) => return Reply::Error { message },
-            };
+            let keys = scoped_keys(ns, hashes);
             let class = class_from(class);
             let (mut dst, mut fell_back) =
                 match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
                     Ok(d) => d,
-                    Err(message) => return Reply::Error { message },
+                    Err(message) => return Reply::error(message),
                 };
             let mut started = core.load(&keys, dst, &blocks, class, request);
             if let Err(ConnectorError::Transport(
@@ -107,7 +114,7 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
                 (dst, fell_back) =
                     match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
                         Ok(d) => d,
-                        Err(message) => return Reply::Error { message },
+                        Err(message) => return Reply::error(message),
                     };
                 started = core.load(&keys, dst, &blocks, class, request);
             }
@@ -121,9 +128,7 @@ async fn answer(core: &Arc<ProducerCore>, peers: &Peers, req: Request) -> Reply 
                     served,
                     via: dst.via,
                 },
-                Err(e) => Reply::Error {
-                    message: e.to_string(),
-                },
+                Err(e) => Reply::error(e.to_string()),
             }
         }
     }

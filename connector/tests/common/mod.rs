@@ -2,12 +2,15 @@
 //! start a save and a load.
 #![allow(dead_code)] // each test file uses part of it
 
+pub(crate) mod instance;
+
 use std::ops::Range;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
 use backends::tcp::TcpConfig;
-use connector::{ConnectorConfig, KvConnector, KvRequest, KvRole, RequestExtras, namespace};
+use connector::{ConnectorConfig, KvRequest, KvRole, RequestExtras, namespace};
+pub(crate) use instance::Instance;
 use transfer_engine::MemoryRegion;
 
 /// KV caches of `layers` layers of `pool` blocks of `block` bytes, layer-major.
@@ -43,7 +46,7 @@ impl Kv {
 /// that block `dst_blocks[i]` of it holds what block `src_first + i` of that layer holds at the producer.
 pub(crate) fn wait_each_layer_and_check(
     kv: &Kv,
-    c: &KvConnector,
+    c: &Instance,
     src: &MemoryRegion,
     dst: &MemoryRegion,
     src_first: u32,
@@ -81,18 +84,13 @@ pub(crate) fn request<'a>(
 
 /// The producer's scheduler step that starts saving `id`'s `tokens` from `blocks`, no layer saved yet;
 /// returns what its lookup answered (tokens found elsewhere, and whether they load asynchronously).
-pub(crate) fn begin_save(
-    p: &KvConnector,
-    id: &str,
-    tokens: &[u32],
-    blocks: &[u32],
-) -> (usize, bool) {
+pub(crate) fn begin_save(p: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) -> (usize, bool) {
     begin_save_held(p, id, tokens, blocks, false)
 }
 
-/// As [`begin_save`], the request held for a decode ([`KvConnector::hold_for_decode`]) when `hold`.
+/// As [`begin_save`], the request held for a decode ([`Instance::hold_for_decode`]) when `hold`.
 pub(crate) fn begin_save_held(
-    p: &KvConnector,
+    p: &Instance,
     id: &str,
     tokens: &[u32],
     blocks: &[u32],
@@ -112,7 +110,7 @@ pub(crate) fn begin_save_held(
 
 /// The consumer's scheduler step that plans loading `id`'s `tokens` into `blocks` (the load not yet
 /// started); returns the tokens it will load.
-pub(crate) fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
+pub(crate) fn plan_load(c: &Instance, id: &str, tokens: &[u32], blocks: &[u32]) -> usize {
     let extras = RequestExtras::default();
     let (n, _) = c
         .get_num_new_matched_tokens(&request(id, tokens, &extras), 0)
@@ -124,7 +122,7 @@ pub(crate) fn plan_load(c: &KvConnector, id: &str, tokens: &[u32], blocks: &[u32
 
 /// A producer (holding `store_blocks` in its store) and a consumer of KV caches shaped `kv`, in one
 /// process over the loopback backend.
-pub(crate) fn loopback_pair(kv: &Kv, store_blocks: u32) -> (KvConnector, KvConnector) {
+pub(crate) fn loopback_pair(kv: &Kv, store_blocks: u32) -> (Instance, Instance) {
     loopback_pair_with(kv, store_blocks, |_| {})
 }
 
@@ -133,14 +131,14 @@ pub(crate) fn loopback_pair_with(
     kv: &Kv,
     store_blocks: u32,
     configure: impl FnOnce(&mut ConnectorConfig),
-) -> (KvConnector, KvConnector) {
+) -> (Instance, Instance) {
     let mut p = ConnectorConfig::new(KvRole::Producer, namespace("m", 7, 16));
     (p.layers, p.block_bytes, p.store_blocks) = (kv.layers, kv.block, store_blocks);
     configure(&mut p);
     let mut c = p.clone();
     c.role = KvRole::Consumer;
     c.store_blocks = 0;
-    KvConnector::loopback_pair(p, c).unwrap()
+    Instance::loopback_pair(p, c).unwrap()
 }
 
 /// Only guards a test against a hang: [`returns`] fails a call that has not returned by then. Never a
@@ -169,8 +167,8 @@ pub(crate) fn returns<T: Send + 'static, R: Send + 'static>(
 }
 
 /// A producer over TCP on this host (engine 1, dialing only), configured by `config`.
-pub(crate) fn tcp_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
-    KvConnector::tcp(
+pub(crate) fn tcp_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> Instance {
+    Instance::tcp(
         config(KvRole::Producer),
         {
             let mut cfg = TcpConfig::with_engine_id(1);
@@ -185,9 +183,9 @@ pub(crate) fn tcp_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConn
 
 /// A producer and a consumer over TCP on this host, each configured by `config` for its role; the consumer
 /// knows the producer's control address.
-pub(crate) fn tcp_pair(config: impl Fn(KvRole) -> ConnectorConfig) -> (KvConnector, KvConnector) {
+pub(crate) fn tcp_pair(config: impl Fn(KvRole) -> ConnectorConfig) -> (Instance, Instance) {
     let producer = tcp_producer(&config);
-    let consumer = KvConnector::tcp(
+    let consumer = Instance::tcp(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         None,
@@ -208,8 +206,8 @@ pub(crate) fn fresh_socket(tag: &str) -> std::path::PathBuf {
 /// A producer over TCP with the same-host backend beside it (engine 1, dialing only), configured by
 /// `config`.
 #[cfg(target_os = "linux")]
-pub(crate) fn tcp_with_shm_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> KvConnector {
-    KvConnector::tcp_with_shm(
+pub(crate) fn tcp_with_shm_producer(config: impl Fn(KvRole) -> ConnectorConfig) -> Instance {
+    Instance::tcp_with_shm(
         config(KvRole::Producer),
         {
             let mut cfg = TcpConfig::with_engine_id(1);
@@ -223,15 +221,15 @@ pub(crate) fn tcp_with_shm_producer(config: impl Fn(KvRole) -> ConnectorConfig) 
     .unwrap()
 }
 
-/// A producer and a consumer over TCP with the same-host backend beside it ([`KvConnector::tcp_with_shm`]),
+/// A producer and a consumer over TCP with the same-host backend beside it ([`Instance::tcp_with_shm`]),
 /// on this host; the consumer's shm node listens and it knows the producer's control address.
 #[cfg(target_os = "linux")]
 pub(crate) fn tcp_with_shm_pair(
     config: impl Fn(KvRole) -> ConnectorConfig,
-) -> (KvConnector, KvConnector) {
+) -> (Instance, Instance) {
     use backends::shm::ShmConfig;
     let producer = tcp_with_shm_producer(&config);
-    let consumer = KvConnector::tcp_with_shm(
+    let consumer = Instance::tcp_with_shm(
         config(KvRole::Consumer),
         TcpConfig::with_engine_id(2),
         ShmConfig::new(2, Some(fresh_socket("mixed"))),

@@ -1,92 +1,56 @@
-//! Scheduler-side calls: how much of a request can be loaded, which blocks it got, the per-step
-//! metadata for the workers, and the end of a request.
+//! The scheduler half's plans: a request tracked with what its lookup found, which blocks it got, what
+//! each step computes, and the per-step metadata for the workers.
 
-use crate::connector::{KvConnector, Source};
+use std::sync::Arc;
+
+use super::KvScheduler;
+use super::lookup::Found;
 use crate::error::ConnectorError;
-use crate::keys::{ScopedKey, scoped};
 use crate::producer::lock;
-use crate::request::{BlockSpec, ConnectorMetadata, KvRequest, KvTransferParams};
+use crate::request::{BlockSpec, ConnectorMetadata, KvRequest};
 use crate::state::{SavePlan, SchedulerState, Tracked};
-use crate::tp::{RankHandshake, rank_controls};
 
-impl KvConnector {
-    /// The keys of `req`'s full blocks in the current namespace.
-    #[must_use]
-    pub fn request_keys(&self, req: &KvRequest<'_>) -> Vec<ScopedKey> {
-        let ns = self.namespace();
-        match req.external_keys {
-            Some(keys) => scoped(&ns, keys),
-            None => scoped(&ns, &self.hasher.block_hashes(req.tokens, req.extras)),
-        }
-    }
-
-    /// Leading blocks of `keys` this connector's own tier store holds whole (a producer's prefix reuse:
-    /// those blocks need no prefill). 0 without a store.
-    #[must_use]
-    pub fn stored_prefix(&self, keys: &[ScopedKey]) -> usize {
-        self.producer.as_ref().map_or(0, |core| core.lookup(keys))
-    }
-
-    /// Leading blocks of `keys` loadable now from this connector's source (`producer`, or the default).
-    fn lookup(
-        &self,
-        keys: &[ScopedKey],
-        producer: Option<&KvTransferParams>,
-    ) -> Result<usize, ConnectorError> {
-        match &self.source {
-            Source::None => Ok(0),
-            Source::Local(core, _) => Ok(core.lookup_streaming(keys)),
-            Source::Remote(remotes) => {
-                match remotes.client(producer.map(|p| p.control_for(self.cfg.tp))) {
-                    Some(client) => self.block_on(client.lookup(keys, self.rank_kv())),
-                    None => Ok(0),
-                }
-            }
-        }
-    }
-
-    /// vLLM's `get_num_new_matched_tokens`: how many tokens of `req` beyond the `num_computed` already in
-    /// the engine's own cache can be loaded from other instances, counting blocks stored whole and blocks
-    /// a producer is saving now (their layers stream as they are saved), and whether the load is
-    /// asynchronous (with [`crate::ConnectorConfig::async_loads`] and something to load; otherwise its
-    /// layers stream inside the forward pass). At least one prompt token is always left to compute. The connector tracks the
-    /// request until [`KvConnector::request_finished`]: call it for every request. Asking a producer
-    /// that does not answer within `load_timeout` is an error.
-    pub fn get_num_new_matched_tokens(
+impl KvScheduler {
+    /// Tracks `req` with what its lookup found, and answers vLLM's `get_num_new_matched_tokens`.
+    pub(super) fn track(
         &self,
         req: &KvRequest<'_>,
         num_computed: usize,
-    ) -> Result<(usize, bool), ConnectorError> {
-        let keys = self.request_keys(req);
+        found: Found,
+    ) -> (usize, bool) {
         let bs = self.cfg.namespace.block_size as usize;
-        let computed_blocks = num_computed / bs;
-        let (mut matched, mut local) = (0, false);
-        let producer = req.transfer_params.cloned();
+        let Found {
+            keys,
+            matched,
+            disk,
+            local,
+            producer,
+            errors,
+        } = found;
         if self.cfg.role.loads() {
             let usable = keys.len().min(req.tokens.len().saturating_sub(1) / bs);
-            // A `both` connector's own store is a lower tier: it wins when it holds at least as much.
-            let here = self.stored_prefix(&keys[..usable]);
-            matched = self.lookup(&keys[..usable], producer.as_ref())?;
-            if here > 0 && here >= matched {
-                (matched, local) = (here, true);
-            }
             self.metrics.lookup(usable, matched);
         }
+        if !errors.is_empty() {
+            lock(&self.lookup_errors).extend(errors);
+        }
         let new_tokens = (matched * bs).saturating_sub(num_computed);
-        lock(&self.sched).requests.insert(
+        let load_async = self.cfg.async_loads && new_tokens > 0;
+        lock(&self.state).requests.insert(
             req.id.to_owned(),
             Tracked {
-                keys,
-                computed_blocks,
+                keys: Arc::unwrap_or_clone(keys),
+                computed_blocks: num_computed / bs,
                 matched_blocks: matched,
+                disk_blocks: disk,
                 local,
                 producer,
-                load_async: self.cfg.async_loads && new_tokens > 0,
+                load_async,
                 save: None,
                 hold: false,
             },
         );
-        Ok((new_tokens, self.cfg.async_loads && new_tokens > 0))
+        (new_tokens, load_async)
     }
 
     /// A producer's request that a decode will load (vLLM's `do_remote_decode`): its saved blocks are held
@@ -94,9 +58,9 @@ impl KvConnector {
     /// load of them completes or
     /// [`crate::ConnectorConfig::hold_timeout`] passes after their save; the engine's own blocks are
     /// free as usual (each layer is copied into the store as it is computed). Call it after
-    /// [`KvConnector::get_num_new_matched_tokens`], before the request's blocks are saved.
+    /// [`KvScheduler::get_num_new_matched_tokens`], before the request's blocks are saved.
     pub fn hold_for_decode(&self, request: &str) -> Result<(), ConnectorError> {
-        let mut sched = lock(&self.sched);
+        let mut sched = lock(&self.state);
         let t = sched
             .requests
             .get_mut(request)
@@ -108,7 +72,7 @@ impl KvConnector {
     /// vLLM's `update_state_after_alloc`: the engine allocated `block_ids` (the request's whole block
     /// table) and will load `num_external_tokens` tokens through this connector. A consumer plans the
     /// load of those blocks; a producer plans saving every full block of the prompt, each in the step
-    /// that computes it (see [`KvConnector::record_step`]). A request whose load is asynchronous plans no
+    /// that computes it (see [`KvScheduler::record_step`]). A request whose load is asynchronous plans no
     /// save until the engine allocates it again, once the load is over: its blocks hold nothing yet.
     pub fn update_state_after_alloc(
         &self,
@@ -117,7 +81,7 @@ impl KvConnector {
         num_external_tokens: usize,
     ) -> Result<(), ConnectorError> {
         let bs = self.cfg.namespace.block_size as usize;
-        let mut sched = lock(&self.sched);
+        let mut sched = lock(&self.state);
         let SchedulerState { requests, pending } = &mut *sched;
         let t = requests
             .get_mut(request)
@@ -175,7 +139,7 @@ impl KvConnector {
         replace: bool,
         computed_tokens: usize,
     ) -> bool {
-        let mut sched = lock(&self.sched);
+        let mut sched = lock(&self.state);
         let Some(t) = sched.requests.get_mut(request) else {
             return false;
         };
@@ -191,11 +155,27 @@ impl KvConnector {
         true
     }
 
+    /// The engine preempted `request` (vLLM's `SchedulerOutput.preempted_req_ids`): its blocks go to other
+    /// requests, so the rest of its save plan is dropped (what was saved stays whole in the store) and the
+    /// workers are told in the next metadata. When it is scheduled again its lookup runs afresh. Returns
+    /// whether the request is tracked.
+    pub fn request_preempted(&self, request: &str) -> bool {
+        let mut sched = lock(&self.state);
+        let SchedulerState { requests, pending } = &mut *sched;
+        let Some(t) = requests.get_mut(request) else {
+            return false;
+        };
+        t.save = None;
+        t.load_async = false;
+        pending.preempted.push(request.to_owned());
+        true
+    }
+
     /// vLLM's `build_connector_meta`: the loads planned since the last step, and the saves of every
     /// block computed by this step's end, for the workers.
     pub fn build_connector_meta(&self) -> ConnectorMetadata {
         let bs = self.cfg.namespace.block_size as usize;
-        let mut sched = lock(&self.sched);
+        let mut sched = lock(&self.state);
         let SchedulerState { requests, pending } = &mut *sched;
         for (id, t) in requests.iter_mut() {
             let Some(plan) = &mut t.save else { continue };
@@ -217,33 +197,5 @@ impl KvConnector {
             }
         }
         std::mem::take(pending)
-    }
-
-    /// vLLM's `request_finished`: the request is done. Returns whether the engine must keep its blocks
-    /// until [`KvConnector::get_finished`] reports it (never here: a producer copies each layer into its
-    /// tier store during `save_kv_layer`, so the engine's blocks are free once the step ends, and the
-    /// store holds them for a decode: see [`KvConnector::hold_for_decode`]), and, from a
-    /// producer, where a consumer finds the request's KV (vLLM's `kv_transfer_params`): this rank's
-    /// control address and, under tensor parallelism, every rank's (see
-    /// [`KvConnector::set_rank_handshakes`]).
-    pub fn request_finished(&self, request: &str) -> (bool, Option<KvTransferParams>) {
-        lock(&self.sched).requests.remove(request);
-        let params = self
-            .control_addr
-            .filter(|_| self.cfg.role.saves())
-            .map(|producer| KvTransferParams {
-                producer,
-                ranks: lock(&self.rank_controls).clone(),
-            });
-        (false, params)
-    }
-
-    /// vLLM's `set_xfer_handshake_metadata`: every rank's handshake ([`KvConnector::rank_handshake`]),
-    /// gathered by the serving engine, so transfer parameters name each rank's control address. Needed
-    /// on a producer's scheduler rank under tensor parallelism; the error names a missing or wrong rank.
-    pub fn set_rank_handshakes(&self, handshakes: &[RankHandshake]) -> Result<(), ConnectorError> {
-        let controls = rank_controls(self.cfg.tp, handshakes)?;
-        *lock(&self.rank_controls) = controls;
-        Ok(())
     }
 }

@@ -1,99 +1,53 @@
-//! The connector object: its role, namespace, transport, local tier store and the two halves' state.
+//! [`KvWorker`]: the worker half of a connector (vLLM's worker-role connector, one in each worker process):
+//! its KV caches registered in place, its transport node, and for a role that saves the host tier store
+//! with the control server that serves consumers. It loads ([`load`]) and saves ([`save`]) what the
+//! scheduler half's metadata plans; how one is made over each transport is [`open`].
+
+mod load;
+mod open;
+mod save;
 
 use crate::disk::{BlockFormat, DiskTier};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use backends::loopback::{CONSUMER, LoopbackPair};
 use policy::Namespace;
-use transfer_engine::{KvLayout, MemoryRegion, PeerId, RegionHandle};
+use transfer_engine::{KvLayout, MemoryRegion, RegionHandle};
 
 use crate::config::{ConnectorConfig, KvRole};
-use crate::control::{self, ControlClient};
+use crate::control;
 use crate::data_plane::DataPlane;
 use crate::error::ConnectorError;
-use crate::keys::VllmHasher;
 use crate::metrics::{Metrics, StoreFigures};
 use crate::producer::{ProducerCore, lock};
+use crate::producers::Producers;
 use crate::runtime::OwnRuntime;
-use crate::state::{SchedulerState, WorkerState};
+use crate::state::WorkerState;
 use crate::store::TierStore;
-use crate::tp::{RankHandshake, RankKv, check_pairing};
+use crate::tp::{RankHandshake, RankKv};
 
-/// Where a consumer's KV comes from.
-#[derive(Debug)]
-pub(crate) enum Source {
-    /// No source: this connector does not load.
-    None,
-    /// A producer in this process (loopback), sending to peer `PeerId`.
-    Local(Arc<ProducerCore>, PeerId),
-    /// Producers reached over their control channels: the configured one, and any a request's
-    /// [`crate::KvTransferParams`] names.
-    Remote(Remotes),
-}
-
-/// Most producers a consumer keeps a control connection to (the oldest is closed beyond it).
-const MAX_PRODUCERS: usize = 256;
-
-/// A consumer's control connections, by producer address.
-#[derive(Debug)]
-pub(crate) struct Remotes {
-    /// The producer asked when a request names none.
-    pub(crate) default: Option<SocketAddr>,
-    timeout: std::time::Duration,
-    clients: Mutex<Vec<(SocketAddr, Arc<ControlClient>)>>,
-}
-
-impl Remotes {
-    pub(crate) fn new(default: Option<SocketAddr>, timeout: std::time::Duration) -> Remotes {
-        Remotes {
-            default,
-            timeout,
-            clients: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// The client of `producer` (or of the default producer), if there is one to ask.
-    pub(crate) fn client(&self, producer: Option<SocketAddr>) -> Option<Arc<ControlClient>> {
-        let addr = producer.or(self.default)?;
-        let mut clients = lock(&self.clients);
-        if let Some((_, c)) = clients.iter().find(|(a, _)| *a == addr) {
-            return Some(c.clone());
-        }
-        if clients.len() >= MAX_PRODUCERS {
-            clients.remove(0);
-        }
-        let c = Arc::new(ControlClient::new(addr, self.timeout));
-        clients.push((addr, c.clone()));
-        Some(c)
-    }
-}
-
-/// A KV connector: the scheduler-side calls ([`KvConnector::get_num_new_matched_tokens`], ...) and the
-/// worker-side calls ([`KvConnector::start_load_kv`], ...) of vLLM's v1 connector, one to one. See the
-/// crate docs for the mapping and an example.
-pub struct KvConnector {
+/// The worker half of a connector: KV caches, transport, store and control server. Its calls are vLLM's
+/// worker-side connector calls, one
+/// to one (see the crate docs for the mapping).
+pub struct KvWorker {
     pub(crate) cfg: ConnectorConfig,
     pub(crate) namespace: Mutex<Namespace>,
-    pub(crate) hasher: VllmHasher,
     pub(crate) rt: Arc<OwnRuntime>,
     pub(crate) transport: DataPlane,
     pub(crate) producer: Option<Arc<ProducerCore>>,
-    pub(crate) source: Source,
+    /// Control connections to the producers loads come from.
+    pub(crate) producers: Producers,
     pub(crate) control_addr: Option<SocketAddr>,
     pub(crate) metrics: Arc<Metrics>,
-    pub(crate) sched: Mutex<SchedulerState>,
     pub(crate) worker: Mutex<WorkerState>,
     /// The registered KV caches of a consumer, as its producer addresses them.
     pub(crate) kv_handle: Mutex<Option<RegionHandle>>,
-    /// Every rank's control address, in rank order, once the scheduler rank was told them.
-    pub(crate) rank_controls: Mutex<Vec<SocketAddr>>,
 }
 
-impl std::fmt::Debug for KvConnector {
+impl std::fmt::Debug for KvWorker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KvConnector")
+        f.debug_struct("KvWorker")
             .field("role", &self.cfg.role)
             .field("control_addr", &self.control_addr)
             .finish_non_exhaustive()
@@ -104,7 +58,7 @@ pub(crate) fn runtime() -> Result<Arc<OwnRuntime>, ConnectorError> {
     Ok(Arc::new(OwnRuntime::new()?))
 }
 
-impl KvConnector {
+impl KvWorker {
     /// Runs `f` on the connector's runtime and waits for it, from any thread (see `runtime.rs`).
     pub(crate) fn block_on<F>(&self, f: F) -> F::Output
     where
@@ -118,8 +72,7 @@ impl KvConnector {
         cfg: ConnectorConfig,
         rt: Arc<OwnRuntime>,
         transport: DataPlane,
-        source: Source,
-    ) -> Result<KvConnector, ConnectorError> {
+    ) -> Result<KvWorker, ConnectorError> {
         cfg.validate()?;
         if let Some(shaping) = cfg.shaping.clone() {
             transport.set_shaping(shaping)?;
@@ -160,86 +113,18 @@ impl KvConnector {
         if cfg.role.loads() {
             rt.spawn(transport.clone().drain_incoming());
         }
-        Ok(KvConnector {
+        Ok(KvWorker {
             namespace: Mutex::new(cfg.namespace.clone()),
-            hasher: cfg.hasher(),
+            producers: Producers::new(cfg.load_timeout),
             cfg,
             rt,
             transport,
             producer,
-            source,
             control_addr: None,
             metrics,
-            sched: Mutex::default(),
             worker: Mutex::default(),
             kv_handle: Mutex::new(None),
-            rank_controls: Mutex::default(),
         })
-    }
-
-    /// The scheduler half alone, for a serving engine whose scheduler runs in a process of its own
-    /// (vLLM's engine core): lookups ask producers over their control channels, and saves and loads are
-    /// planned into metadata for the workers ([`crate::ConnectorMetadata::to_json`]). It moves no KV and
-    /// holds no store, so its `request_finished` names no producer (the workers serve, at addresses the
-    /// engine configured), and its worker calls fail for want of KV caches.
-    pub fn scheduler(cfg: ConnectorConfig) -> Result<KvConnector, ConnectorError> {
-        cfg.validate()?;
-        // A transport nobody reaches: the scheduler half never submits or receives.
-        let (end, _) = LoopbackPair::with_defaults().into_nodes();
-        let source = if cfg.role.loads() {
-            Source::Remote(Remotes::new(None, cfg.load_timeout))
-        } else {
-            Source::None
-        };
-        Ok(KvConnector {
-            namespace: Mutex::new(cfg.namespace.clone()),
-            hasher: cfg.hasher(),
-            rt: runtime()?,
-            transport: DataPlane::new(Arc::new(end)),
-            producer: None,
-            source,
-            control_addr: None,
-            metrics: Arc::new(Metrics::default()),
-            sched: Mutex::default(),
-            worker: Mutex::default(),
-            kv_handle: Mutex::new(None),
-            rank_controls: Mutex::default(),
-            cfg,
-        })
-    }
-
-    /// A producer and a consumer in one process, joined by the loopback backend (tests, and tier moves
-    /// within one host).
-    pub fn loopback_pair(
-        producer: ConnectorConfig,
-        consumer: ConnectorConfig,
-    ) -> Result<(KvConnector, KvConnector), ConnectorError> {
-        if producer.role != KvRole::Producer || consumer.role != KvRole::Consumer {
-            return Err(ConnectorError::Config(
-                "a loopback pair is one producer and one consumer".into(),
-            ));
-        }
-        let rank = |c: &ConnectorConfig| RankKv {
-            tp: c.tp,
-            mla: c.is_mla(),
-        };
-        check_pairing(rank(&producer), rank(&consumer)).map_err(ConnectorError::TensorParallel)?;
-        let producer_rt = runtime()?;
-        let (producer_end, consumer_end) = LoopbackPair::with_defaults().into_nodes();
-        let p = Self::assemble(
-            producer,
-            producer_rt,
-            DataPlane::new(Arc::new(producer_end)),
-            Source::None,
-        )?;
-        let core = p.producer.clone().expect("a producer has a store");
-        let c = Self::assemble(
-            consumer,
-            runtime()?,
-            DataPlane::new(Arc::new(consumer_end)),
-            Source::Local(core, CONSUMER),
-        )?;
-        Ok((p, c))
     }
 
     /// The role.
@@ -272,6 +157,13 @@ impl KvConnector {
         &self.metrics
     }
 
+    /// The metrics, to share with the instance's scheduler half in one process
+    /// ([`crate::KvScheduler::with_metrics`]).
+    #[must_use]
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
     /// The metrics as numbers, with the store's gauges read now.
     #[must_use]
     pub fn snapshot(&self) -> crate::MetricsSnapshot {
@@ -299,6 +191,13 @@ impl KvConnector {
             }
         }
         self.metrics.set_retransmits(self.transport.retransmits());
+    }
+
+    /// Leading blocks of `keys` this worker's own tier store holds whole (a producer's prefix reuse:
+    /// those blocks need no prefill). 0 without a store.
+    #[must_use]
+    pub fn stored_prefix(&self, keys: &[crate::keys::ScopedKey]) -> usize {
+        self.producer.as_ref().map_or(0, |core| core.lookup(keys))
     }
 
     /// Slots of the local tier store in use now, and the most ever in use (0, 0 without a store).
@@ -350,7 +249,7 @@ impl KvConnector {
     }
 
     /// vLLM's `get_handshake_metadata`: this worker's rank and control address, for the serving engine to
-    /// hand the scheduler rank ([`KvConnector::set_rank_handshakes`]).
+    /// hand the scheduler ([`crate::KvScheduler::set_rank_handshakes`]).
     #[must_use]
     pub fn rank_handshake(&self) -> RankHandshake {
         RankHandshake {
@@ -398,7 +297,7 @@ impl KvConnector {
     }
 }
 
-impl Drop for KvConnector {
+impl Drop for KvWorker {
     fn drop(&mut self) {
         // A TCP node stops its tasks on shutdown, which needs its runtime.
         let _guard = self.rt.enter();

@@ -1,18 +1,17 @@
-//! Worker-side calls: start loads into given blocks, wait for a layer, save a layer, wait for saves,
-//! report finished requests and blocks that failed to load.
+//! The worker half's loads: start the planned loads into given blocks, wait for a layer, report finished
+//! requests and blocks that failed to load.
 
 use std::time::{Duration, Instant};
 
-use crate::connector::{KvConnector, Source};
-use crate::data_plane::{Destination, LayerWait, PlaneSession, Via};
+use super::KvWorker;
+use crate::data_plane::{LayerWait, PlaneSession};
 use crate::error::ConnectorError;
 use crate::metrics::Direction;
 use crate::producer::lock;
 use crate::request::{BlockSpec, ConnectorMetadata, request_number};
 use crate::state::ActiveLoad;
-use crate::store::SourceBlocks;
 
-impl KvConnector {
+impl KvWorker {
     /// vLLM's `bind_connector_metadata`: the scheduler's plan for this step.
     pub fn bind_connector_metadata(&self, meta: ConnectorMetadata) {
         lock(&self.worker).meta = meta;
@@ -25,7 +24,7 @@ impl KvConnector {
 
     /// vLLM's `start_load_kv`: asks the producer for every planned load, straight into the given blocks
     /// of the registered KV caches. Blocks the producer can no longer serve, or loads that cannot start
-    /// (see [`KvConnector::take_load_errors`]), are reported by [`KvConnector::failed_blocks`] at once;
+    /// (see [`KvWorker::take_load_errors`]), are reported by [`KvWorker::failed_blocks`] at once;
     /// the rest stream in layer by layer. Fails only when no KV caches are registered.
     pub fn start_load_kv(&self) -> Result<(), ConnectorError> {
         if !self.cfg.role.loads() {
@@ -35,7 +34,9 @@ impl KvConnector {
         if loads.is_empty() {
             return Ok(());
         }
-        let handle = (*lock(&self.kv_handle)).ok_or(ConnectorError::NoKvCaches("start_load_kv"))?;
+        if lock(&self.kv_handle).is_none() {
+            return Err(ConnectorError::NoKvCaches("start_load_kv"));
+        }
         for spec in loads {
             let BlockSpec {
                 request,
@@ -67,27 +68,16 @@ impl KvConnector {
                 w.finished_receiving.push(request);
                 continue;
             }
-            let result = match &self.source {
-                Source::None => Ok((None, 0)),
-                Source::Local(core, peer) => {
-                    let dst = Destination {
-                        via: Via::Main,
-                        peer: *peer,
-                        region: handle,
-                    };
-                    core.load(&keys, dst, &blocks, self.cfg.class, number)
-                        .map(|s| (s.session, s.served))
-                }
-                Source::Remote(remotes) => {
-                    let at = producer.as_ref().map(|p| p.control_for(self.cfg.tp));
-                    let client = remotes.client(at).ok_or(ConnectorError::Config(
-                        "no producer to load from: configure one or pass transfer_params".into(),
-                    ));
-                    let to = self.transport.endpoints().ok_or(ConnectorError::Config(
-                        "the consumer's node has no address producers can reach".into(),
-                    ));
-                    match (client, to) {
-                        (Ok(client), Ok(to)) => self.block_on(client.load(
+            let result = match &producer {
+                // The scheduler names the producer of every load it plans but a local one.
+                None => Err(ConnectorError::Config(
+                    "a load names no producer: the scheduler plans every remote load with one"
+                        .into(),
+                )),
+                Some(params) => {
+                    let client = self.producers.client(params.control_for(self.cfg.tp));
+                    match self.transport.endpoints() {
+                        Some(to) => self.block_on(client.load(
                             &keys,
                             to,
                             &blocks,
@@ -95,7 +85,9 @@ impl KvConnector {
                             number,
                             self.rank_kv(),
                         )),
-                        (Err(e), _) | (_, Err(e)) => Err(e),
+                        None => Err(ConnectorError::Config(
+                            "the consumer's node has no address producers can reach".into(),
+                        )),
                     }
                 }
             };
@@ -161,6 +153,25 @@ impl KvConnector {
         self.metrics
             .local_tier_bytes(slots.len() as u64 * layout.block_bytes * u64::from(layout.layers));
         Ok(slots.len())
+    }
+
+    /// vLLM's `handle_preemptions`: the engine preempted the requests `meta` names, and is about to give
+    /// their blocks to others. A load of theirs still running is abandoned at once (none of its bytes is
+    /// placed from now on, so none lands in a block another request now owns) and reported over; its
+    /// blocks are not failed blocks (the engine recomputes a preempted request anyway).
+    pub fn handle_preemptions(&self, meta: &ConnectorMetadata) {
+        if meta.preempted.is_empty() {
+            return;
+        }
+        let mut w = lock(&self.worker);
+        let (gone, kept): (Vec<ActiveLoad>, Vec<ActiveLoad>) = std::mem::take(&mut w.loads)
+            .into_iter()
+            .partition(|l| meta.preempted.contains(&l.request));
+        w.loads = kept;
+        for load in gone {
+            let _ = self.transport.abandon(load.session);
+            w.finished_receiving.push(load.request);
+        }
     }
 
     /// vLLM's `wait_for_layer_load`: blocks until `layer` of every running load has arrived whole (or
@@ -241,73 +252,6 @@ impl KvConnector {
         Ok(())
     }
 
-    /// vLLM's `save_kv_layer`: copies `layer` of every planned save from the KV caches into the local
-    /// tier store (blocks already stored whole are skipped: a shared prefix is saved once), then releases
-    /// the layer to loads already streaming those blocks to consumers.
-    pub fn save_kv_layer(&self, layer: u32) -> Result<(), ConnectorError> {
-        let Some(core) = &self.producer else {
-            return Err(ConnectorError::WrongRole {
-                call: "save_kv_layer",
-                // A saving role without a store is the scheduler half alone.
-                role: if self.cfg.role.saves() {
-                    "scheduler-only"
-                } else {
-                    self.cfg.role.name()
-                },
-            });
-        };
-        let w = lock(&self.worker);
-        let (memory, layout) =
-            w.kv.clone()
-                .ok_or(ConnectorError::NoKvCaches("save_kv_layer"))?;
-        let saves = w.meta.saves.clone();
-        drop(w);
-        let now = core.now();
-        let mut store = lock(&core.store);
-        for spec in &saves {
-            let src = SourceBlocks {
-                memory: &memory,
-                layout: &layout,
-                blocks: &spec.blocks,
-            };
-            let r = store.save_layer(&spec.keys, src, layer, request_number(&spec.request), now)?;
-            self.metrics.saved(r.completed);
-            self.metrics.save_dropped(r.dropped);
-        }
-        drop(store);
-        core.advance_streams();
-        Ok(())
-    }
-
-    /// vLLM's `wait_for_save`: every planned save is in the store once its last layer was saved (the
-    /// copies are made during `save_kv_layer`), so this marks the step's requests as sent. Blocks of the
-    /// step still missing layers (a save that ended early) are abandoned: never served, and loads
-    /// streaming them are cancelled, so their consumers recompute instead of waiting.
-    pub fn wait_for_save(&self) -> Result<(), ConnectorError> {
-        let mut w = lock(&self.worker);
-        let done: Vec<String> = w.meta.saves.iter().map(|s| s.request.clone()).collect();
-        let saves = w.meta.saves.clone();
-        w.finished_sending.extend(done);
-        drop(w);
-        if let Some(core) = &self.producer {
-            let mut abandoned = 0;
-            {
-                let mut store = lock(&core.store);
-                let until = core.now() + core.hold_timeout;
-                for s in &saves {
-                    abandoned += store.abandon_partial(&s.keys);
-                    if s.hold && !core.hold_timeout.is_zero() {
-                        store.hold(&s.keys, until);
-                    }
-                }
-            }
-            self.metrics.abandoned(abandoned);
-            // Also cancels loads whose blocks left the store since the last save (evicted, say).
-            core.advance_streams();
-        }
-        Ok(())
-    }
-
     /// vLLM's `get_finished`: requests whose saves ended and requests whose loads ended since the last
     /// call, as `(finished_sending, finished_receiving)`. With asynchronous loads, it first looks (without
     /// waiting) for loads that are over: every layer arrived, or the session ended and its missing
@@ -323,7 +267,7 @@ impl KvConnector {
         )
     }
 
-    /// Ends the asynchronous loads that are over (see [`KvConnector::get_finished`]).
+    /// Ends the asynchronous loads that are over (see [`KvWorker::get_finished`]).
     fn poll_loads(&self) {
         let sessions: Vec<(PlaneSession, Instant)> = lock(&self.worker)
             .loads
@@ -373,7 +317,7 @@ impl KvConnector {
     }
 
     /// Why loads could not start since the last call (their blocks are in
-    /// [`KvConnector::failed_blocks`]): a producer that cannot be reached, say.
+    /// [`KvWorker::failed_blocks`]): a producer that cannot be reached, say.
     pub fn take_load_errors(&self) -> Vec<ConnectorError> {
         std::mem::take(&mut lock(&self.worker).load_errors)
     }

@@ -1,0 +1,145 @@
+"""The connector's scheduler half, in vLLM's engine-core process: lookups (in Rust, in the background: no
+call here waits on the network), plans for the workers, transfer parameters. It moves no KV."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from .._native import ConnectorSettings, Registry, Scheduler
+from ..errors import ConfigurationError, KvTransferError
+from .options import Options
+
+logger = logging.getLogger("kv_transfer.vllm")
+
+#: Seconds between two warnings about the same producer not answering.
+_WARN_EVERY = 10.0
+
+
+class SchedulerSide:
+    """What vLLM's scheduler-role connector does, over a native :class:`Scheduler`."""
+
+    def __init__(self, settings: ConnectorSettings, opts: Options, role: str, port: int, namespace: str) -> None:
+        self.opts, self.role = opts, role
+        own = opts.control(port) if role != "consumer" else None
+        self.native = Scheduler(settings, peers=list(opts.peers), own=own)
+        self.registry: Optional[Registry] = None
+        if role != "producer" and opts.discovery:
+            try:
+                self.registry = Registry.etcd(list(opts.discovery))
+            except KvTransferError as e:
+                raise ConfigurationError(f"kv_connector_extra_config['discovery'] = {list(opts.discovery)!r}: {e}") from e
+            # Refreshed in Rust, in the background: a registry that is slow costs vLLM's thread nothing.
+            self.native.follow(self.registry, namespace, exclude=own)
+        # Whether vLLM's own block hashes are this connector's keys, byte for byte (found on the first
+        # request with a full block; then prompts are not hashed again).
+        self.hashes_usable: Optional[bool] = None
+        self.async_waiting: Dict[str, float] = {}
+        self.async_loads_done = 0
+        self.async_wait_seconds = 0.0
+        self.seconds = 0.0
+        self.warned: Dict[str, float] = {}
+        self.reported: Dict[str, float] = {}
+
+    def _hashes(self, request: Any, tokens: Sequence[int]) -> Optional[Sequence[bytes]]:
+        hashes = getattr(request, "block_hashes", None)
+        if not hashes:
+            return None
+        if self.hashes_usable is None:
+            self.hashes_usable = self.native.keys_match(tokens, [bytes(h) for h in hashes])
+            logger.info(
+                "kv_transfer: vLLM's block hashes %s this connector's keys",
+                "are" if self.hashes_usable else "are not (prompts are hashed here)",
+            )
+        return [bytes(h) for h in hashes] if self.hashes_usable else None
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        started = time.perf_counter()
+        try:
+            params = getattr(request, "kv_transfer_params", None) or {}
+            producer = None
+            if isinstance(params, dict) and params.get("producer"):
+                producer = {"producer": params["producer"]}
+                if params.get("ranks"):
+                    producer["ranks"] = list(params["ranks"])
+            tokens = list(request.prompt_token_ids)
+            answer = self.native.get_num_new_matched_tokens(
+                request.request_id, tokens, num_computed_tokens, producer, self._hashes(request, tokens)
+            )
+            self._warn_lookup_errors()
+            if answer is None:
+                return None, False  # the lookup runs; vLLM asks again on a later step
+            if self.role != "consumer" and isinstance(params, dict) and params.get("do_remote_decode"):
+                self.native.hold_for_decode(request.request_id)
+            return answer
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _warn_lookup_errors(self) -> None:
+        now = time.monotonic()
+        for e in self.native.take_lookup_errors():
+            key = str(e).split(":")[0]
+            if now - self.warned.get(key, -_WARN_EVERY) >= _WARN_EVERY:
+                self.warned[key] = now
+                logger.warning("kv_transfer: a lookup found nothing there (the prompt is computed): %s", e)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        block_ids = blocks.get_block_ids()[0]
+        self.native.update_state_after_alloc(request.request_id, list(block_ids), num_external_tokens)
+        if self.opts.async_loads and num_external_tokens > 0:
+            self.async_waiting[request.request_id] = time.monotonic()
+
+    def hit_sources(self, request: Any, num_external_tokens: int) -> Dict[str, int]:
+        return self.native.hit_sources(request.request_id, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> bytes:
+        started = time.perf_counter()
+        if scheduler_output is not None:
+            for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+                self.native.request_preempted(rid)
+            if self.role != "consumer":
+                self._record_steps(scheduler_output)
+        data = self.native.build_connector_meta().to_bytes()
+        self.seconds += time.perf_counter() - started
+        return data
+
+    def _record_steps(self, so: Any) -> None:
+        """Tells the scheduler half what this step computes, so a save covers only computed blocks (a
+        prompt prefilled in chunks is saved chunk by chunk)."""
+        scheduled = so.num_scheduled_tokens
+        for r in so.scheduled_new_reqs:
+            self.native.record_step(r.req_id, [], False, r.num_computed_tokens + scheduled.get(r.req_id, 0))
+        cached = so.scheduled_cached_reqs
+        resumed = getattr(cached, "resumed_req_ids", None) or set()
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            blocks = list(new[0]) if new else []
+            self.native.record_step(rid, blocks, rid in resumed, cached.num_computed_tokens[i] + scheduled.get(rid, 0))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        # The workers' finished loads end the requests' waits (vLLM moves them on); kept as figures.
+        now = time.monotonic()
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            began = self.async_waiting.pop(rid, None)
+            if began is not None:
+                self.async_loads_done += 1
+                self.async_wait_seconds += now - began
+
+    def request_finished(self, request: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        _, params = self.native.request_finished(request.request_id)
+        self.async_waiting.pop(request.request_id, None)
+        if self.role == "consumer" or params is None:
+            return False, None
+        return False, dict(params, do_remote_prefill=True)
+
+    def set_rank_handshakes(self, handshakes: Sequence[Dict[str, Any]]) -> None:
+        self.native.set_rank_handshakes(list(handshakes))
+
+    def stats(self) -> Dict[str, float]:
+        """What the scheduler half did since the last call (lookups, and its own time)."""
+        now = {k: float(v) for k, v in self.native.metrics().items() if k in ("lookup_blocks", "lookup_hits")}
+        now["scheduler_seconds"] = self.seconds
+        delta = {k: v - self.reported.get(k, 0.0) for k, v in now.items()}
+        self.reported = now
+        return delta
