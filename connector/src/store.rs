@@ -395,12 +395,11 @@ impl TierStore {
     }
 
     fn pin_leading(&mut self, keys: &[ScopedKey], request: u64, now: Duration) -> Vec<u32> {
-        // Every use first, then their moves at once: blocks on disk are read back into host slots
-        // together, several reads in flight.
-        let mut moves = Vec::new();
-        for key in keys {
-            moves.extend(self.tiers.access(key.tier_key(), request, now));
-        }
+        // Every use at once, none of them making room for another (a prompt coming back from disk
+        // does not push its own head out), then their moves at once: blocks on disk are read back into
+        // host slots together, several reads in flight.
+        let tier_keys: Vec<BlockKey> = keys.iter().map(ScopedKey::tier_key).collect();
+        let moves = self.tiers.access_together(&tier_keys, request, now);
         self.apply_moves(moves);
         let mut slots = Vec::with_capacity(keys.len());
         for key in keys {

@@ -256,3 +256,27 @@ fn held_blocks_move_to_disk_rather_than_turn_newcomers_away() {
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn a_prompt_on_disk_comes_back_whole_past_hotter_blocks() {
+    // Four host slots: of three prompts of three blocks, the first ends on disk, the last is used
+    // again (hotter than the first). A load of the first still gets all three of its blocks back.
+    let d = dir("past-hotter");
+    let mut s = store(4, &d, 16, 1);
+    let src = caches();
+    let (a, b, c) = (keys(0..3), keys(3..6), keys(6..9));
+    save(&mut s, &a, 0, &src, 1);
+    save(&mut s, &b, 3, &src, 2);
+    save(&mut s, &c, 6, &src, 3);
+    let again = s.pin(&c, 4, Duration::from_secs(1));
+    assert_eq!(again.len(), 3);
+    s.unpin(&again);
+    assert_eq!(s.lookup(&a), 3, "lookups cover the disk");
+    s.disk.as_ref().unwrap().flush();
+    let slots = s.pin(&a, 5, Duration::from_secs(2));
+    assert_eq!(slots.len(), 3, "{:?}", s.disk_stats());
+    assert_holds(&s, &slots, 0, &src);
+    s.unpin(&slots);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -44,6 +44,9 @@ pub(super) struct Block {
     /// Held ([`TierManager::hold`]): demoted to a farther tier like any block, but not dropped from the
     /// farthest while another block can be.
     pub(super) held: bool,
+    /// Brought near by the load running ([`TierManager::access_together`]): not a victim while another
+    /// block of its tier can go.
+    pub(super) spared: bool,
 }
 
 impl Block {
@@ -54,6 +57,6 @@ impl Block {
 
     /// A candidate victim of its tier (`farther`: a tier beyond it has room to take it).
     pub(super) fn evictable(&self, farther: bool) -> bool {
-        self.is_leaf() && (farther || !self.held)
+        self.is_leaf() && !self.spared && (farther || !self.held)
     }
 }

@@ -35,7 +35,7 @@
 //! victims are demoted (or dropped) leaves first. Metadata is bounded: see [`TierMetadata`].
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use transfer_engine::policy::{BlockKey, RequestInfo, Tier, TierMove, TierPolicy};
@@ -48,6 +48,7 @@ mod block;
 mod config;
 mod farther;
 mod hold;
+mod load;
 mod near;
 mod segments;
 
@@ -87,6 +88,8 @@ pub struct TierManager {
     ghost_stamp: u64,
     /// The continuation order of the nearest tier, with [`NearestOrder::Continuation`].
     near: Option<Near>,
+    /// Blocks one load is bringing near together (see [`TierManager::access_together`]).
+    spared: HashSet<BlockKey>,
 }
 
 impl TierManager {
@@ -112,6 +115,7 @@ impl TierManager {
             ghost_order: VecDeque::new(),
             ghost_stamp: 0,
             near: Near::new(&cfg),
+            spared: HashSet::new(),
         })
     }
 
@@ -244,6 +248,7 @@ impl TierManager {
             seg,
             entry: None,
             held: false,
+            spared: false,
         };
         self.blocks.insert(key, block);
         self.len[t] += 1;
@@ -293,7 +298,11 @@ impl TierManager {
         for (t, &tier) in TIERS.iter().enumerate() {
             while self.len[t] > self.cfg.capacities.get(t) {
                 // Held blocks go only when nothing else can (a tier full of them).
-                let Some(victim) = self.victim(t).or_else(|| self.held_victim(t)) else {
+                let Some(victim) = self
+                    .victim(t)
+                    .or_else(|| self.held_victim(t))
+                    .or_else(|| self.unspare(t))
+                else {
                     unreachable!("a non-empty tier always has a leaf (parents are nearer)");
                 };
                 if t == 0 {
@@ -309,7 +318,13 @@ impl TierManager {
                     to: to.map(|n| TIERS[n]),
                 });
                 match to {
-                    Some(n) => self.relocate(victim, n),
+                    Some(n) => {
+                        self.relocate(victim, n);
+                        // Spared again in the tier it moved to.
+                        if self.spared.contains(&victim) {
+                            self.set_spared(victim, true);
+                        }
+                    }
                     None => self.drop_block(victim),
                 }
             }
