@@ -5,13 +5,14 @@
 # The environment lives outside the checkout (${KV_TRANSFER_PYENV:-~/.cache/kv-transfer/pyenv-test}), so a
 # fresh clone on the same machine reuses it: its pinned tools are downloaded once, and only the package
 # itself is rebuilt. It needs python3 (>= 3.9) with its venv module and network access to PyPI the first
-# time; the build needs cargo (the package's native module is this workspace's Rust, built by maturin, with
-# features etcd and rdma), protoc, libfabric's headers and libclang (scripts/install-deps.sh installs them).
+# time (the pins below: aiohttp for the proxy, ruff and mypy for scripts/python-lint.sh); the build needs
+# cargo (the package's native module is this workspace's Rust, built by maturin, with features etcd and
+# rdma), protoc, libfabric's headers and libclang (scripts/install-deps.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 env_dir=${KV_TRANSFER_PYENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kv-transfer/pyenv-test}
 # What the environment holds; a change here makes it again.
-pins="maturin==1.16.0 pytest==9.2.0 numpy==2.4.6"
+pins="maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 aiohttp==3.14.5 ruff==0.17.6 mypy==2.4.1"
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 9))' 2>/dev/null; then

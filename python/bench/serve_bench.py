@@ -32,18 +32,18 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from typing import Callable, Dict, List, Optional
+from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests_e2e"))
 
-from serving import BLOCK, Server, connector, free_port, start_proxy, tiny_model  # noqa: E402
+from serving import BLOCK, Server, connector, free_port, start_proxy, tiny_model
 
 
-def prompts(n: int, tokens: int, seed: int) -> List[str]:
+def prompts(n: int, tokens: int, seed: int) -> list[str]:
     return [" ".join(f"w{(seed * 7919 + 131 * i + 17 * j) % 4000 + 3}" for j in range(tokens)) for i in range(n)]
 
 
-def stream_once(url: str, prompt: str, max_tokens: int) -> Dict[str, float]:
+def stream_once(url: str, prompt: str, max_tokens: int) -> dict[str, float]:
     """One streamed completion: seconds to the first token and to the end."""
     u = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
@@ -68,9 +68,9 @@ def stream_once(url: str, prompt: str, max_tokens: int) -> Dict[str, float]:
     return {"ttft": first if first is not None else total, "total": total}
 
 
-def batch(url: str, texts: List[str], max_tokens: int, concurrency: int) -> Dict[str, float]:
+def batch(url: str, texts: list[str], max_tokens: int, concurrency: int) -> dict[str, float]:
     """Every prompt, `concurrency` at a time: median and p90 TTFT (ms) and requests per second."""
-    results: List[Dict[str, float]] = []
+    results: list[dict[str, float]] = []
     lock = threading.Lock()
     queue = list(texts)
 
@@ -100,9 +100,9 @@ def batch(url: str, texts: List[str], max_tokens: int, concurrency: int) -> Dict
     }
 
 
-def connector_stats(server: Server) -> Dict[str, float]:
+def connector_stats(server: Server) -> dict[str, float]:
     """The sums of every ``KV Transfer metrics`` line vLLM logged for this server's connector."""
-    sums: Dict[str, float] = {}
+    sums: dict[str, float] = {}
     for line in server.tail(10**9).splitlines():
         if "KV Transfer metrics:" not in line:
             continue
@@ -117,12 +117,12 @@ def started(*servers: Server) -> None:
         s.wait_ready()
 
 
-def run(args: argparse.Namespace) -> Dict[str, object]:
+def run(args: argparse.Namespace) -> dict[str, object]:
     model = tiny_model()
     serve_args = ["--max-num-seqs", str(args.concurrency)]
     texts = prompts(args.requests, args.prompt_tokens, 1)
     warm = prompts(1, args.prompt_tokens, 99)[0]
-    out: Dict[str, object] = {"requests": args.requests, "concurrency": args.concurrency,
+    out: dict[str, object] = {"requests": args.requests, "concurrency": args.concurrency,
                               "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
 
     # One instance, computing every prompt.
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> Dict[str, object]:
     prefill = Server(model, connector("kv_producer", free_port()), args=serve_args)
     decode = Server(model, connector("kv_consumer", free_port()), args=serve_args)
 
-    def stats(result: Dict) -> None:
+    def stats(result: dict) -> None:
         time.sleep(11)  # one more stats interval of vLLM's logger
         result["decode_connector"] = connector_stats(decode)
         result["prefill_connector"] = connector_stats(prefill)
@@ -192,8 +192,8 @@ UNPIN = "import os\nos.sched_setaffinity = lambda pid, cpus: None\n"
 
 
 def nixl_pd(
-    args: argparse.Namespace, model: str, serve_args: List[str], texts: List[str], warm: str, unpinned: bool = False
-) -> Dict:
+    args: argparse.Namespace, model: str, serve_args: list[str], texts: list[str], warm: str, unpinned: bool = False
+) -> dict:
     """Prefill and decode through vLLM's ``NixlConnector`` (host memory, UCX over TCP) behind the proxy;
     ``unpinned``: with its CPU pinning made a no-op (a ``sitecustomize`` first on ``PYTHONPATH``)."""
     kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
@@ -204,7 +204,7 @@ def nixl_pd(
         with open(os.path.join(paths[0], "sitecustomize.py"), "w") as f:
             f.write(UNPIN)
 
-    def env() -> Dict[str, str]:
+    def env() -> dict[str, str]:
         path = os.pathsep.join(p for p in (*paths, os.environ.get("PYTHONPATH", "")) if p)
         return {"PYTHONPATH": path, "UCX_TLS": "tcp", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
                 "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
@@ -215,9 +215,9 @@ def nixl_pd(
 
 
 def pd_batch(
-    prefill: Server, decode: Server, args: argparse.Namespace, texts: List[str], warm: str,
-    then: Optional[Callable[[Dict], None]] = None,
-) -> Dict:
+    prefill: Server, decode: Server, args: argparse.Namespace, texts: list[str], warm: str,
+    then: Callable[[dict], None] | None = None,
+) -> dict:
     """The batch through the proxy in front of ``prefill`` and ``decode`` (started here, warmed by one
     request, closed after), with the prompt tokens the decode loaded; ``then`` runs before they close."""
     proxy = None
@@ -238,7 +238,7 @@ def pd_batch(
         prefill.close()
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--concurrency", type=int, default=4)

@@ -16,17 +16,15 @@ pickle and subclass as any other.
 
 from __future__ import annotations
 
-from typing import List, Tuple
-
 __all__ = [
-    "KvTransferError",
-    "ConfigurationError",
-    "PeerRefusedError",
-    "NamespaceMismatchError",
-    "PeerUnreachableError",
-    "LayerLostError",
-    "DeviceError",
     "RECOMPUTE",
+    "ConfigurationError",
+    "DeviceError",
+    "KvTransferError",
+    "LayerLostError",
+    "NamespaceMismatchError",
+    "PeerRefusedError",
+    "PeerUnreachableError",
 ]
 
 
@@ -62,7 +60,8 @@ class PeerUnreachableError(KvTransferError):
 class LayerLostError(PeerUnreachableError):
     """A layer never arrived whole; ``blocks`` lists the ``(layer, block)`` pairs to recompute."""
 
-    blocks: List[Tuple[int, int]] = []
+    #: Set on each raised instance (the native module sets it).
+    blocks: tuple[tuple[int, int], ...] = ()
 
 
 class DeviceError(KvTransferError):

@@ -125,8 +125,10 @@ pub(crate) fn err(e: impl Classify) -> PyErr {
     Python::attach(|py| {
         let value = py_err.value(py);
         let _ = value.setattr("fault", c.fault.name());
-        if let Some(lost) = c.lost {
-            let _ = value.setattr("blocks", lost);
+        if let Some(lost) = c.lost
+            && let Ok(blocks) = pyo3::types::PyTuple::new(py, lost)
+        {
+            let _ = value.setattr("blocks", blocks);
         }
     });
     py_err

@@ -1,14 +1,15 @@
 """One serving instance as the package's tests drive it: its scheduler half and its worker half in one
 process, the plan handed from one to the other as bytes (as vLLM hands it between its processes). Worker
 calls go to the worker; the scheduler's calls are its own, each lookup waited for."""
+from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import kv_transfer as kt
 
 
 class Instance:
-    def __init__(self, settings: kt.ConnectorSettings, worker: kt.Worker, producer: Optional[str] = None):
+    def __init__(self, settings: kt.ConnectorSettings, worker: kt.Worker, producer: str | None = None):
         self.worker = worker
         self.scheduler = kt.Scheduler(settings, producer=producer, own=worker.control_addr)
 
@@ -40,11 +41,11 @@ class Instance:
         return merged
 
 
-def loopback_pair(producer: kt.ConnectorSettings, consumer: kt.ConnectorSettings) -> Tuple[Instance, Instance]:
+def loopback_pair(producer: kt.ConnectorSettings, consumer: kt.ConnectorSettings) -> tuple[Instance, Instance]:
     p, c = kt.Worker.loopback_pair(producer, consumer)
     return Instance(producer, p), Instance(consumer, c, producer=p.control_addr)
 
 
-def made(settings: kt.ConnectorSettings, make, *args, producer: Optional[str] = None, **kwargs) -> Instance:
+def made(settings: kt.ConnectorSettings, make, *args, producer: str | None = None, **kwargs) -> Instance:
     """An instance whose worker is ``make(settings, *args, **kwargs)`` (``kt.Worker.tcp``, say)."""
     return Instance(settings, make(settings, *args, **kwargs), producer=producer)

@@ -11,7 +11,7 @@ HEADING = "## `kv_connector_extra_config` keys (vLLM connector)"
 
 def documented_keys():
     lines = (ROOT / "docs" / "CONFIGURATION.md").read_text().splitlines()
-    assert HEADING in lines, "docs/CONFIGURATION.md has no section %r" % HEADING
+    assert HEADING in lines, f"docs/CONFIGURATION.md has no section {HEADING!r}"
     rows = []
     for line in lines[lines.index(HEADING) + 1:]:
         if line.startswith("## "):

@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 
 import kv_transfer as kt
+
 from instance import loopback_pair, made
 
 LAYERS, POOL, BLOCK, TOKENS = 4, 32, 4096, 16
 
 
 def settings(role, **extra):
-    s = dict(role=role, model="py-model", weight_version=1, block_size=TOKENS, layers=LAYERS, block_bytes=BLOCK)
+    s = {"role": role, "model": "py-model", "weight_version": 1, "block_size": TOKENS, "layers": LAYERS, "block_bytes": BLOCK}
     s["store_blocks"] = 64 if role != "consumer" else 0
     s.update(extra)
     return kt.ConnectorSettings(**s)
@@ -175,7 +176,7 @@ def test_a_peer_that_does_not_answer_costs_its_lookup_timeout_and_says_why():
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)
-    addr = "127.0.0.1:%d" % silent.getsockname()[1]
+    addr = f"127.0.0.1:{silent.getsockname()[1]}"
     s = settings("consumer", lookup_timeout=0.2)
     scheduler = kt.Scheduler(s, producer=addr)
     assert scheduler.wait_matched_tokens("q", list(range(40))) == (0, False)
@@ -241,7 +242,7 @@ def test_rdma_connectors_need_a_build_with_rdma_and_say_how_to_make_one():
 def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_path):
     """A store of 3 blocks spills a first request's KV to disk when a second one's arrives; the first
     request's load reads it back, byte for byte."""
-    disk = dict(disk_path=str(tmp_path / "disk"), disk_bytes=1 << 22)
+    disk = {"disk_path": str(tmp_path / "disk"), "disk_bytes": 1 << 22}
     producer, consumer = loopback_pair(
         settings("producer", store_blocks=3, **disk), settings("consumer")
     )

@@ -17,6 +17,7 @@ class _Fake(http.server.ThreadingHTTPServer):
 
     def __init__(self, answer):
         self.seen = []
+        self.peers = set()
         self.answer = answer
         super().__init__(("127.0.0.1", 0), _FakeHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
@@ -34,11 +35,13 @@ class _FakeHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.server.seen.append(("GET", self.path, None, dict(self.headers)))
+        self.server.peers.add(self.client_address)
         self._json(200, {"object": "list", "data": [{"id": "m"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.seen.append(("POST", self.path, body, dict(self.headers)))
+        self.server.peers.add(self.client_address)
         status, payload = self.server.answer(body)
         if isinstance(payload, list):  # server-sent events, one chunk each
             self.send_response(status)
@@ -83,7 +86,8 @@ def start(prefill, decode):
 
 def post(server, path, body, raw=None):
     conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-    conn.request("POST", path, body=raw if raw is not None else json.dumps(body), headers={"Content-Type": "application/json", "Authorization": "Bearer k"})
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+    conn.request("POST", path, body=raw if raw is not None else json.dumps(body), headers=headers)
     resp = conn.getresponse()
     return resp.status, resp.getheader("Content-Type"), resp.read()
 
@@ -170,3 +174,12 @@ def test_bad_requests_and_unreachable_servers_are_clear_errors():
     assert status == 404 and b"/v1/completions" in data
     with pytest.raises(ValueError, match="not an http"):
         Upstream("localhost:8000", 1)
+
+
+def test_upstream_connections_are_pooled_and_kept_alive():
+    pre, dec = _Fake(prefill_ok), _Fake(decode_answer)
+    proxy = start([pre.url], [dec.url])
+    for _ in range(6):
+        assert post(proxy, "/v1/completions", {"prompt": "p"})[0] == 200
+    # Six requests in turn, one connection to each server (not one per request).
+    assert len(pre.peers) == 1 and len(dec.peers) == 1, (pre.peers, dec.peers)

@@ -157,7 +157,7 @@ def test_a_registered_buffer_cannot_be_resized():
 
 
 def test_waits_release_the_gil():
-    a, b = kt.Node.loopback_pair()
+    _a, b = kt.Node.loopback_pair()
     ticks = []
     stop = threading.Event()
 

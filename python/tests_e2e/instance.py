@@ -100,7 +100,9 @@ def main() -> None:
         sps = []
         for p in params:
             extra = {"kv_transfer_params": p} if p else None
-            sps.append(SamplingParams(max_tokens=ask["max_tokens"], temperature=0, logprobs=0, detokenize=False, extra_args=extra))
+            sps.append(
+                SamplingParams(max_tokens=ask["max_tokens"], temperature=0, logprobs=0, detokenize=False, extra_args=extra)
+            )
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps, use_tqdm=False)
         answer = []
         for o in outs:

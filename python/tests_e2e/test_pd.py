@@ -66,7 +66,8 @@ class Instance:
         return self._read()
 
     def send(self, prompts, max_tokens, kv_transfer_params=None):
-        self.p.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "kv_transfer_params": kv_transfer_params}) + "\n")
+        ask = {"prompts": prompts, "max_tokens": max_tokens, "kv_transfer_params": kv_transfer_params}
+        self.p.stdin.write(json.dumps(ask) + "\n")
         self.p.stdin.flush()
 
     def answered(self):
@@ -169,7 +170,8 @@ def test_a_producer_gone_or_new_weights_cost_only_recompute(model, reference):
     consumer = Instance(model, "consumer", free_port())
     newer = Instance(model, "consumer", free_port(), 2)
     try:
-        params = [o["kv_transfer_params"] for o in producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))["outputs"]]
+        made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
+        params = [o["kv_transfer_params"] for o in made["outputs"]]
         # Another weight version: the keys live in another namespace, nothing is found.
         before = newer.ask([[5, 6, 7]], 1)["prompt_tokens_by_source"]
         got = newer.ask(PROMPTS, MAX_TOKENS, params)
@@ -226,7 +228,8 @@ def test_a_producer_killed_mid_load_costs_only_recompute(model, reference, async
     producer = Instance(model, "producer", port, extra={"kv_bandwidth_gbps": 0.0004})
     consumer = Instance(model, "consumer", free_port(), extra={"async_loads": async_loads})
     try:
-        params = [o["kv_transfer_params"] for o in producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))["outputs"]]
+        made = producer.ask(PROMPTS, 1, [{"do_remote_decode": True}] * len(PROMPTS))
+        params = [o["kv_transfer_params"] for o in made["outputs"]]
         consumer.send(PROMPTS, MAX_TOKENS, params)
         time.sleep(3)
         assert not consumer.answered(), "the decode answered before the producer was killed: the load was not cut"

@@ -4,7 +4,8 @@ it for (see the package docs)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from collections.abc import Iterable
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -33,7 +34,7 @@ class KvTransferMetadata(KVConnectorMetadata):
         self.data = data
 
 
-def _cache_shape(kv_cache_config: Any) -> Tuple[int, int]:
+def _cache_shape(kv_cache_config: Any) -> tuple[int, int]:
     """Attention layers and bytes of one block of one layer, from vLLM's KV cache plan."""
     if kv_cache_config is None or not kv_cache_config.kv_cache_groups:
         return 1, 1 << 16
@@ -58,8 +59,8 @@ class KvTransferConnector(KVConnectorBase_V1):
         self._block_size = int(vllm_config.cache_config.block_size)
         self._model = str(vllm_config.model_config.model)
         self._dtype = dtype_name(vllm_config.model_config.dtype)
-        self._scheduler: Optional[SchedulerSide] = None
-        self._worker: Optional[WorkerSide] = None
+        self._scheduler: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             layers, block_bytes = _cache_shape(kv_cache_config)
             settings = self._settings(layers, block_bytes, 0, {})
@@ -70,7 +71,7 @@ class KvTransferConnector(KVConnectorBase_V1):
 
     # ---- settings ----
 
-    def _settings(self, layers: int, block_bytes: int, rank: int, heads: Dict[str, Any]) -> ConnectorSettings:
+    def _settings(self, layers: int, block_bytes: int, rank: int, heads: dict[str, Any]) -> ConnectorSettings:
         s = dict(self._opts.tuning())
         s.update(
             role=self._kv_role,
@@ -106,13 +107,13 @@ class KvTransferConnector(KVConnectorBase_V1):
 
     # ---- scheduler side ----
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._sched().update_state_after_alloc(request, blocks, num_external_tokens)
 
-    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> Dict[Any, int]:
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[Any, int]:
         from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
         names = {"host": CacheHitSource.HOST, "disk": CacheHitSource.DISK, "p2p": CacheHitSource.P2P}
@@ -125,10 +126,10 @@ class KvTransferConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(connector_output)
 
-    def request_finished(self, request: Any, block_ids: List[int]) -> Tuple[bool, Optional[Dict[str, Any]]]:
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched().request_finished(request)
 
-    def set_xfer_handshake_metadata(self, metadata: Dict[int, Any]) -> None:
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         handshakes = [
             {"rank": m.rank, "size": m.size, "control": m.control}
             for m in metadata.values()
@@ -147,10 +148,10 @@ class KvTransferConnector(KVConnectorBase_V1):
             raise ConfigurationError("a worker call on a scheduler-role connector")
         return self._worker
 
-    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         self._work().register_kv_caches(kv_caches)
 
-    def get_handshake_metadata(self) -> Optional[KvTransferHandshake]:
+    def get_handshake_metadata(self) -> KvTransferHandshake | None:
         return self._worker.handshake() if self._worker is not None else None
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
@@ -179,15 +180,15 @@ class KvTransferConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         self._work().wait_for_save()
 
-    def get_finished(self, finished_req_ids: Set[str]) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker.get_finished() if self._worker is not None else (None, None)
 
-    def get_block_ids_with_load_errors(self) -> Set[int]:
+    def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.failed_blocks() if self._worker is not None else set()
 
     # ---- stats ----
 
-    def get_kv_connector_stats(self) -> Optional[KvTransferStats]:
+    def get_kv_connector_stats(self) -> KvTransferStats | None:
         """What this half did since the last call (vLLM sums the workers' and the scheduler's)."""
         half = self._worker if self._worker is not None else self._scheduler
         delta = half.stats() if half is not None else {}
@@ -196,16 +197,16 @@ class KvTransferConnector(KVConnectorBase_V1):
         return KvTransferStats(data=delta)
 
     @classmethod
-    def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None) -> Optional[KvTransferStats]:
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KvTransferStats | None:
         return KvTransferStats(data=dict(data) if data else {})
 
     @classmethod
     def build_prom_metrics(
         cls,
         vllm_config: Any,
-        metric_types: Dict[type, type],
-        labelnames: List[str],
-        per_engine_labelvalues: Dict[int, List[object]],
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
     ) -> KvTransferPromMetrics:
         return KvTransferPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 

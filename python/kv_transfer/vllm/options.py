@@ -11,13 +11,13 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Tuple
+from typing import Any
 
 from .._native import ConnectorSettings
 from ..errors import ConfigurationError
 
 #: Every ``kv_connector_extra_config`` key, with its default.
-EXTRA_CONFIG: Dict[str, Any] = {
+EXTRA_CONFIG: dict[str, Any] = {
     "kv_ip": "127.0.0.1",
     "weight_version": 0,
     "store_blocks": 1024,
@@ -68,8 +68,8 @@ class Options:
     prefetch_depth: int
     async_loads: bool
     kv_bandwidth_gbps: float
-    peers: Tuple[str, ...]
-    discovery: Tuple[str, ...]
+    peers: tuple[str, ...]
+    discovery: tuple[str, ...]
     discovery_ttl: float
     backend: str
     rdma_provider: str
@@ -80,9 +80,9 @@ class Options:
     disk_bytes: int
     disk_min_sharers: int
 
-    def tuning(self) -> Dict[str, Any]:
+    def tuning(self) -> dict[str, Any]:
         """The connector settings these options give (beside the model's shape and the rank)."""
-        s: Dict[str, Any] = {k: getattr(self, k) for k in TUNING}
+        s: dict[str, Any] = {k: getattr(self, k) for k in TUNING}
         s["kv_bandwidth"] = int(self.kv_bandwidth_gbps * 1e9 / 8)
         return s
 
@@ -95,7 +95,7 @@ def _bad(key: str, value: Any, why: str) -> ConfigurationError:
     return ConfigurationError(f"kv_connector_extra_config[{key!r}] = {value!r}{why}")
 
 
-def _addresses(key: str, value: Any) -> Tuple[str, ...]:
+def _addresses(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(
         isinstance(p, str) and p.rpartition(":")[2].isdigit() for p in value
     ):
@@ -116,7 +116,7 @@ def _number(key: str, value: Any, kind: type, least: float, strict: bool = False
     return number
 
 
-def parse(extra: Dict[str, Any]) -> Options:
+def parse(extra: dict[str, Any]) -> Options:
     """The options ``extra`` gives, every key not given at its default; an unknown key or a bad value is a
     ``ConfigurationError`` (a ``ValueError`` too) naming it."""
     unknown = sorted(set(extra) - set(EXTRA_CONFIG))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 from .._native import ConnectorSettings, Registry, Scheduler
 from ..errors import ConfigurationError, KvTransferError
@@ -24,7 +25,7 @@ class SchedulerSide:
         self.opts, self.role = opts, role
         own = opts.control(port) if role != "consumer" else None
         self.native = Scheduler(settings, peers=list(opts.peers), own=own)
-        self.registry: Optional[Registry] = None
+        self.registry: Registry | None = None
         if role != "producer" and opts.discovery:
             try:
                 self.registry = Registry.etcd(list(opts.discovery))
@@ -34,15 +35,15 @@ class SchedulerSide:
             self.native.follow(self.registry, namespace, exclude=own)
         # Whether vLLM's own block hashes are this connector's keys, byte for byte (found on the first
         # request with a full block; then prompts are not hashed again).
-        self.hashes_usable: Optional[bool] = None
-        self.async_waiting: Dict[str, float] = {}
+        self.hashes_usable: bool | None = None
+        self.async_waiting: dict[str, float] = {}
         self.async_loads_done = 0
         self.async_wait_seconds = 0.0
         self.seconds = 0.0
-        self.warned: Dict[str, float] = {}
-        self.reported: Dict[str, float] = {}
+        self.warned: dict[str, float] = {}
+        self.reported: dict[str, float] = {}
 
-    def _hashes(self, request: Any, tokens: Sequence[int]) -> Optional[Sequence[bytes]]:
+    def _hashes(self, request: Any, tokens: Sequence[int]) -> Sequence[bytes] | None:
         hashes = getattr(request, "block_hashes", None)
         if not hashes:
             return None
@@ -54,7 +55,7 @@ class SchedulerSide:
             )
         return [bytes(h) for h in hashes] if self.hashes_usable else None
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         started = time.perf_counter()
         try:
             params = getattr(request, "kv_transfer_params", None) or {}
@@ -90,7 +91,7 @@ class SchedulerSide:
         if self.opts.async_loads and num_external_tokens > 0:
             self.async_waiting[request.request_id] = time.monotonic()
 
-    def hit_sources(self, request: Any, num_external_tokens: int) -> Dict[str, int]:
+    def hit_sources(self, request: Any, num_external_tokens: int) -> dict[str, int]:
         return self.native.hit_sources(request.request_id, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> bytes:
@@ -126,17 +127,17 @@ class SchedulerSide:
                 self.async_loads_done += 1
                 self.async_wait_seconds += now - began
 
-    def request_finished(self, request: Any) -> Tuple[bool, Optional[Dict[str, Any]]]:
+    def request_finished(self, request: Any) -> tuple[bool, dict[str, Any] | None]:
         _, params = self.native.request_finished(request.request_id)
         self.async_waiting.pop(request.request_id, None)
         if self.role == "consumer" or params is None:
             return False, None
         return False, dict(params, do_remote_prefill=True)
 
-    def set_rank_handshakes(self, handshakes: Sequence[Dict[str, Any]]) -> None:
+    def set_rank_handshakes(self, handshakes: Sequence[dict[str, Any]]) -> None:
         self.native.set_rank_handshakes(list(handshakes))
 
-    def stats(self) -> Dict[str, float]:
+    def stats(self) -> dict[str, float]:
         """What the scheduler half did since the last call (lookups, and its own time)."""
         now = {k: float(v) for k, v in self.native.metrics().items() if k in ("lookup_blocks", "lookup_hits")}
         now["scheduler_seconds"] = self.seconds

@@ -6,12 +6,12 @@ scrape them where they already scrape vLLM)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 #: The engine's counters a worker or the scheduler reports (deltas per interval), with what each counts.
-STAT_COUNTERS: Dict[str, str] = {
+STAT_COUNTERS: dict[str, str] = {
     "lookup_blocks": "Blocks of prompts looked up for KV held elsewhere (scheduler).",
     "lookup_hits": "Blocks of those found loadable (scheduler).",
     "loads": "Loads finished (consumer workers).",
@@ -35,19 +35,19 @@ class KvTransferStats(KVConnectorStats):
     the seconds vLLM's step spent in the connector's own calls (``call_seconds``; waits for loads apart,
     in ``load_wait_seconds``; the scheduler's, in ``scheduler_seconds``)."""
 
-    data: Dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.data = {}
 
-    def aggregate(self, other: KVConnectorStats) -> "KvTransferStats":
+    def aggregate(self, other: KVConnectorStats) -> KvTransferStats:
         for k, v in other.data.items():
             self.data[k] = self.data.get(k, 0) + v
         return self
 
-    def reduce(self) -> Dict[str, Any]:
+    def reduce(self) -> dict[str, Any]:
         d = self.data
-        out: Dict[str, Any] = {k: d[k] for k in sorted(d) if k != "load_us"}
+        out: dict[str, Any] = {k: d[k] for k in sorted(d) if k != "load_us"}
         loads = d.get("loads", 0)
         out["avg_load_ms"] = round(d.get("load_us", 0) / loads / 1e3, 3) if loads else 0.0
         calls = d.get("calls", 0)
@@ -74,13 +74,13 @@ class KvTransferPromMetrics(KVConnectorPromMetrics):
     def __init__(
         self,
         vllm_config: Any,
-        metric_types: Dict[type, type],
-        labelnames: List[str],
-        per_engine_labelvalues: Dict[int, List[object]],
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
-        self.counters: Dict[str, Dict[int, Any]] = {}
-        self.scale: Dict[str, float] = {}
+        self.counters: dict[str, dict[int, Any]] = {}
+        self.scale: dict[str, float] = {}
         named = {k: (_SECONDS.get(k, (k, 1.0))[0], doc) for k, doc in STAT_COUNTERS.items()}
         named.update({k: (k, doc) for k, doc in _TIMES.items()})
         for key, (name, doc) in named.items():
@@ -88,7 +88,7 @@ class KvTransferPromMetrics(KVConnectorPromMetrics):
             self.counters[key] = {i: counter.labels(*v) for i, v in per_engine_labelvalues.items()}
             self.scale[key] = _SECONDS.get(key, ("", 1.0))[1]
 
-    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         for key, by_engine in self.counters.items():
             value = transfer_stats_data.get(key, 0)
             if value and engine_idx in by_engine:

@@ -10,7 +10,7 @@ import tempfile
 import time
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorHandshakeMetadata
 
@@ -38,10 +38,10 @@ class KvTransferHandshake(KVConnectorHandshakeMetadata):
 
     rank: int
     size: int
-    control: Optional[str]
+    control: str | None
 
 
-def _stream_sync(device: Any) -> Optional[Callable[[], None]]:
+def _stream_sync(device: Any) -> Callable[[], None] | None:
     """For GPU KV caches, a call that waits for the current stream of their device (the kernels that
     wrote them); ``None`` for host caches."""
     if device.type != "cuda":
@@ -62,18 +62,18 @@ class WorkerSide:
                  namespace: str) -> None:
         self.opts, self.role, self.port, self.tp_size = opts, role, port, tp_size
         self.make_settings, self.namespace = settings, namespace
-        self.native: Optional[Worker] = None
-        self.layers: List[str] = []
-        self.index: Dict[str, int] = {}
-        self.sync: Optional[Callable[[], None]] = None
-        self.registry: Optional[Registry] = None
-        self.lease: Optional[int] = None
+        self.native: Worker | None = None
+        self.layers: list[str] = []
+        self.index: dict[str, int] = {}
+        self.sync: Callable[[], None] | None = None
+        self.registry: Registry | None = None
+        self.lease: int | None = None
         self.call_seconds = 0.0
         self.wait_seconds = 0.0
         self.calls = 0
-        self.reported: Dict[str, float] = {}
+        self.reported: dict[str, float] = {}
 
-    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         import torch
 
         if not kv_caches:
@@ -121,7 +121,7 @@ class WorkerSide:
         self.native = conn
         self._announce(rank)
 
-    def _shm_socket(self, engine_id: int) -> Optional[str]:
+    def _shm_socket(self, engine_id: int) -> str | None:
         """The Unix socket a worker that loads listens on for same-host producers (none for a producer)."""
         if self.role == "producer":
             return None
@@ -144,7 +144,7 @@ class WorkerSide:
         engine_id = zlib.crc32(control.encode()) & 0x7FFFFFFF
         self.lease = self.registry.announce(engine_id, control, self.namespace, self.opts.discovery_ttl)
 
-    def handshake(self) -> Optional[KvTransferHandshake]:
+    def handshake(self) -> KvTransferHandshake | None:
         if self.native is None:
             return None
         h = self.native.rank_handshake()
@@ -197,7 +197,7 @@ class WorkerSide:
             self.native.wait_for_save()
             self._spent(t)
 
-    def get_finished(self) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
         # Blocks are never held past a step (no sends to report); loads are reported to vLLM only when
         # they are asynchronous (a synchronous one ended inside the forward pass).
         if self.native is None:
@@ -209,7 +209,7 @@ class WorkerSide:
             return None, set(received)
         return None, None
 
-    def failed_blocks(self) -> Set[int]:
+    def failed_blocks(self) -> set[int]:
         if self.native is None:
             return set()
         for reason in self.native.take_load_errors():
@@ -219,11 +219,11 @@ class WorkerSide:
                 logger.warning("kv_transfer: a load could not start (its blocks are recomputed): %s", reason)
         return set(self.native.failed_blocks())
 
-    def stats(self) -> Dict[str, float]:
+    def stats(self) -> dict[str, float]:
         """What this worker did since the last call (vLLM sums the workers' and logs the interval)."""
         if self.native is None:
             return {}
-        now: Dict[str, float] = {k: float(v) for k, v in self.native.metrics().items() if k in STAT_COUNTERS}
+        now: dict[str, float] = {k: float(v) for k, v in self.native.metrics().items() if k in STAT_COUNTERS}
         now.pop("lookup_blocks", None)
         now.pop("lookup_hits", None)
         now["call_seconds"] = self.call_seconds
