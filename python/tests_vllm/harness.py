@@ -4,104 +4,44 @@ cache planning and allocation, and its worker-side connector plumbing (the conne
 through ``unified_attention_with_output``, which calls ``wait_for_layer_load`` and ``save_kv_layer``),
 with a fake forward pass that writes known K and V into the paged cache.
 
-Run as ``python harness.py ROLE LAYOUT PORT [EXTRA [BATCH]]`` (ROLE producer or consumer, LAYOUT LBNHC or
-BLNHC, EXTRA a JSON object added to ``kv_connector_extra_config``, BATCH vLLM's
-``max_num_batched_tokens``: below a prompt's length, the prompt is prefilled in chunks). It reads
-one JSON object per line on stdin, ``{"id": ..., "prompt": [...], "kv_transfer_params": ...}``, runs the
-request to its end, and prints one JSON line with what happened. A producer then keeps serving its KV
-until stdin closes.
+Run as ``python harness.py ROLE LAYOUT PORT [EXTRA [BATCH [POOL]]]`` (ROLE producer, consumer or both,
+LAYOUT LBNHC or BLNHC, EXTRA a JSON object added to ``kv_connector_extra_config``, BATCH vLLM's
+``max_num_batched_tokens``: below a prompt's length, the prompt is prefilled in chunks; POOL the blocks of
+KV cache: few enough, and vLLM preempts). It reads one JSON object per line on stdin, ``{"id": ...,
+"prompt": [...], "max_tokens": ..., "kv_transfer_params": ...}``, runs the request to its end, and prints
+one JSON line with what happened; ``{"batch": [request, ...]}`` runs them together, the line then
+naming each one's outcome under ``finished``. Every step's stats also go through vLLM's own Prometheus
+logger (the line's ``prom``: the connector's samples as ``/metrics`` shows them), and the worker's
+handshake goes to the scheduler as vLLM's engine core hands it over. A producer then keeps serving its
+KV until stdin closes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 ROLE, LAYOUT, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
 EXTRA = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 BATCH = int(sys.argv[5]) if len(sys.argv) > 5 else 256
+POOL = int(sys.argv[6]) if len(sys.argv) > 6 else None
 os.environ["VLLM_KV_CACHE_LAYOUT"] = LAYOUT
-BLOCK, HEADS, HEAD, LAYERS = 16, 2, 16, 2
-NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-POOL = 64
 
 from vllm import SamplingParams  # noqa: E402
-from vllm.config import (  # noqa: E402
-    CacheConfig,
-    DeviceConfig,
-    KVTransferConfig,
-    ModelConfig,
-    SchedulerConfig,
-    VllmConfig,
-    set_current_vllm_config,
-)
-
-# One model path for every instance: the model is part of the keys' namespace.
-model_dir = os.path.join(tempfile.gettempdir(), f"kvt-harness-model-{os.getuid()}")
-os.makedirs(model_dir, exist_ok=True)
-with open(os.path.join(model_dir, "config.json"), "w") as f:
-    json.dump(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": HEADS * 2 * HEAD,
-            "intermediate_size": 128,
-            "num_attention_heads": HEADS * 2,
-            "num_key_value_heads": HEADS,
-            "num_hidden_layers": LAYERS,
-            "max_position_embeddings": 2048,
-            "vocab_size": 4096,
-            "rms_norm_eps": 1e-6,
-            "torch_dtype": "float32",
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
-        f,
-    )
-
-config = VllmConfig(
-    model_config=ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0, max_model_len=256),
-    scheduler_config=SchedulerConfig(
-        max_num_seqs=8, max_num_batched_tokens=BATCH, max_model_len=256, enable_chunked_prefill=True,
-        is_encoder_decoder=False, async_scheduling=False,
-    ),
-    cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
-    kv_transfer_config=KVTransferConfig(
-        kv_connector="KvTransferConnector",
-        kv_connector_module_path="kv_transfer.vllm",
-        kv_role=f"kv_{ROLE}",
-        kv_buffer_device="cpu",
-        kv_port=PORT,
-        kv_connector_extra_config={"load_timeout": 20.0, **EXTRA},
-    ),
-    device_config=DeviceConfig("cpu"),
-)
-
-# KV cache planning and allocation, as the engine core and the worker do.
-from vllm.v1.attention.backends.utils import _DEFAULT_LAYOUT_PREFERENCE, resolve_kv_cache_layout  # noqa: E402
-from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs  # noqa: E402
-from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
+from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
 
-specs = {n: FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32) for n in NAMES}
-layout = resolve_kv_cache_layout(config, [[p.name for p in _DEFAULT_LAYOUT_PREFERENCE]], list(specs.values()))
-page = specs[NAMES[0]].page_size_bytes
-plans = get_kv_cache_configs(config, [specs], [page * LAYERS * POOL], get_global_kv_cache_groups(config, [specs]))
-for p in plans:
-    p.kv_cache_layout = config.cache_config.kv_cache_layout
-worker_plan, sched_plan = plans[0], generate_scheduler_kv_cache_config(plans)
-config.cache_config.num_gpu_blocks = sched_plan.num_blocks
+from instance_config import BLOCK, HEAD, HEADS, NAMES, instance_config  # noqa: E402
+
+config, worker_plan, sched_plan, layout = instance_config(ROLE, PORT, EXTRA, BATCH, POOL)
 
 # Every call vLLM makes to the connector, in order (`name` or `name:request id`), and the block ids each
 # request was allocated with: what the tests check the call order and block ids against.
@@ -126,7 +66,7 @@ for _name in (
     "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
     "update_connector_output", "bind_connector_metadata", "start_load_kv", "wait_for_layer_load",
     "save_kv_layer", "wait_for_save", "get_finished", "get_block_ids_with_load_errors",
-    "clear_connector_metadata", "get_kv_connector_stats",
+    "clear_connector_metadata", "get_kv_connector_stats", "handle_preemptions", "set_xfer_handshake_metadata",
 ):
     _cls = connector_module.KvTransferConnector
     setattr(_cls, _name, recorded(_name, getattr(_cls, _name)))
@@ -138,6 +78,12 @@ scheduler = Scheduler(
     vllm_config=config, kv_cache_config=sched_plan, structured_output_manager=StructuredOutputManager(config),
     block_size=BLOCK, log_stats=True,
 )
+# vLLM's own Prometheus logger, fed what the engine core's stats carry: the connector's metrics
+# (`build_prom_metrics`) and the hits by source (`get_external_cache_hit_sources`) as `/metrics` shows them.
+import prometheus_client  # noqa: E402
+from vllm.v1.metrics.loggers import PrometheusStatLogger  # noqa: E402
+
+prom = PrometheusStatLogger(config, [0])
 
 from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: E402
 from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment  # noqa: E402
@@ -153,6 +99,12 @@ with set_current_vllm_config(config):
 from vllm.v1.worker.gpu.kv_connector import get_kv_connector  # noqa: E402
 
 runner = get_kv_connector(config, caches)  # registers the caches with the worker connector
+# The handshake as vLLM's engine core makes it after registration: every worker's metadata, keyed by
+# (pp rank, tp rank), shipped to the engine core, handed to the scheduler's connector.
+_handshake = kv_transfer_state.get_kv_transfer_group().get_handshake_metadata()
+HANDSHAKE = None if _handshake is None else {"rank": _handshake.rank, "control": _handshake.control}
+if _handshake is not None:
+    scheduler.get_kv_connector().set_xfer_handshake_metadata_pp_aware({(0, 0): pickle.loads(pickle.dumps(_handshake))})
 
 from vllm.forward_context import set_forward_context  # noqa: E402
 from vllm.model_executor.layers.attention.attention import unified_attention_with_output  # noqa: E402
@@ -201,11 +153,17 @@ def step(report: dict) -> list:
     planned = scheduler.schedule()
     so = pickle.loads(pickle.dumps(planned))  # what a worker process receives
     report["pickled_steps"] += 1
+    report["preempted"].extend(sorted(so.preempted_req_ids or ()))
     for nr in so.scheduled_new_reqs:
         tables[nr.req_id] = list(nr.block_ids[0])
-        report["computed_from"] = scheduler.requests[nr.req_id].num_computed_tokens - so.num_scheduled_tokens[nr.req_id]
-    for rid, nb in zip(so.scheduled_cached_reqs.req_ids, so.scheduled_cached_reqs.new_block_ids):
-        if nb is not None:
+        computed = scheduler.requests[nr.req_id].num_computed_tokens
+        report["computed_from"][nr.req_id] = computed - so.num_scheduled_tokens[nr.req_id]
+    cached = so.scheduled_cached_reqs
+    for rid, nb in zip(cached.req_ids, cached.new_block_ids):
+        if rid in cached.resumed_req_ids:  # a preempted request again: its table anew
+            tables[rid] = list(nb[0])
+            report["computed_from"][rid] = scheduler.requests[rid].num_computed_tokens - so.num_scheduled_tokens[rid]
+        elif nb is not None:
             tables[rid].extend(nb[0])
     waiting = [r for r in scheduler.requests.values() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS]
     report["waiting_steps"] += bool(waiting)
@@ -215,7 +173,7 @@ def step(report: dict) -> list:
         if not waiting:
             report["idle_steps"] += 1
         time.sleep(0.001)
-        return list(scheduler.update_from_output(planned, out).items())
+        return updated(report, planned, out)
     order = list(so.num_scheduled_tokens)
     slots, toks, positions = [], [], []
     for rid in order:
@@ -226,7 +184,8 @@ def step(report: dict) -> list:
             toks.append(req.all_token_ids[p])
             positions.append(p)
     sm = torch.tensor(slots, dtype=torch.int64)
-    with set_forward_context({n: Metadata(slot_mapping=sm) for n in NAMES}, config, num_tokens=len(slots), slot_mapping={n: sm for n in NAMES}):
+    metadata = {n: Metadata(slot_mapping=sm) for n in NAMES}
+    with set_forward_context(metadata, config, num_tokens=len(slots), slot_mapping={n: sm for n in NAMES}):
         runner.pre_forward(so)
         for li, n in enumerate(NAMES):
             vals = torch.tensor([kv_value(li, t, p) for t, p in zip(toks, positions)])
@@ -238,10 +197,37 @@ def step(report: dict) -> list:
     kv_out = runner.post_forward(so.finished_req_ids)
     observe(report, kv_out)
     sampled = [[7] if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens else [] for r in order]
-    out = ModelRunnerOutput(req_ids=order, req_id_to_index={r: i for i, r in enumerate(order)}, sampled_token_ids=sampled, kv_connector_output=kv_out)
+    out = ModelRunnerOutput(
+        req_ids=order, req_id_to_index={r: i for i, r in enumerate(order)}, sampled_token_ids=sampled,
+        kv_connector_output=kv_out,
+    )
     if kv_out is not None and kv_out.invalid_block_ids:
         report["invalid_blocks"] += len(kv_out.invalid_block_ids)
-    return list(scheduler.update_from_output(planned, out).items())
+    return updated(report, planned, out)
+
+
+def updated(report: dict, planned, out) -> list:
+    """The scheduler's update from a step's output, its stats recorded as vLLM's Prometheus logger does."""
+    outputs = scheduler.update_from_output(planned, out)
+    for eco in outputs.values():
+        stats = eco.scheduler_stats
+        if stats is None:
+            continue
+        prom.record(stats, None, engine_idx=0)
+        if stats.connector_prefix_cache_stats is not None:
+            for source, n in stats.connector_prefix_cache_stats.hits_by_source.items():
+                report["hits_by_source"][source.value] = report["hits_by_source"].get(source.value, 0) + n
+    return list(outputs.items())
+
+
+def scraped() -> dict[str, float]:
+    """The connector's samples on the Prometheus endpoint, and the hits by source: ``name{labels}`` -> value."""
+    out = {}
+    for line in prometheus_client.generate_latest().decode().splitlines():
+        if line.startswith(("vllm:kv_transfer_", "vllm:prompt_tokens_cached_by_source")):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def observe(report: dict, kv_out) -> None:
@@ -267,37 +253,63 @@ def loaded_blocks_hold_the_prompt(rid: str, prompt: list[int], upto: int) -> boo
     return True
 
 
-for line in sys.stdin:
-    if not line.strip():
-        continue
-    ask = json.loads(line)
-    rid, prompt = ask["id"], ask["prompt"]
+def request(ask: dict) -> Request:
     extra = {"kv_transfer_params": ask["kv_transfer_params"]} if ask.get("kv_transfer_params") else None
     sp = SamplingParams(max_tokens=ask.get("max_tokens", 1), ignore_eos=True, extra_args=extra)
     sp.update_from_generation_config({}, 2)
-    scheduler.add_request(Request(request_id=rid, prompt_token_ids=prompt, sampling_params=sp, pooling_params=None, block_hasher=hasher))
+    return Request(
+        request_id=ask["id"], prompt_token_ids=ask["prompt"], sampling_params=sp, pooling_params=None, block_hasher=hasher
+    )
+
+
+def run(asks: list[dict]) -> dict:
+    """Adds every request at once and steps until all are finished: what the steps did, and each
+    request's transfer parameters and whether its blocks held its prompt when it finished."""
+    for ask in asks:
+        scheduler.add_request(request(ask))
     CALLS.clear()
     report = {
-        "id": rid, "pickled_steps": 0, "invalid_blocks": 0, "computed_from": None, "kv_transfer_params": None,
-        "stats": {}, "finished_recving": 0, "waiting_steps": 0, "idle_steps": 0,
+        "pickled_steps": 0, "invalid_blocks": 0, "computed_from": {}, "stats": {}, "finished_recving": 0,
+        "waiting_steps": 0, "idle_steps": 0, "preempted": [], "hits_by_source": {}, "finished": {},
     }
+    prompts = {a["id"]: a["prompt"] for a in asks}
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for _, outs in step(report):
             for o in outs.outputs:
-                if o.finish_reason is not None and o.request_id == rid:
-                    report["kv_transfer_params"] = o.kv_transfer_params
+                rid = o.request_id
+                if o.finish_reason is not None and rid in prompts and rid not in report["finished"]:
+                    # Checked now: its blocks are free from the next step on.
+                    loaded = report["computed_from"].get(rid) or 0
+                    upto = loaded or len(prompts[rid]) - 1
+                    report["finished"][rid] = {
+                        "kv_transfer_params": o.kv_transfer_params,
+                        "loaded_tokens": loaded,
+                        "blocks_hold_the_prompt": loaded_blocks_hold_the_prompt(rid, prompts[rid], upto),
+                        "block_table": tables.get(rid),
+                        "allocated": ALLOCATED.get(rid),
+                    }
         if not scheduler.has_requests():
             break
-    loaded = report["computed_from"] or 0
-    report["loaded_tokens"] = loaded
-    report["blocks_hold_the_prompt"] = loaded_blocks_hold_the_prompt(rid, prompt, loaded or len(prompt) - 1)
-    # The calls of this request's steps, runs of one call collapsed.
+    # The calls of these steps, runs of one call collapsed.
     report["calls"] = [c for i, c in enumerate(CALLS) if i == 0 or CALLS[i - 1] != c]
-    report["allocated"] = ALLOCATED.get(rid)
-    report["block_table"] = tables.get(rid)
     pool = scheduler.kv_cache_manager.block_pool
     report["free_blocks"], report["all_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
+    report["prom"], report["handshake"] = scraped(), HANDSHAKE
+    return report
+
+
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    ask = json.loads(line)
+    if "batch" in ask:
+        print(json.dumps(run(ask["batch"])), flush=True)
+        continue
+    report = run([ask])
+    none = {"kv_transfer_params": None, "loaded_tokens": 0, "blocks_hold_the_prompt": False}
+    mine = report.pop("finished").get(ask["id"], none)
+    report.update(mine, id=ask["id"], computed_from=report["computed_from"].get(ask["id"]))
     print(json.dumps(report), flush=True)
 
 scheduler.shutdown()

@@ -3,53 +3,13 @@ instance computes a prompt and serves its KV; a consumer instance, given the pro
 kv_transfer_params, loads the prompt's KV into its own blocks instead of computing it, under either of
 vLLM's KV layouts on either side."""
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from ports import free_port  # noqa: E402 (the package tests' port picker)
-
-HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
-BLOCK = 16
-
-
-class Instance:
-    def __init__(self, role, layout, port, extra=None, batch=256):
-        self.p = subprocess.Popen(
-            [sys.executable, HARNESS, role, layout, str(port), json.dumps(extra or {}), str(batch)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-
-    def ask(self, **request):
-        self.p.stdin.write(json.dumps(request) + "\n")
-        self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            self.p.kill()
-            raise AssertionError("the instance ended early:\n" + self.p.stderr.read()[-6000:])
-        return json.loads(line)
-
-    def close(self):
-        if self.p.poll() is None:
-            self.p.stdin.close()
-            try:
-                self.p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-
-
-def in_order(calls, *names):
-    """Checks that `names` were called in this order: each one's first call after the previous name's
-    (a lookup that runs in the background answers on a later call, so a call may come again earlier)."""
-    at = -1
-    for name in names:
-        hits = [i for i, c in enumerate(calls) if i > at and (c == name or c.startswith(name + ":"))]
-        assert hits, f"{name} never called after {calls[at] if at >= 0 else 'the start'}: {calls}"
-        at = hits[0]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from instances import BLOCK, Instance, free_port, in_order
 
 
 @pytest.mark.parametrize("producer_layout,consumer_layout", [("LBNHC", "LBNHC"), ("BLNHC", "LBNHC"), ("LBNHC", "BLNHC")])
@@ -209,6 +169,7 @@ def test_a_bad_extra_config_value_fails_vllm_start_up_naming_the_key():
 
 def test_a_disk_tier_takes_a_directory_and_a_size_together():
     import vllm  # noqa: F401  (the connector module imports vLLM's base class)
+
     from kv_transfer.vllm.options import parse
 
     opts = parse({"disk_path": "/var/cache/kv", "disk_bytes": 1 << 30, "disk_min_sharers": 2})
