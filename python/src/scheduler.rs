@@ -122,6 +122,12 @@ impl PyScheduler {
             && ours.iter().zip(&theirs).all(|(a, b)| a.hash == *b))
     }
 
+    /// Whether `request_id`'s lookup runs (`get_num_new_matched_tokens` would answer `None`): a cheap
+    /// question for a caller asking every step, which then need not pass the prompt again.
+    fn lookup_running(&self, request_id: &str) -> bool {
+        self.0.lookup_running(request_id)
+    }
+
     /// Why producers did not answer lookups since the last call (they counted as holding nothing), as
     /// exceptions of their class.
     fn take_lookup_errors(&self) -> Vec<PyErr> {

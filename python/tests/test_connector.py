@@ -179,7 +179,12 @@ def test_a_peer_that_does_not_answer_costs_its_lookup_timeout_and_says_why():
     addr = f"127.0.0.1:{silent.getsockname()[1]}"
     s = settings("consumer", lookup_timeout=0.2)
     scheduler = kt.Scheduler(s, producer=addr)
+    # The first call starts the lookup and returns at once; it runs until the peer's time is up.
+    assert not scheduler.lookup_running("q")
+    assert scheduler.get_num_new_matched_tokens("q", list(range(40))) is None
+    assert scheduler.lookup_running("q")
     assert scheduler.wait_matched_tokens("q", list(range(40))) == (0, False)
+    assert not scheduler.lookup_running("q")
     errors = scheduler.take_lookup_errors()
     assert len(errors) == 1 and isinstance(errors[0], kt.KvTransferError), errors
     assert isinstance(errors[0], kt.errors.RECOMPUTE), errors

@@ -126,6 +126,11 @@ impl Lookups {
         }
     }
 
+    /// Whether `request`'s lookup runs (a cheap question for a caller asking every step).
+    pub(crate) fn running(&self, request: &str) -> bool {
+        matches!(lock(&self.entries).0.get(request), Some(Entry::Running(_)))
+    }
+
     /// Forgets `request`'s lookup (the request finished); a lookup still running is discarded when it
     /// ends.
     pub(crate) fn forget(&self, request: &str) {
@@ -152,7 +157,7 @@ impl Lookups {
 
 /// Asks every candidate at once how many leading blocks of `keys[..usable]` it holds, each for at most
 /// `deadline`, and chooses the one holding the most (this instance's own store on a tie, then the earlier
-/// candidate).
+/// candidate); the first to hold all of them ends the lookup.
 pub(crate) async fn ask(
     producers: Arc<Producers>,
     candidates: Vec<Candidate>,
@@ -172,10 +177,25 @@ pub(crate) async fn ask(
     }
     let mut held = vec![(0, 0); candidates.len()];
     let mut errors = Vec::new();
+    // Asked, this instance's own store is preferred on a tie: until it has answered, only it can end
+    // the lookup early.
+    let mut own_pending = candidates.iter().any(|c| c.own);
     while let Some(joined) = asks.join_next().await {
         let Ok((i, answer)) = joined else { continue };
+        if candidates[i].own {
+            own_pending = false;
+        }
         match answer {
-            Ok(Ok(blocks)) => held[i] = blocks,
+            Ok(Ok(blocks)) => {
+                held[i] = blocks;
+                // Nobody can hold more than every usable block: the others' answers are not waited
+                // for (they finish in the background, their connections kept), so a slow peer costs
+                // nothing when a quick one holds the whole prompt.
+                if blocks.0 >= usable && (candidates[i].own || !own_pending) {
+                    asks.detach_all();
+                    break;
+                }
+            }
             Ok(Err(e)) => errors.push(e),
             Err(_) => errors.push(ConnectorError::Control {
                 peer: candidates[i].addr.to_string(),

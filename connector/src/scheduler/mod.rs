@@ -225,6 +225,13 @@ impl KvScheduler {
         })
     }
 
+    /// Whether `request`'s lookup runs: [`KvScheduler::get_num_new_matched_tokens`] would answer `None`
+    /// (a caller asking every step can skip passing the prompt again).
+    #[must_use]
+    pub fn lookup_running(&self, request: &str) -> bool {
+        self.lookups.running(request)
+    }
+
     /// Why producers did not answer lookups since the last call (they counted as holding nothing).
     pub fn take_lookup_errors(&self) -> Vec<ConnectorError> {
         std::mem::take(&mut lock(&self.lookup_errors))

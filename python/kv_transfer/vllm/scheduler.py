@@ -58,6 +58,8 @@ class SchedulerSide:
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         started = time.perf_counter()
         try:
+            if self.native.lookup_running(request.request_id):
+                return None, False  # vLLM asks again on a later step; the prompt need not cross again
             params = getattr(request, "kv_transfer_params", None) or {}
             producer = None
             if isinstance(params, dict) and params.get("producer"):

@@ -1,0 +1,132 @@
+//! Lookups over the control channel (TCP on loopback): every candidate asked at once, each for at most
+//! `lookup_timeout`; a silent peer costs a lookup that timeout, unless a quicker one holds the whole prompt.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use backends::tcp::TcpConfig;
+use common::{Instance, Kv, begin_save, request, returns, tcp_producer};
+use connector::{ConnectorConfig, KvRole, RequestExtras, namespace};
+use transfer_engine::MemoryRegion;
+
+const KV: Kv = Kv {
+    layers: 2,
+    block: 4096,
+    pool: 16,
+};
+
+fn config(role: KvRole) -> ConnectorConfig {
+    let mut c = ConnectorConfig::new(role, namespace("test-model", 1, 16));
+    (c.layers, c.block_bytes) = (KV.layers, KV.block);
+    c.store_blocks = if role.saves() { 64 } else { 0 };
+    c
+}
+
+/// A peer that accepts a connection and never answers.
+fn silent_peer() -> (SocketAddr, JoinHandle<std::io::Result<TcpStream>>) {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    (
+        addr,
+        std::thread::spawn(move || silent.accept().map(|(s, _)| s)),
+    )
+}
+
+/// A consumer asking `peers` (in this order), each lookup given `timeout`.
+fn consumer(peers: Vec<SocketAddr>, timeout: Duration) -> Instance {
+    let mut cfg = config(KvRole::Consumer);
+    cfg.lookup_timeout = timeout;
+    let c = Instance::tcp(cfg, TcpConfig::with_engine_id(2), None, None).unwrap();
+    c.scheduler.set_peers(peers);
+    c
+}
+
+/// A producer that has saved blocks `0..n` of `tokens`.
+fn producer_holding(tokens: &[u32], n: u32) -> Instance {
+    let p = tcp_producer(config);
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), KV.pool)
+        .unwrap();
+    let blocks: Vec<u32> = (0..n).collect();
+    begin_save(&p, "made", &tokens[..n as usize * 16], &blocks);
+    for layer in 0..KV.layers {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    p.clear_connector_metadata();
+    p
+}
+
+fn lookup(c: Instance, tokens: Vec<u32>) -> (Instance, (usize, bool)) {
+    returns("a lookup", c, move |c| {
+        let extras = RequestExtras::default();
+        c.get_num_new_matched_tokens(&request("ask", &tokens, &extras), 0)
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_producer_that_never_answers_costs_a_lookup_its_timeout_not_a_hang() {
+    let (silent, hold) = silent_peer();
+    let c = consumer(vec![silent], Duration::from_millis(300));
+    // The lookup's timeout is what ends it (the error names it): nothing found, the prompt computed;
+    // the guard only catches a hang.
+    let (c, found) = lookup(c, (0..40).collect());
+    assert_eq!(found, (0, false));
+    let errors = c.scheduler.take_lookup_errors();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("no answer to a lookup within 300ms")),
+        "{errors:?}"
+    );
+    drop(hold.join());
+}
+
+#[test]
+fn a_producer_holding_the_whole_prompt_ends_the_lookup_without_the_silent_one() {
+    let tokens: Vec<u32> = (500..500 + 3 * 16 + 1).collect();
+    let p = producer_holding(&tokens, 3);
+    let (silent, hold) = silent_peer();
+    // The silent peer is asked first, and would be waited for a minute.
+    let c = consumer(
+        vec![silent, p.control_addr().unwrap()],
+        Duration::from_secs(60),
+    );
+    let started = Instant::now();
+    let (c, found) = lookup(c, tokens);
+    assert_eq!(found, (48, false));
+    // Not the minute: the answer came as soon as the producer said it holds every block.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(c.scheduler.take_lookup_errors().is_empty());
+    drop(c);
+    drop(hold.join());
+}
+
+#[test]
+fn a_producer_holding_part_of_the_prompt_waits_for_the_others() {
+    let tokens: Vec<u32> = (900..900 + 3 * 16 + 1).collect();
+    let p = producer_holding(&tokens, 2);
+    let (silent, hold) = silent_peer();
+    // The silent peer might hold more: it is given its timeout, then the producer's two blocks win.
+    let c = consumer(
+        vec![p.control_addr().unwrap(), silent],
+        Duration::from_millis(300),
+    );
+    let (c, found) = lookup(c, tokens);
+    assert_eq!(found, (32, false));
+    let errors = c.scheduler.take_lookup_errors();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.to_string().contains("within 300ms")),
+        "{errors:?}"
+    );
+    drop(hold.join());
+}
