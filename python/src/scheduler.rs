@@ -140,9 +140,14 @@ impl PyScheduler {
         Ok(())
     }
 
-    /// Follows `registry`: every `every` seconds, in the background, the peers become the producers
-    /// announced there in `namespace` (`exclude` apart); a registry that does not answer leaves them as
-    /// they were. Ends when the scheduler is dropped.
+    /// The peers asked beside the default producer now: those given, then those `follow` found.
+    fn peers(&self) -> Vec<String> {
+        self.0.peers().iter().map(ToString::to_string).collect()
+    }
+
+    /// Follows `registry`: every `every` seconds, in the background, the producers announced there in
+    /// `namespace` (`exclude` apart) are asked beside the peers given; a registry that does not answer
+    /// leaves them as they were. Ends when the scheduler is dropped.
     #[pyo3(signature = (registry, namespace, exclude = None, every = 1.0))]
     fn follow(
         &self,
@@ -157,7 +162,7 @@ impl PyScheduler {
             let Some(s) = scheduler.upgrade() else {
                 return false;
             };
-            s.set_peers(peers);
+            s.set_discovered(peers);
             true
         })
     }

@@ -1,6 +1,7 @@
 """The registry of producers (``Registry.etcd``) against a real etcd server: an announcement is found in
 its namespace only, renewed while it lasts, gone when withdrawn and expired when its process stops
-renewing it. A build without feature ``etcd`` refuses with the way to build one."""
+renewing it; a scheduler that follows the registry asks what is announced in its namespace. A build
+without feature ``etcd`` refuses with the way to build one."""
 
 import subprocess
 import sys
@@ -69,3 +70,28 @@ def test_the_announcement_of_a_process_that_is_gone_expires_with_its_lease(etcd)
     while registry.producers(NS):
         assert time.monotonic() < deadline, "the dead process's announcement outlived its lease"
         time.sleep(0.5)
+
+
+def peers_become(scheduler, want, limit=15.0):
+    deadline = time.monotonic() + limit
+    while scheduler.peers() != want:
+        assert time.monotonic() < deadline, f"peers {scheduler.peers()}, not {want}, after {limit} s"
+        time.sleep(0.05)
+
+
+def test_a_scheduler_following_the_registry_asks_what_is_announced_in_its_namespace(etcd):
+    registry = kt.Registry.etcd([etcd], prefix="test-three")
+    settings = kt.ConnectorSettings(role="both", model="m", weight_version=1, block_size=16, layers=2, block_bytes=4096)
+    scheduler = kt.Scheduler(settings, peers=["127.0.0.1:15000"])
+    assert scheduler.peers() == ["127.0.0.1:15000"]
+    # Followed, what the registry announces is asked beside the peers given: its own address apart, its
+    # namespace only.
+    scheduler.follow(registry, NS, exclude="127.0.0.1:14801", every=0.1)
+    own = registry.announce(10, "127.0.0.1:14801", NS, ttl=5.0)
+    other = registry.announce(11, "127.0.0.1:14802", NS, ttl=5.0)
+    elsewhere = registry.announce(12, "127.0.0.1:14803", NS.replace("weights=1", "weights=2"), ttl=5.0)
+    peers_become(scheduler, ["127.0.0.1:15000", "127.0.0.1:14802"])
+    registry.withdraw(other)
+    peers_become(scheduler, ["127.0.0.1:15000"])
+    for lease in (own, elsewhere):
+        registry.withdraw(lease)

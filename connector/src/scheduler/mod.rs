@@ -45,6 +45,9 @@ pub struct Sources {
     /// Other instances asked, beside the default, for the longest prefix they hold (cross-instance
     /// prefix reuse); the one holding the most serves.
     pub peers: Vec<SocketAddr>,
+    /// Instances a registry announced in this scheduler's namespace (see
+    /// [`KvScheduler::set_discovered`]), asked as `peers` are, after them.
+    pub discovered: Vec<SocketAddr>,
     /// This instance's own workers' control address (rank 0), for a role that saves: a finished
     /// request's transfer parameters name it, and a `both` instance asks its own store there too, as a
     /// lower tier that serves when it holds at least as much as any other.
@@ -145,6 +148,24 @@ impl KvScheduler {
     /// Replaces the peers asked beside the default producer (what discovery found, say).
     pub fn set_peers(&self, peers: Vec<SocketAddr>) {
         lock(&self.sources).peers = peers;
+    }
+
+    /// Replaces the instances discovery found (a registry's latest answer), asked beside `peers`.
+    pub fn set_discovered(&self, found: Vec<SocketAddr>) {
+        lock(&self.sources).discovered = found;
+    }
+
+    /// Every peer asked beside the default producer now: `peers`, then what discovery found (each once).
+    #[must_use]
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        let sources = lock(&self.sources);
+        let mut out = sources.peers.clone();
+        for addr in &sources.discovered {
+            if !out.contains(addr) {
+                out.push(*addr);
+            }
+        }
+        out
     }
 
     /// The scheduler's metrics (lookups and the hit rate they give).
@@ -284,7 +305,8 @@ impl KvScheduler {
         match named {
             Some(p) => add(p.control_for(self.cfg.tp), Some(p.clone()), false),
             None => {
-                for addr in sources.default.iter().chain(&sources.peers) {
+                let asked = sources.peers.iter().chain(&sources.discovered);
+                for addr in sources.default.iter().chain(asked) {
                     add(*addr, Some(KvTransferParams::single(*addr)), false);
                 }
             }
