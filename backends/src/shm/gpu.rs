@@ -265,6 +265,7 @@ mod tests {
         let e = grants
             .copy_from_gpu(0x1000, &MemoryRegion::zeroed(16), 0..16)
             .unwrap_err();
-        assert!(e.to_string().contains("without the `cuda` feature"), "{e}");
+        assert!(e.to_string().contains(crate::NO_GPU_SUPPORT), "{e}");
+        assert!(matches!(e, TransportError::Unsupported { .. }), "{e:?}");
     }
 }
