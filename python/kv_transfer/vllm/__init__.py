@@ -37,7 +37,8 @@ blocks stay loadable until the store evicts them (``store_blocks``, least valuab
 - ``store_blocks`` (``1024``): blocks a producer keeps in its host tier store;
 - ``load_timeout`` (``10.0``): seconds a load may take before its blocks are recomputed;
 - ``lookup_timeout`` (``1.0``): seconds each producer is given to answer a lookup (all are asked at
-  once; one that has not answered holds nothing, so a slow peer costs a lookup this much at most);
+  once; one that has not answered holds nothing, so a slow peer costs a lookup this much at most, and
+  nothing when a quicker one holds the whole prompt);
 - ``hold_timeout`` (``60.0``): seconds a producer holds a ``do_remote_decode`` request's blocks in its
   store when no decode loads them (``0``: no hold); ``hold_expired_blocks`` in the stats counts holds
   that ran out;
