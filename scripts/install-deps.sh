@@ -9,6 +9,7 @@
 #     google/protobuf/descriptor.proto and struct.proto: protoc from protobuf-compiler, the well-known
 #     .proto files from libprotobuf-dev (protobuf-compiler alone does not carry them);
 #   - the etcd discovery tests start a real etcd server (etcd-server);
+#   - the cluster index tests and `te-bench cluster` start a real Redis server (redis-server);
 #   - alloca's and other cc builds compile C against libc's headers (libc6-dev, with gcc);
 #   - pkg-config, which -sys build scripts use to find libraries;
 #   - the rdma backend (feature `rdma`) compiles a C shim against libfabric's headers (libfabric-dev) and runs
@@ -27,6 +28,7 @@ NEEDS=(
   "libprotobuf-dev /usr/include/google/protobuf/descriptor.proto"
   "libprotobuf-dev /usr/include/google/protobuf/struct.proto"
   "etcd-server etcd"
+  "redis-server redis-server"
   "gcc gcc"
   "libc6-dev /usr/include/stdint.h"
   "pkg-config pkg-config"

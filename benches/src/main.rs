@@ -6,6 +6,7 @@
 mod args;
 mod bucket;
 mod buffers;
+mod cluster_replay;
 mod contention;
 mod death;
 mod disk;
@@ -56,6 +57,9 @@ enum Command {
     Run(run::RunArgs),
     /// Replays a request trace against a cache policy and reports the prefix hit ratio.
     Replay(replay::ReplayArgs),
+    /// Replays a trace over N simulated instances sharing one KV pool through a real Redis index, each
+    /// request routed by a policy; reports hit ratios, load balance, bytes moved and index costs.
+    Cluster(cluster_replay::ClusterArgs),
     /// Runs one transfer over a simulated faulty fabric (virtual time) and checks what arrived.
     Sim(sim::SimArgs),
     /// Collective latency alone, beside KV under strict priority + cap, and beside KV as plain FIFO.
@@ -145,6 +149,7 @@ fn run_command(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::main(&args),
         Command::Replay(args) => replay::main(&args),
+        Command::Cluster(args) => cluster_replay::main(&args),
         Command::Sweep(args) => sweep::main(&args),
         Command::Sim(args) => sim::main(&args),
         Command::Contention(args) => contention::main(&args),

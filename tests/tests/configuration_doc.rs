@@ -74,6 +74,13 @@ fn the_connector_policy_and_simulator_settings_are_documented_with_their_default
             "DiskConfig",
             format!("{:?}", DiskConfig::new("/kv", 1 << 30)),
         ),
+        (
+            "IndexConfig",
+            format!(
+                "{:?}",
+                cluster::IndexConfig::new("redis://127.0.0.1:6379", "10.0.0.1:7000")
+            ),
+        ),
         ("HeatConfig", format!("{:?}", HeatConfig::default())),
         (
             "TierConfig",
