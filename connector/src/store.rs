@@ -77,6 +77,7 @@ pub struct TierStore {
     disk: Option<DiskTier>,
     disk_stats: DiskTierStats,
     holds: hold::Holds,
+    announcer: announce::Announcer,
 }
 
 impl TierStore {
@@ -129,6 +130,7 @@ impl TierStore {
             disk: None,
             disk_stats: DiskTierStats::default(),
             holds: hold::Holds::default(),
+            announcer: announce::Announcer::default(),
         })
     }
 
@@ -251,6 +253,9 @@ impl TierStore {
             } else {
                 self.zombies.insert(e.slot, e.pins);
             }
+            if e.layers == self.layout.layers {
+                self.announce(key);
+            }
         }
     }
 
@@ -334,6 +339,7 @@ impl TierStore {
             report.copied += 1;
             if e.layers == self.layout.layers {
                 report.completed += 1;
+                self.announce(key);
             }
             parent = Some(*key);
         }
@@ -453,6 +459,7 @@ impl TierStore {
     }
 }
 
+mod announce;
 mod disk;
 #[cfg(test)]
 mod disk_tests;

@@ -1,5 +1,6 @@
 //! Lookups over the control channel (TCP on loopback): every candidate asked at once, each for at most
 //! `lookup_timeout`; a silent peer costs a lookup that timeout, unless a quicker one holds the whole prompt.
+//! With the cluster index (a real `redis-server` the tests start), only the holders it names are asked.
 
 mod common;
 
@@ -8,8 +9,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use backends::tcp::TcpConfig;
+use cluster::local_redis::LocalRedis;
+use cluster::{IndexClient, IndexConfig};
 use common::{Instance, Kv, begin_save, request, returns, tcp_producer};
-use connector::{ConnectorConfig, KvRole, RequestExtras, namespace};
+use connector::{ConnectorConfig, KvRole, RequestExtras, ScopedKey, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -129,4 +132,91 @@ fn a_producer_holding_part_of_the_prompt_waits_for_the_others() {
         "{errors:?}"
     );
     drop(hold.join());
+}
+
+/// An index client of the test's Redis, to watch what producers published.
+fn watcher(url: &str) -> IndexClient {
+    let mut cfg = IndexConfig::new(url, "watcher");
+    cfg.timeout = Duration::from_secs(2);
+    IndexClient::new(cfg).unwrap()
+}
+
+/// Waits (at most 20 s) until the index says `producer` holds `blocks` leading blocks of `keys`.
+fn published(url: &str, keys: &[ScopedKey], producer: &Instance, blocks: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let watch = watcher(url);
+    let name = producer.control_addr().unwrap().to_string();
+    let tier_keys: Vec<_> = keys.iter().map(ScopedKey::tier_key).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let found = rt.block_on(watch.lookup(keys[0].ns, &tier_keys));
+        if found.as_ref().is_ok_and(|f| f.held_by(&name) == blocks) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never published: {found:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn prompt_keys(c: &Instance, tokens: &[u32]) -> Vec<ScopedKey> {
+    let extras = RequestExtras::default();
+    c.request_keys(&request("keys", tokens, &extras))
+}
+
+#[test]
+fn with_the_index_a_lookup_asks_the_holder_it_names_and_not_the_peers() {
+    let redis = LocalRedis::start().unwrap();
+    // Three usable blocks; the holder has two, so a lookup asking anyone else would wait for them.
+    let tokens: Vec<u32> = (1300..1300 + 3 * 16 + 1).collect();
+    let holder = producer_holding_published(&tokens, 2, &redis.url());
+    // A peer that listens and never answers: listed, but the index does not name it, so it is never
+    // asked (asked, it would cost the lookup its 20 s timeout).
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = consumer(vec![silent.local_addr().unwrap()], Duration::from_secs(20));
+    c.scheduler
+        .use_index(IndexConfig::new(redis.url(), ""))
+        .unwrap();
+    let keys = prompt_keys(&c, &tokens);
+    published(&redis.url(), &keys, &holder, 2);
+    let started = Instant::now();
+    let (c, found) = lookup(c, tokens);
+    assert_eq!(found, (32, false));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(c.scheduler.take_lookup_errors().is_empty());
+}
+
+#[test]
+fn without_an_answer_from_the_index_a_lookup_asks_the_peers() {
+    // An index where nothing listens: the lookup asks whom it would without one.
+    let dead = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let tokens: Vec<u32> = (1700..1700 + 2 * 16 + 1).collect();
+    let p = producer_holding(&tokens, 2);
+    let c = consumer(vec![p.control_addr().unwrap()], Duration::from_secs(5));
+    c.scheduler.use_index(IndexConfig::new(url, "")).unwrap();
+    let (_c, found) = lookup(c, tokens);
+    assert_eq!(found, (32, false));
+}
+
+/// A producer that has saved blocks `0..n` of `tokens`, publishing to the index at `url`.
+fn producer_holding_published(tokens: &[u32], n: u32, url: &str) -> Instance {
+    let p = tcp_producer(config);
+    p.worker
+        .publish_to_index(IndexConfig::new(url, ""))
+        .unwrap();
+    p.register_kv_caches(MemoryRegion::zeroed(KV.pool_bytes()), KV.pool)
+        .unwrap();
+    let blocks: Vec<u32> = (0..n).collect();
+    begin_save(&p, "made", &tokens[..n as usize * 16], &blocks);
+    for layer in 0..KV.layers {
+        p.save_kv_layer(layer).unwrap();
+    }
+    p.wait_for_save().unwrap();
+    p.clear_connector_metadata();
+    p
 }

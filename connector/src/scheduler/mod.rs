@@ -3,6 +3,7 @@
 //! loads for the workers ([`plan`]) and names where a finished request's KV waits. It moves no KV and
 //! holds no store; the worker half ([`crate::KvWorker`]) does.
 
+mod index;
 mod lookup;
 mod plan;
 
@@ -90,6 +91,7 @@ pub struct KvScheduler {
     pub(crate) metrics: Arc<Metrics>,
     lookup_errors: Mutex<Vec<ConnectorError>>,
     rank_controls: Mutex<Vec<SocketAddr>>,
+    index: Mutex<Option<Arc<cluster::IndexClient>>>,
 }
 
 impl std::fmt::Debug for KvScheduler {
@@ -116,6 +118,7 @@ impl KvScheduler {
             metrics: Arc::new(Metrics::default()),
             lookup_errors: Mutex::default(),
             rank_controls: Mutex::default(),
+            index: Mutex::default(),
             cfg,
         })
     }
@@ -277,7 +280,14 @@ impl KvScheduler {
             req.id.to_owned(),
         );
         let (tp, deadline) = (self.rank_kv(), self.cfg.lookup_timeout);
+        // With an index, a request naming no producer asks the holders it names instead of every peer.
+        let index = self.index().filter(|_| req.transfer_params.is_none());
+        let always = self.candidates_without_peers();
         self.rt.spawn(async move {
+            let candidates = match index {
+                Some(index) => index::candidates(&index, &keys[..usable], always, candidates).await,
+                None => candidates,
+            };
             let found = lookup::ask(producers, candidates, keys, usable, tp, deadline).await;
             lookups.finish(&id, generation, found);
         });
@@ -310,6 +320,29 @@ impl KvScheduler {
                     add(*addr, Some(KvTransferParams::single(*addr)), false);
                 }
             }
+        }
+        out
+    }
+
+    /// This instance's own store (for a role that saves) and the default producer: whom a lookup asks
+    /// whatever the index says.
+    fn candidates_without_peers(&self) -> Vec<Candidate> {
+        let sources = lock(&self.sources);
+        let own = sources.own.filter(|_| self.cfg.role.saves());
+        let mut out: Vec<Candidate> = own
+            .map(|addr| Candidate {
+                addr,
+                producer: None,
+                own: true,
+            })
+            .into_iter()
+            .collect();
+        if let Some(addr) = sources.default.filter(|d| Some(*d) != own) {
+            out.push(Candidate {
+                addr,
+                producer: Some(KvTransferParams::single(addr)),
+                own: false,
+            });
         }
         out
     }

@@ -111,6 +111,7 @@ impl TierStore {
         );
         self.by_tier.insert(tier_key, key);
         self.apply_moves(moves);
+        self.announce(&key);
     }
 
     /// The disk tier's counters (`None` without one).
@@ -158,6 +159,7 @@ impl TierStore {
                     self.release(&key);
                     if let Some(d) = &self.disk {
                         d.remove(&key);
+                        self.announce(&key);
                     }
                 }
                 Some(Tier::Remote) if self.index.contains_key(&key) && !self.demote(key) => {
@@ -200,6 +202,7 @@ impl TierStore {
             _ => Put::NoSlot, // a block still being saved (or no disk) cannot move down
         };
         self.release(&key);
+        self.announce(&key);
         if put == Put::Queued {
             self.disk_stats.demoted += 1;
             true
@@ -245,6 +248,12 @@ impl TierStore {
         }
         for key in &failed {
             disk.remove(key);
+        }
+        for (key, _, _) in &placed {
+            self.announce(key);
+        }
+        for key in &failed {
+            self.announce(key);
         }
         self.peak_used = self.peak_used.max(self.used());
         self.disk_stats.promote_failed += failed.len() as u64;

@@ -3,6 +3,7 @@
 //! with the control server that serves consumers. It loads ([`load`]) and saves ([`save`]) what the
 //! scheduler half's metadata plans; how one is made over each transport is [`open`].
 
+mod index;
 mod load;
 mod open;
 mod save;
