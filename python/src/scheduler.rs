@@ -140,6 +140,17 @@ impl PyScheduler {
         Ok(())
     }
 
+    /// Asks the cluster index at `url` (`redis://host:port`) which instances hold a prompt, and only
+    /// them (with this instance's own store and its default producer), instead of every peer; the peers
+    /// are asked when the index does not answer within `timeout` seconds. `instance`: this instance's
+    /// own name there (its control address), left out of the answers.
+    #[pyo3(signature = (url, instance = None, timeout = 0.05))]
+    fn use_index(&self, url: String, instance: Option<String>, timeout: f64) -> PyResult<()> {
+        let mut cfg = cluster::IndexConfig::new(url, instance.unwrap_or_default());
+        cfg.timeout = crate::worker::seconds("timeout", timeout)?;
+        self.0.use_index(cfg).map_err(err)
+    }
+
     /// The peers asked beside the default producer now: those given, then those `follow` found.
     fn peers(&self) -> Vec<String> {
         self.0.peers().iter().map(ToString::to_string).collect()

@@ -130,6 +130,16 @@ impl PyWorker {
         self.0.control_addr().map(|a| a.to_string())
     }
 
+    /// Publishes what this worker's store holds to the cluster index at `url` (`redis://host:port`),
+    /// under a lease of `lease` seconds renewed in the background, until the worker is dropped.
+    /// `instance`: the address others load from it by (default: its control address).
+    #[pyo3(signature = (url, instance = None, lease = 5.0))]
+    fn publish_to_index(&self, url: String, instance: Option<String>, lease: f64) -> PyResult<()> {
+        let mut cfg = cluster::IndexConfig::new(url, instance.unwrap_or_default());
+        cfg.lease = seconds("lease", lease)?;
+        self.0.publish_to_index(cfg).map_err(err)
+    }
+
     /// vLLM's `get_handshake_metadata`: this rank's place and control address, for the scheduler's
     /// `set_rank_handshakes`.
     fn rank_handshake<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -275,4 +285,13 @@ fn rdma_worker(
     _control: Option<std::net::SocketAddr>,
 ) -> PyResult<PyWorker> {
     Err(crate::no_rdma())
+}
+
+/// `value` seconds as a duration, or a configuration error naming `what`.
+pub(crate) fn seconds(what: &str, value: f64) -> PyResult<std::time::Duration> {
+    std::time::Duration::try_from_secs_f64(value).map_err(|_| {
+        config(format!(
+            "`{what}` must be a non-negative number of seconds, not {value}"
+        ))
+    })
 }

@@ -121,3 +121,26 @@ def test_requests_preempted_for_a_tiny_kv_cache_load_again_and_save_whole():
     finally:
         consumer.close()
         producer.close()
+
+
+def test_with_the_cluster_index_a_consumer_finds_the_instance_holding_a_prompt_without_peers():
+    from redis_server import redis_server
+
+    with redis_server() as url:
+        holder = Instance("both", "LBNHC", free_port(), extra={"index": url})
+        # No producer named, no peers: only the index says where the prompt is.
+        asking = Instance("consumer", "LBNHC", free_port(), extra={"index": url})
+        try:
+            made = holder.ask(id="made", prompt=PROMPT)
+            assert made["loaded_tokens"] == 0, made
+            # The holder publishes in the background: until its blocks are in the index, the consumer
+            # finds nothing and computes (storing nothing: it is a consumer).
+            for attempt in range(100):
+                got = asking.ask(id=f"ask{attempt}", prompt=PROMPT)
+                if got["loaded_tokens"]:
+                    break
+            assert got["loaded_tokens"] == 3 * BLOCK and got["blocks_hold_the_prompt"], got
+            assert got["hits_by_source"] == {"p2p": 3 * BLOCK}, got["hits_by_source"]
+        finally:
+            asking.close()
+            holder.close()

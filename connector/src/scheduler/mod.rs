@@ -270,7 +270,9 @@ impl KvScheduler {
         let bs = self.cfg.namespace.block_size as usize;
         let usable = keys.len().min(req.tokens.len().saturating_sub(1) / bs);
         let candidates = self.candidates(req.transfer_params);
-        if usable == 0 || candidates.is_empty() {
+        // With an index, a request naming no producer asks the holders it names instead of every peer.
+        let index = self.index().filter(|_| req.transfer_params.is_none());
+        if usable == 0 || (candidates.is_empty() && index.is_none()) {
             return Some(Found::nothing(keys));
         }
         let generation = self.lookups.start(req.id);
@@ -280,8 +282,6 @@ impl KvScheduler {
             req.id.to_owned(),
         );
         let (tp, deadline) = (self.rank_kv(), self.cfg.lookup_timeout);
-        // With an index, a request naming no producer asks the holders it names instead of every peer.
-        let index = self.index().filter(|_| req.transfer_params.is_none());
         let always = self.candidates_without_peers();
         self.rt.spawn(async move {
             let candidates = match index {

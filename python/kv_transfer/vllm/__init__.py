@@ -73,6 +73,9 @@ blocks stay loadable until the store evicts them (``store_blocks``, least valuab
   start-up fails it;
 - ``discovery_ttl`` (``10.0``): seconds an announcement outlives its instance (renewed every third of
   that while it runs);
+- ``index`` (``""``): a cluster index on Redis or Valkey (``redis://host:port``): a role that saves
+  publishes what its store holds there; a role that loads asks it who holds a prompt and asks only
+  them, instead of every peer (the peers when the index does not answer);
 - ``disk_path`` (``""``: none) and ``disk_bytes`` (``0``): a disk tier below a producer's host store, in
   ``disk_path/rank<r>`` for each worker (one directory per instance: two instances must not share one),
   at most ``disk_bytes`` per worker; blocks leaving host memory are written there, lookups and loads cover

@@ -30,6 +30,7 @@ EXTRA_CONFIG: dict[str, Any] = {
     "peers": [],
     "discovery": [],
     "discovery_ttl": 10.0,
+    "index": "",
     "backend": "tcp",
     "rdma_provider": "auto-local",
     "rdma_domain": "",
@@ -71,6 +72,7 @@ class Options:
     peers: tuple[str, ...]
     discovery: tuple[str, ...]
     discovery_ttl: float
+    index: str
     backend: str
     rdma_provider: str
     rdma_domain: str
@@ -129,7 +131,7 @@ def parse(extra: dict[str, Any]) -> Options:
     for key in ("async_loads", "shm_same_host"):
         if not isinstance(o[key], bool):
             raise _bad(key, o[key], " is not true or false")
-    for key in ("kv_ip", "backend", "rdma_provider", "rdma_domain", "shm_socket_dir", "disk_path"):
+    for key in ("kv_ip", "index", "backend", "rdma_provider", "rdma_domain", "shm_socket_dir", "disk_path"):
         if not isinstance(o[key], str):
             raise _bad(key, o[key], " is not a string")
     o["peers"] = _addresses("peers", o["peers"])
@@ -137,6 +139,8 @@ def parse(extra: dict[str, Any]) -> Options:
     o["discovery_ttl"] = _number("discovery_ttl", o["discovery_ttl"], float, 0.0, strict=True)
     o["kv_bandwidth_gbps"] = _number("kv_bandwidth_gbps", o["kv_bandwidth_gbps"], float, 0.0)
     o["disk_bytes"] = _number("disk_bytes", o["disk_bytes"], int, 0)
+    if o["index"] and not o["index"].startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
+        raise _bad("index", o["index"], ": use a Redis or Valkey URL such as 'redis://127.0.0.1:6379'")
     if o["backend"] not in _BACKENDS:
         raise _bad("backend", o["backend"], ": use 'tcp', 'shm' or 'rdma'")
     if bool(o["disk_path"]) != (o["disk_bytes"] > 0):

@@ -33,6 +33,9 @@ class SchedulerSide:
                 raise ConfigurationError(f"kv_connector_extra_config['discovery'] = {list(opts.discovery)!r}: {e}") from e
             # Refreshed in Rust, in the background: a registry that is slow costs vLLM's thread nothing.
             self.native.follow(self.registry, namespace, exclude=own)
+        if role != "producer" and opts.index:
+            # Asked in the lookup's background task: one round trip names the holders, only they are asked.
+            self.native.use_index(opts.index, instance=own)
         # Whether vLLM's own block hashes are this connector's keys, byte for byte (found on the first
         # request with a full block; then prompts are not hashed again).
         self.hashes_usable: bool | None = None

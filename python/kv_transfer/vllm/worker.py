@@ -136,8 +136,13 @@ class WorkerSide:
         return int(get_tensor_model_parallel_rank())
 
     def _announce(self, rank: int) -> None:
-        """A worker of rank 0 that serves KV announces its control address."""
-        if self.role == "consumer" or rank != 0 or not self.opts.discovery:
+        """A worker of rank 0 that serves KV announces its control address, and publishes what its
+        store holds to the cluster index."""
+        if self.role == "consumer" or rank != 0:
+            return
+        if self.opts.index and self.native is not None:
+            self.native.publish_to_index(self.opts.index, instance=self.opts.control(self.port))
+        if not self.opts.discovery:
             return
         self.registry = Registry.etcd(list(self.opts.discovery))
         control = self.opts.control(self.port)
