@@ -53,7 +53,12 @@ impl IndexClient {
     /// A client for `cfg` (checked). Opens no connection yet.
     pub fn new(cfg: IndexConfig) -> Result<IndexClient, IndexError> {
         cfg.validate()?;
-        let client = redis::Client::open(cfg.url.as_str())?;
+        let client = redis::Client::open(cfg.url.as_str()).map_err(|e| {
+            IndexError::Config(format!(
+                "{:?} is not a Redis URL (redis://host:port, rediss:// for TLS): {e}",
+                cfg.url
+            ))
+        })?;
         Ok(IndexClient {
             cfg,
             client,
@@ -112,6 +117,21 @@ impl IndexClient {
             self.remove_stale(ns, keys, &found.stale);
         }
         Ok(found)
+    }
+
+    /// The instances holding a live lease in `ns` now (by the server's clock), in address order: those a
+    /// lookup would name.
+    pub async fn live(&self, ns: NamespaceId) -> Result<Vec<String>, IndexError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME")
+            .cmd("HGETALL")
+            .arg(leases_key(&self.cfg.prefix, ns));
+        let mut answers = self.query(&pipe).await?;
+        let leases: Pairs = parse(answers.pop().unwrap_or(Value::Nil))?;
+        let now = server_ms(parse(answers.pop().unwrap_or(Value::Nil))?);
+        let mut live: Vec<String> = live_leases(&leases, now).into_keys().collect();
+        live.sort();
+        Ok(live)
     }
 
     /// Publishes `events` under `epoch` in one pipeline (each stored block's entries then expire
@@ -278,9 +298,18 @@ impl IndexClient {
     }
 
     /// Runs `pipe` on the connection (opened if there is none), within the timeout.
+    /// Runs `pipe`, within `timeout` in all. A connection found dropped (Redis restarted since the last
+    /// call) is replaced and the pipeline sent once more: every pipeline here may run twice (writes set
+    /// values, they add nothing), and the first call after a restart should not be lost.
     async fn query(&self, pipe: &Pipeline) -> Result<Vec<Value>, IndexError> {
         let mut con = self.connection().await?;
-        within(self.cfg.timeout, pipe.query_async::<Vec<Value>>(&mut con)).await
+        let call = async {
+            match pipe.query_async::<Vec<Value>>(&mut con).await {
+                Err(e) if e.is_connection_dropped() => pipe.query_async(&mut con).await,
+                answer => answer,
+            }
+        };
+        within(self.cfg.timeout, call).await
     }
 
     async fn connection(&self) -> Result<ConnectionManager, IndexError> {

@@ -34,6 +34,19 @@ impl FromStr for RoutePolicy {
     }
 }
 
+impl RoutePolicy {
+    /// The name [`RoutePolicy::from_str`] reads.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            RoutePolicy::RoundRobin => "round-robin",
+            RoutePolicy::LeastLoaded => "least-loaded",
+            RoutePolicy::CacheAware => "cache",
+            RoutePolicy::CacheLoad => "cache-load",
+        }
+    }
+}
+
 /// One instance as the router sees it for one request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
@@ -175,6 +188,7 @@ mod tests {
             ("cache-load", RoutePolicy::CacheLoad),
         ] {
             assert_eq!(name.parse::<RoutePolicy>(), Ok(p));
+            assert_eq!(p.name(), name);
         }
         assert!(
             "random"

@@ -271,6 +271,26 @@ async fn without_redis_lookups_fail_fast_publishes_are_dropped_and_a_returning_r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_lookup_after_redis_restarted_is_answered_on_a_new_connection() {
+    let redis = LocalRedis::start().unwrap();
+    let port = redis.port();
+    let url = redis.url();
+    let a = Instance::start(&url, "a:1").await;
+    a.store(&[1, 2], IndexTier::Host).await;
+    let router = reader(&url);
+    assert_eq!(
+        router.lookup(NS, &prompt(&[1, 2])).await.unwrap().longest(),
+        2
+    );
+    // Restarted between two lookups: the router's connection is gone, though it has not seen it yet.
+    redis.kill();
+    let _back = LocalRedis::start_on(port).unwrap();
+    let found = router.lookup(NS, &prompt(&[1, 2])).await;
+    assert!(found.is_ok(), "{found:?}");
+    assert_eq!(router.stats().counts().lookup_failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_lookup_answers_for_sixty_four_instances() {
     let redis = LocalRedis::start().unwrap();
     let mut instances = Vec::new();
