@@ -10,7 +10,9 @@ holds it (with its buffer export) while the region lives.
 The KV connector comes in vLLM's two halves: a :class:`Scheduler` (lookups, in the background; plans) and
 a :class:`Worker` (KV caches, transport, store), both made of one :class:`ConnectorSettings`, checked
 once; the plan crosses from one to the other as :class:`ConnectorMetadata` bytes.
-``kv_transfer.vllm`` is the connector vLLM loads by module path.
+``kv_transfer.vllm`` is the connector vLLM loads by module path. A router reads the cluster index the
+connectors publish to through :class:`ClusterIndex` (who holds how long a prefix of a prompt) and chooses
+an instance with :class:`Router`; ``python -m kv_transfer.proxy`` is such a router.
 
 Registered memory is shared with the engine: while a session that reads a region (sending) or writes it
 (receiving) is live, Python code must not write those blocks, nor read the blocks still arriving. Read a
@@ -27,15 +29,18 @@ from __future__ import annotations
 
 from ._native import (
     FEATURES,
+    ClusterIndex,
     ConnectorMetadata,
     ConnectorSettings,
     Incoming,
+    IndexAnswer,
     KvLayout,
     Node,
     Outcome,
     Region,
     RegionHandle,
     Registry,
+    Router,
     Scheduler,
     Worker,
 )
@@ -51,11 +56,13 @@ from .errors import (
 
 __all__ = [
     "FEATURES",
+    "ClusterIndex",
     "ConfigurationError",
     "ConnectorMetadata",
     "ConnectorSettings",
     "DeviceError",
     "Incoming",
+    "IndexAnswer",
     "KvLayout",
     "KvTransferError",
     "LayerLostError",
@@ -67,6 +74,7 @@ __all__ = [
     "Region",
     "RegionHandle",
     "Registry",
+    "Router",
     "Scheduler",
     "Worker",
 ]

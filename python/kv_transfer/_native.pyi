@@ -5,15 +5,18 @@ from typing import Any, TypeAlias, final
 
 __all__ = [
     "FEATURES",
+    "ClusterIndex",
     "ConnectorMetadata",
     "ConnectorSettings",
     "Incoming",
+    "IndexAnswer",
     "KvLayout",
     "Node",
     "Outcome",
     "Region",
     "RegionHandle",
     "Registry",
+    "Router",
     "Scheduler",
     "Worker",
 ]
@@ -260,3 +263,40 @@ class Registry:
     def announce(self, engine_id: int, control_addr: str, namespace: str, ttl: float = 10.0) -> int: ...
     def producers(self, namespace: str, exclude: str | None = None) -> list[str]: ...
     def withdraw(self, lease: int) -> None: ...
+
+@final
+class ClusterIndex:
+    def __new__(
+        cls, url: str, settings: ConnectorSettings, timeout: float = 0.05, prefix: str | None = None
+    ) -> ClusterIndex: ...
+    def lookup(self, tokens: Sequence[int]) -> IndexAnswer: ...
+    def live(self) -> list[str]: ...
+    @property
+    def namespace(self) -> str: ...
+
+@final
+class IndexAnswer:
+    @property
+    def blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def pooled(self) -> int: ...
+    @property
+    def stale(self) -> int: ...
+    @property
+    def holders(self) -> dict[str, int]: ...
+
+@final
+class Router:
+    def __new__(cls, policy: str) -> Router: ...
+    def choose(
+        self,
+        candidates: Sequence[tuple[int, float]],
+        blocks: int = 0,
+        pooled: int = 0,
+        compute_per_block: float = 0.0,
+        transfer_per_block: float = 0.0,
+    ) -> int: ...
+    @property
+    def policy(self) -> str: ...

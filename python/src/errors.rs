@@ -25,6 +25,18 @@ pub(crate) struct Classified {
     message: String,
 }
 
+impl Classified {
+    /// `fault`'s, saying `message`; no namespace mismatch, no lost layer.
+    pub(crate) fn new(fault: Fault, message: String) -> Classified {
+        Classified {
+            fault,
+            namespace: false,
+            lost: None,
+            message,
+        }
+    }
+}
+
 /// A Rust error that knows whose fault it is.
 pub(crate) trait Classify: std::fmt::Display {
     fn classify(&self) -> Classified;

@@ -8,6 +8,7 @@
 mod buffer;
 mod connector;
 mod errors;
+mod index;
 mod layout;
 mod node;
 mod objects;
@@ -115,5 +116,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorker>()?;
     m.add_class::<connector::PyConnectorMetadata>()?;
     m.add_class::<registry::PyRegistry>()?;
+    m.add_class::<index::PyClusterIndex>()?;
+    m.add_class::<index::PyIndexAnswer>()?;
+    m.add_class::<index::PyRouter>()?;
     Ok(())
 }
