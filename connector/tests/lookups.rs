@@ -89,6 +89,47 @@ fn a_producer_that_never_answers_costs_a_lookup_its_timeout_not_a_hang() {
 }
 
 #[test]
+fn an_idle_step_waits_for_a_running_lookup_up_to_its_limit_and_no_longer_than_it_runs() {
+    let extras = RequestExtras::default();
+    let tokens: Vec<u32> = (0..40).collect();
+    // No lookup runs: no wait.
+    let c = consumer(Vec::new(), Duration::from_secs(1));
+    let started = Instant::now();
+    c.scheduler.wait_for_lookups(Duration::from_secs(20));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A lookup at a silent peer runs for its timeout: a wait lasts its own limit.
+    let (silent, hold) = silent_peer();
+    let c = consumer(vec![silent], Duration::from_secs(3));
+    let asked = c
+        .scheduler
+        .get_num_new_matched_tokens(&request("r", &tokens, &extras), 0);
+    assert!(asked.unwrap().is_none(), "the lookup should be running");
+    let started = Instant::now();
+    c.scheduler.wait_for_lookups(Duration::from_millis(100));
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(c.scheduler.lookup_running("r"));
+    // A longer wait ends when the lookup does (its 3 s timeout), not at the wait's limit.
+    let started = Instant::now();
+    c.scheduler.wait_for_lookups(Duration::from_secs(60));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!c.scheduler.lookup_running("r"));
+    drop(hold.join());
+}
+
+#[test]
 fn a_producer_holding_the_whole_prompt_ends_the_lookup_without_the_silent_one() {
     let tokens: Vec<u32> = (500..500 + 3 * 16 + 1).collect();
     let p = producer_holding(&tokens, 3);

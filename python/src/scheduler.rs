@@ -128,6 +128,15 @@ impl PyScheduler {
         self.0.lookup_running(request_id)
     }
 
+    /// Waits (GIL released), at most `limit` seconds, until one of the running lookups ends; returns at
+    /// once when none runs. For a step that schedules nothing while lookups run, so the engine's loop
+    /// does not spin.
+    fn wait_for_lookups(&self, py: Python<'_>, limit: f64) -> PyResult<()> {
+        let limit = crate::worker::seconds("limit", limit)?;
+        py.detach(|| self.0.wait_for_lookups(limit));
+        Ok(())
+    }
+
     /// Why producers did not answer lookups since the last call (they counted as holding nothing), as
     /// exceptions of their class.
     fn take_lookup_errors(&self) -> Vec<PyErr> {

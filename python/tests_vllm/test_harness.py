@@ -146,12 +146,14 @@ def test_a_bad_extra_config_key_fails_start_up_naming_it():
     with pytest.raises(ValueError, match="discovery_ttl"):
         parse({"discovery_ttl": "long"})
     assert parse({"discovery": ["127.0.0.1:2379"]}).discovery == ("127.0.0.1:2379",)
+    assert parse({}).index_timeout == 0.05 and parse({"index_timeout": 2}).index_timeout == 2.0
     with pytest.raises(ValueError, match=r"\['kv_ip'\] = 'localhost' is not an IP address"):
         parse({"kv_ip": "localhost"})
     assert parse({"kv_ip": "::1"}).kv_ip == "::1"
     # Keys of the deployment are checked here; those that are connector settings where every setting is
     # (the native ConnectorSettings): either way the error names the extra-config key.
-    for key, value in [("kv_bandwidth_gbps", -2.5), ("discovery_ttl", float("inf")), ("disk_bytes", -1)]:
+    for key, value in [("kv_bandwidth_gbps", -2.5), ("discovery_ttl", float("inf")), ("disk_bytes", -1),
+                       ("index_timeout", 0.0)]:
         with pytest.raises(ValueError, match=rf"\['{key}'\] = .*must be finite and"):
             parse({key: value})
     for key, value in [("store_blocks", -1), ("load_timeout", 0), ("lookup_timeout", 0.0),

@@ -137,6 +137,30 @@ impl Lookups {
         lock(&self.entries).0.remove(request);
     }
 
+    /// Waits, at most `limit`, until one of the lookups running now ends (at once when none runs).
+    pub(crate) fn wait_any(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let mut guard = lock(&self.entries);
+        let running = |entries: &HashMap<String, Entry>| {
+            entries
+                .values()
+                .filter(|e| matches!(e, Entry::Running(_)))
+                .count()
+        };
+        let before = running(&guard.0);
+        while before > 0 && running(&guard.0) >= before {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            guard = self
+                .finished
+                .wait_timeout(guard, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
     /// Waits, at most `limit`, until `request`'s lookup is no longer running.
     pub(crate) fn wait(&self, request: &str, limit: Duration) {
         let until = Instant::now() + limit;

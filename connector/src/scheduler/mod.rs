@@ -256,6 +256,13 @@ impl KvScheduler {
         self.lookups.running(request)
     }
 
+    /// Waits, at most `limit`, until one of the running lookups ends; returns at once when none runs.
+    /// For an engine step that schedules nothing while lookups run: asking again at once would spin
+    /// the engine's loop, and on a small host starve the very producers the lookups wait for.
+    pub fn wait_for_lookups(&self, limit: Duration) {
+        self.lookups.wait_any(limit);
+    }
+
     /// Why producers did not answer lookups since the last call (they counted as holding nothing).
     pub fn take_lookup_errors(&self) -> Vec<ConnectorError> {
         std::mem::take(&mut lock(&self.lookup_errors))

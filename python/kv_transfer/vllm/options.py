@@ -31,6 +31,7 @@ EXTRA_CONFIG: dict[str, Any] = {
     "discovery": [],
     "discovery_ttl": 10.0,
     "index": "",
+    "index_timeout": 0.05,
     "backend": "tcp",
     "rdma_provider": "auto-local",
     "rdma_domain": "",
@@ -73,6 +74,7 @@ class Options:
     discovery: tuple[str, ...]
     discovery_ttl: float
     index: str
+    index_timeout: float
     backend: str
     rdma_provider: str
     rdma_domain: str
@@ -139,6 +141,7 @@ def parse(extra: dict[str, Any]) -> Options:
     o["discovery_ttl"] = _number("discovery_ttl", o["discovery_ttl"], float, 0.0, strict=True)
     o["kv_bandwidth_gbps"] = _number("kv_bandwidth_gbps", o["kv_bandwidth_gbps"], float, 0.0)
     o["disk_bytes"] = _number("disk_bytes", o["disk_bytes"], int, 0)
+    o["index_timeout"] = _number("index_timeout", o["index_timeout"], float, 0.0, strict=True)
     if o["index"] and not o["index"].startswith(("redis://", "rediss://", "valkey://", "valkeys://")):
         raise _bad("index", o["index"], ": use a Redis or Valkey URL such as 'redis://127.0.0.1:6379'")
     if o["backend"] not in _BACKENDS:

@@ -1,5 +1,10 @@
 """The connector's scheduler half, in vLLM's engine-core process: lookups (in Rust, in the background: no
-call here waits on the network), plans for the workers, transfer parameters. It moves no KV."""
+call here waits on the network), plans for the workers, transfer parameters. It moves no KV.
+
+While a lookup runs, vLLM asks again on every step; a step that schedules nothing waits (at most
+``IDLE_STEP_WAIT``) for a lookup to end instead, or vLLM's loop would spin through empty steps, and on a
+small host starve the very producers the lookup waits for (seen on two cores: a holder's answer was late by
+seconds)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ logger = logging.getLogger("kv_transfer.vllm")
 
 #: Seconds between two warnings about the same producer not answering.
 _WARN_EVERY = 10.0
+#: Seconds a step that schedules nothing waits, at most, for a running lookup to end.
+IDLE_STEP_WAIT = 0.01
 
 
 class SchedulerSide:
@@ -35,7 +42,7 @@ class SchedulerSide:
             self.native.follow(self.registry, namespace, exclude=own)
         if role != "producer" and opts.index:
             # Asked in the lookup's background task: one round trip names the holders, only they are asked.
-            self.native.use_index(opts.index, instance=own)
+            self.native.use_index(opts.index, instance=own, timeout=opts.index_timeout)
         # Whether vLLM's own block hashes are this connector's keys, byte for byte (found on the first
         # request with a full block; then prompts are not hashed again).
         self.hashes_usable: bool | None = None
@@ -106,6 +113,10 @@ class SchedulerSide:
                 self.native.request_preempted(rid)
             if self.role != "consumer":
                 self._record_steps(scheduler_output)
+            if getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0:
+                waited = time.perf_counter()
+                self.native.wait_for_lookups(IDLE_STEP_WAIT)
+                started += time.perf_counter() - waited  # idle, not the connector's work
         data = self.native.build_connector_meta().to_bytes()
         self.seconds += time.perf_counter() - started
         return data
