@@ -1,18 +1,32 @@
-"""A prefill/decode proxy in front of ``vllm serve`` instances running this package's connector.
+"""A proxy in front of ``vllm serve`` instances running this package's connector: prefill/decode, or a pool of
+``kv_both`` instances routed by cache and load.
 
     python -m kv_transfer.proxy --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
+    python -m kv_transfer.proxy --instance http://10.0.0.1:8000=10.0.0.1:14579 --instance ... \
+        --index redis://10.0.0.9:6379 --route cache-load --model /models/llama --block-size 16 --dtype bfloat16
 
-It speaks the OpenAI API (``/v1/completions`` and ``/v1/chat/completions``, streaming and not) in vLLM's
-P/D convention, the one its NIXL and Mooncake connectors use: each request goes first to a prefill server
-(``kv_role: kv_producer``) with ``kv_transfer_params={"do_remote_decode": true}``, ``stream: false`` and one
-output token; the ``kv_transfer_params`` of its answer go with the original request to a decode server
-(``kv_role: kv_consumer``), which loads the prompt's KV instead of computing it; the decode's answer, streamed
-or whole, is the client's. With several ``--prefill`` or ``--decode`` servers, requests take them in turn.
-``GET`` requests (``/v1/models``, ``/health``) go to a decode server.
+It speaks the OpenAI API (``/v1/completions`` and ``/v1/chat/completions``, streaming and not).
 
-A prefill server that answers with an error has that error passed to the client; one that answers without
-``kv_transfer_params`` leaves the decode to compute the prompt itself (logged). An upstream that cannot be
-reached is a ``502`` naming it.
+**P/D** (``--prefill`` and ``--decode``), in vLLM's convention, the one its NIXL and Mooncake connectors use:
+each request goes first to a prefill server (``kv_role: kv_producer``) with
+``kv_transfer_params={"do_remote_decode": true}``, ``stream: false`` and one output token; the
+``kv_transfer_params`` of its answer go with the original request to a decode server (``kv_role:
+kv_consumer``), which loads the prompt's KV instead of computing it; the decode's answer, streamed or whole,
+is the client's. A prefill server that answers with an error has that error passed to the client; one that
+answers without ``kv_transfer_params`` leaves the decode to compute the prompt itself (logged).
+
+**A pool** (``--instance``, ``kv_role: kv_both``): each request goes to one instance, which loads what
+another holds through the cluster index.
+
+Which server: ``--route`` (see :mod:`kv_transfer.routing`): ``round-robin`` (the default), ``least-loaded``,
+``cache`` or ``cache-load`` (least expected time to first token; these two read ``--index`` and need each
+instance as ``URL=KV_ADDRESS`` and the namespace its connectors run in: ``--model``, ``--block-size``,
+``--dtype``, ``--weight-version``). In P/D the prefill is chosen so; the decode, which loads the whole
+prompt anyway, by load. A server that refuses a connection, or whose ``/metrics`` does not answer, is not
+routed to until it answers again; a request it refused goes to another server of its kind if there is one,
+else it is a ``502`` naming it. ``GET`` requests (``/v1/models``, ``/health``) go to a decode or pool
+server; ``GET /kv_transfer/routes`` is the proxy's own view (each server's load, state and requests
+routed, index lookups and their failures).
 
 It runs on asyncio with aiohttp (which vLLM's own environment carries): one event loop serves every client,
 and upstream connections are pooled and kept alive (``--connections`` per upstream server), so a request
@@ -23,37 +37,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
+import contextlib
 import json
 import logging
 import socket
-import urllib.parse
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from .routing import POLICIES, Instance, Pool, Ticket, parse_instance
+
 logger = logging.getLogger("kv_transfer.proxy")
 
-__all__ = ["Proxy", "ProxyServer", "Upstream", "main"]
+__all__ = ["Instance", "Pool", "Proxy", "ProxyServer", "main"]
 
 #: The POST paths the proxy splits into prefill and decode.
 ROUTES = ("/v1/completions", "/v1/chat/completions")
 # Request headers passed to both servers (the rest, such as Host and Content-Length, are the proxy's own).
 _PASSED = ("authorization", "x-request-id", "accept")
-
-
-class Upstream:
-    """One ``vllm serve`` server, by its base URL (``http://host:port``, optionally with a path prefix)."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        u = urllib.parse.urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL")
-        self.url = url.rstrip("/")
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
 
 
 def prefill_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -84,20 +88,29 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "proxy_error", "code": status}}, status=status)
 
 
-class Proxy:
-    """The proxy's routes over pooled upstream connections: each OpenAI request to a prefill, then a decode
-    server, taking them in turn."""
+_UNREACHABLE = (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError)
 
-    def __init__(self, prefill: Sequence[Upstream], decode: Sequence[Upstream], connections: int = 256) -> None:
-        if not prefill or not decode:
-            raise ValueError("the proxy needs at least one prefill and one decode server")
-        self._prefill = itertools.cycle(list(prefill))
-        self._decode = itertools.cycle(list(decode))
+
+class Proxy:
+    """The proxy's routes over pooled upstream connections: each OpenAI request to a server of ``serve``
+    (a ``kv_both`` pool, or the decode side), after one of ``prefill`` when that is given (P/D)."""
+
+    def __init__(
+        self, serve: Pool, prefill: Pool | None = None, connections: int = 256, metrics_interval: float = 1.0
+    ) -> None:
+        self._serve = serve
+        self._prefill = prefill
         self._connections = connections
+        self._metrics_interval = metrics_interval
         self._session: aiohttp.ClientSession | None = None
+        self._scraper: asyncio.Task[None] | None = None
+
+    def pools(self) -> list[Pool]:
+        return [p for p in (self._prefill, self._serve) if p is not None]
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("GET", "/kv_transfer/routes", self._routes)
         app.router.add_route("GET", "/{tail:.*}", self._get)
         app.router.add_route("POST", "/{tail:.*}", self._post)
         app.on_startup.append(self._open)
@@ -108,10 +121,23 @@ class Proxy:
         # Kept-alive connections, at most `connections` per upstream server.
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._connections, keepalive_timeout=60)
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        if self._metrics_interval > 0:
+            self._scraper = asyncio.create_task(self._scrape())
 
     async def _close(self, _: web.Application) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scraper
         if self._session is not None:
             await self._session.close()
+
+    async def _scrape(self) -> None:
+        assert self._session is not None
+        while True:
+            for pool in self.pools():
+                await pool.scrape(self._session)
+            await asyncio.sleep(self._metrics_interval)
 
     @staticmethod
     def _headers(request: web.Request) -> dict[str, str]:
@@ -121,14 +147,23 @@ class Proxy:
         h["Content-Type"] = "application/json"
         return h
 
+    async def _routes(self, _: web.Request) -> web.Response:
+        return web.json_response({"serve": self._serve.view(), "prefill": self._prefill and self._prefill.view()})
+
     async def _get(self, request: web.Request) -> web.StreamResponse:
-        up = next(self._decode)
+        ticket = await self._serve.choose(None)
         assert self._session is not None
         try:
-            resp = await self._session.get(up.url + request.path_qs, headers=self._headers(request), timeout=up.timeout)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            return _error(502, f"{up.url}: {e}")
-        return await self._relay(request, resp)
+            resp = await self._session.get(
+                ticket.instance.url + request.path_qs, headers=self._headers(request), timeout=ticket.instance.timeout
+            )
+        except _UNREACHABLE as e:
+            Pool.done(ticket)
+            return _error(502, f"{ticket.instance.url}: {e}")
+        try:
+            return await self._relay(request, resp)
+        finally:
+            Pool.done(ticket)
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         if request.path not in ROUTES:
@@ -139,35 +174,63 @@ class Proxy:
             return _error(400, f"the request body is not JSON: {e}")
         if not isinstance(body, dict):
             return _error(400, "the request body is not a JSON object")
-        prefill, decode = next(self._prefill), next(self._decode)
         headers = self._headers(request)
         assert self._session is not None
-        try:
-            async with self._session.post(
-                prefill.url + request.path_qs, data=json.dumps(prefill_request(body)), headers=headers,
-                timeout=prefill.timeout,
-            ) as pre:
-                answer = await pre.read()
-                status, ctype = pre.status, pre.headers.get("Content-Type", "application/json")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            return _error(502, f"prefill {prefill.url}: {e}")
-        if status != 200:
-            return web.Response(status=status, body=answer, headers={"Content-Type": ctype})
         params = None
-        try:
-            params = json.loads(answer).get("kv_transfer_params")
-        except (ValueError, AttributeError):
-            pass
-        if not params:
-            logger.warning("prefill %s returned no kv_transfer_params: the decode computes the prompt", prefill.url)
-        try:
-            resp = await self._session.post(
-                decode.url + request.path_qs, data=json.dumps(decode_request(body, params)), headers=headers,
-                timeout=decode.timeout,
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-            return _error(502, f"decode {decode.url}: {e}")
-        return await self._relay(request, resp)
+        if self._prefill is not None:
+            async with self._sent(self._prefill, request, prefill_request(body), headers, "prefill") as pre:
+                if isinstance(pre, web.Response):
+                    return pre
+                answer = await pre.read()
+                if pre.status != 200:
+                    ctype = pre.headers.get("Content-Type", "application/json")
+                    return web.Response(status=pre.status, body=answer, headers={"Content-Type": ctype})
+            try:
+                params = json.loads(answer).get("kv_transfer_params")
+            except (ValueError, AttributeError):
+                pass
+            if not params:
+                logger.warning("a prefill returned no kv_transfer_params: the decode computes the prompt")
+            body = decode_request(body, params)
+        what = "decode" if self._prefill is not None else "server"
+        async with self._sent(self._serve, request, body, headers, what, routed=self._prefill is None) as resp:
+            if isinstance(resp, web.Response):
+                return resp
+            return await self._relay(request, resp)
+
+    @contextlib.asynccontextmanager
+    async def _sent(
+        self, pool: Pool, request: web.Request, body: dict[str, Any], headers: dict[str, str], what: str,
+        routed: bool = True,
+    ) -> AsyncIterator[aiohttp.ClientResponse | web.Response]:
+        """``body`` posted to a server of ``pool`` (chosen by the prompt when ``routed``, else by load): its
+        response, or the ``502`` the proxy answers when no server of the pool took it. A server that
+        refuses the connection is marked down and the next is tried."""
+        assert self._session is not None
+        tokens = await pool.tokens(self._session, request.path, body) if routed and pool.needs_tokens() else None
+        tried: set[str] = set()
+        while True:
+            ticket: Ticket = await pool.choose(tokens)
+            inst = ticket.instance
+            try:
+                resp = await self._session.post(
+                    inst.url + request.path_qs, data=json.dumps(body), headers=headers, timeout=inst.timeout
+                )
+            except _UNREACHABLE as e:
+                Pool.done(ticket)
+                tried.add(inst.url)
+                if isinstance(e, aiohttp.ClientConnectorError):
+                    Pool.refused(inst)
+                    if any(i.url not in tried for i in pool.live()):
+                        continue
+                yield _error(502, f"{what} {inst.url}: {e}")
+                return
+            try:
+                yield resp
+            finally:
+                resp.release()
+                Pool.done(ticket)
+            return
 
     @staticmethod
     async def _relay(request: web.Request, resp: aiohttp.ClientResponse) -> web.StreamResponse:
@@ -194,10 +257,8 @@ class ProxyServer:
     """The proxy on a socket bound at once (``server_address`` names it), served by ``serve_forever`` on
     an event loop of its own (a thread may run it)."""
 
-    def __init__(
-        self, address: tuple[str, int], prefill: Sequence[Upstream], decode: Sequence[Upstream], connections: int = 256
-    ) -> None:
-        self._proxy = Proxy(prefill, decode, connections)
+    def __init__(self, address: tuple[str, int], proxy: Proxy) -> None:
+        self._proxy = proxy
         self._socket = socket.create_server(address, reuse_port=False)
         self.server_address: tuple[str, int] = self._socket.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
@@ -223,10 +284,56 @@ class ProxyServer:
             self._loop.call_soon_threadsafe(self._stop.set)
 
 
+def _index(args: argparse.Namespace) -> Any:
+    """The cluster index ``--index`` names, keyed as the instances' connectors key it."""
+    from ._native import ClusterIndex, ConnectorSettings
+
+    settings = ConnectorSettings(
+        role="consumer", model=args.model, block_size=args.block_size, dtype=args.dtype,
+        weight_version=args.weight_version,
+    )
+    return ClusterIndex(args.index, settings, timeout=args.index_timeout)
+
+
+def proxy_from(args: argparse.Namespace) -> Proxy:
+    """The proxy the command line asks for (a ``ValueError`` says what is wrong)."""
+    if args.instance and (args.prefill or args.decode):
+        raise ValueError("give --instance (a kv_both pool) or --prefill and --decode (P/D), not both")
+    if not args.instance and not (args.prefill and args.decode):
+        raise ValueError("give --instance servers, or at least one --prefill and one --decode server")
+    cached = args.route in ("cache", "cache-load")
+    if cached and not (args.index and args.model and args.block_size):
+        raise ValueError(f"--route {args.route} reads the cluster index: give --index, --model and --block-size")
+    index = _index(args) if cached else None
+
+    def pool(specs: list[str], route: str) -> Pool:
+        return Pool([parse_instance(u, args.timeout) for u in specs], route, index, args.transfer_cost)
+
+    if args.instance:
+        return Proxy(pool(args.instance, args.route), None, args.connections, args.metrics_interval)
+    decode_route = "least-loaded" if cached else args.route
+    return Proxy(
+        pool(args.decode, decode_route), pool(args.prefill, args.route), args.connections, args.metrics_interval
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m kv_transfer.proxy", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--prefill", action="append", required=True, metavar="URL", help="a prefill (kv_producer) server; repeatable")
-    ap.add_argument("--decode", action="append", required=True, metavar="URL", help="a decode (kv_consumer) server; repeatable")
+    ap.add_argument("--prefill", action="append", default=[], metavar="URL", help="a prefill (kv_producer) server; repeatable")
+    ap.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode (kv_consumer) server; repeatable")
+    ap.add_argument("--instance", action="append", default=[], metavar="URL[=KV]",
+                    help="a kv_both server, with its connector's kv_ip:kv_port; repeatable")
+    ap.add_argument("--route", default="round-robin", choices=POLICIES, help="how a server is chosen (default round-robin)")
+    ap.add_argument("--index", default="", metavar="URL", help="the cluster index (redis://host:port) the instances publish to")
+    ap.add_argument("--index-timeout", type=float, default=0.05, help="seconds an index lookup may take (default 0.05)")
+    ap.add_argument("--model", default="", help="the model as the instances' --model names it (the KV namespace)")
+    ap.add_argument("--block-size", type=int, default=0, help="the instances' --block-size (the KV namespace)")
+    ap.add_argument("--dtype", default="bfloat16", help="the instances' model dtype: float32, float16 or bfloat16 (default)")
+    ap.add_argument("--weight-version", type=int, default=0, help="the instances' extra-config weight_version (default 0)")
+    ap.add_argument("--transfer-cost", type=float, default=0.1,
+                    help="pulling a block from another instance, in blocks of compute (default 0.1)")
+    ap.add_argument("--metrics-interval", type=float, default=1.0,
+                    help="seconds between reads of each server's /metrics (default 1; 0: never)")
     ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     ap.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free port)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds an upstream may take to answer (default 600)")
@@ -234,11 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        prefill = [Upstream(u, args.timeout) for u in args.prefill]
-        decode = [Upstream(u, args.timeout) for u in args.decode]
+        proxy = proxy_from(args)
     except ValueError as e:
         ap.error(str(e))
-    server = ProxyServer((args.host, args.port), prefill, decode, args.connections)
+    server = ProxyServer((args.host, args.port), proxy)
     host, port = server.server_address
     # The one line a script waits for (with --port 0, it names the port).
     print(f"kv_transfer.proxy listening on http://{host}:{port}", flush=True)

@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from kv_transfer.proxy import ProxyServer, Upstream
+from kv_transfer.proxy import Pool, Proxy, ProxyServer
+from kv_transfer.routing import parse_instance
 
 
 class _Fake(http.server.ThreadingHTTPServer):
@@ -19,6 +20,9 @@ class _Fake(http.server.ThreadingHTTPServer):
         self.seen = []
         self.peers = set()
         self.answer = answer
+        self.tokenized = []
+        self.scrapes = 0
+        self.load = 0  # what its /metrics says runs and waits
         super().__init__(("127.0.0.1", 0), _FakeHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
@@ -34,12 +38,27 @@ class _FakeHandler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
+        if self.path == "/metrics":
+            self.server.scrapes += 1
+            text = f'vllm:num_requests_running{{engine="0"}} {self.server.load}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+            data = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         self.server.seen.append(("GET", self.path, None, dict(self.headers)))
         self.server.peers.add(self.client_address)
         self._json(200, {"object": "list", "data": [{"id": "m"}]})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":  # vLLM's: here token i is the word "w<i>"
+            self.server.tokenized.append(body)
+            text = body.get("prompt") or " ".join(m["content"] for m in body.get("messages", []))
+            self._json(200, {"tokens": [int(w[1:]) for w in text.split()]})
+            return
         self.server.seen.append(("POST", self.path, body, dict(self.headers)))
         self.server.peers.add(self.client_address)
         status, payload = self.server.answer(body)
@@ -78,8 +97,11 @@ def decode_answer(body):
     return 200, {"choices": [{"text": "ab"}], "usage": {"completion_tokens": 2}}
 
 
-def start(prefill, decode):
-    server = ProxyServer(("127.0.0.1", 0), [Upstream(u, 10) for u in prefill], [Upstream(u, 10) for u in decode])
+def start(prefill, decode, metrics_interval=0):
+    """A P/D proxy (no ``/metrics`` reads unless asked: the fakes record every request)."""
+    pre = Pool([parse_instance(u, 10) for u in prefill]) if prefill else None
+    proxy = Proxy(Pool([parse_instance(u, 10) for u in decode]), pre, metrics_interval=metrics_interval)
+    server = ProxyServer(("127.0.0.1", 0), proxy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -173,7 +195,7 @@ def test_bad_requests_and_unreachable_servers_are_clear_errors():
     status, _, data = post(proxy, "/v1/embeddings", {"input": "x"})
     assert status == 404 and b"/v1/completions" in data
     with pytest.raises(ValueError, match="not an http"):
-        Upstream("localhost:8000", 1)
+        parse_instance("localhost:8000", 1)
 
 
 def test_upstream_connections_are_pooled_and_kept_alive():
