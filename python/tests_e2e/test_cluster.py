@@ -8,6 +8,7 @@ Slow (about four minutes here: four ``vllm serve`` processes on two cores, start
 waits for leases to lapse); the tests of this module share them, in order."""
 
 import json
+import os
 import re
 import threading
 import time
@@ -72,9 +73,18 @@ def settle(servers, before, key, grown, limit=30):
         time.sleep(0.3)
 
 
-def notes(server):
-    """The connector's lines in a server's log (its warnings and "KV Transfer metrics"), for a failure."""
-    lines = server.tail(400_000).splitlines()
+def log_size(server):
+    server.log.flush()
+    return os.path.getsize(server.log.name)
+
+
+def notes(server, since=0):
+    """The connector's lines in a server's log after byte ``since`` (its warnings and "KV Transfer
+    metrics"), for a failure."""
+    server.log.flush()
+    with open(server.log.name, errors="replace") as f:
+        f.seek(since)
+        lines = f.read().splitlines()
     return "\n".join(x for x in lines if re.search(r"kv_transfer|KV Transfer|ERROR|Traceback", x))[-6000:]
 
 
@@ -148,7 +158,7 @@ def test_later_turns_on_other_instances_load_their_history_from_the_one_that_hol
     prompt = words(1, 2 * BLOCK + 5)
     served, history = [], 0
     for turn in range(3):
-        before = [scrape(s) for s in pool]
+        before, marks = [scrape(s) for s in pool], [log_size(s) for s in pool]
         answer = complete(cluster["turns"], prompt)
         assert answer == reference(cluster, prompt) and answer.strip(), f"turn {turn}"
         # The previous turn's prompt (its full blocks) came from the instance that computed it.
@@ -159,8 +169,8 @@ def test_later_turns_on_other_instances_load_their_history_from_the_one_that_hol
         served.append(here)
         if p2p[here] != history * BLOCK:
             for i, s in enumerate(pool):
-                print(f"--- instance {i} ({cluster['kv'][i]}):\n{notes(s)}")
-            if STALL in notes(pool[here]):
+                print(f"--- instance {i} ({cluster['kv'][i]}):\n{notes(s, marks[i])}")
+            if STALL in notes(pool[here], marks[here]):
                 pytest.xfail(f"known fault, turn {turn}: a holder did not answer a lookup ({STALL!r} in the log)")
         assert p2p[here] == history * BLOCK and sum(p2p) == p2p[here], (turn, p2p, asked)
         # Now this instance holds every full block of this turn's prompt (the loaded ones too).
@@ -256,17 +266,21 @@ def test_without_redis_serving_goes_on_with_local_hits_and_the_pool_comes_back_w
     assert complete(cluster["routed"], p) == reference(cluster, p)
     assert complete(cluster["routed"], p) == reference(cluster, p)
     assert routes(cluster["routed"])["lookup_failures"] >= 2
+    # A prompt one instance computes while the index is gone: its publishes are dropped.
+    q = words(301, 2 * BLOCK + 3)
+    assert complete(pool[0].url, q) == reference(cluster, q)
     redis.start()
     # The publishers notice, renew their leases and re-sync what their stores hold: the index is rebuilt.
     deadline = time.monotonic() + 30
     while set(cluster["index"].live()) != set(live):
         assert time.monotonic() < deadline, "the index was not rebuilt within 30 s"
         time.sleep(0.2)
-    holder = indexed(cluster, p, 2)
-    assert holder in live
-    # And an instance that does not hold the prompt loads it from the one that does.
-    other = pool[1 - live.index(holder)]
-    before = scrape(other)
-    assert complete(other.url, p) == reference(cluster, p)
+    assert indexed(cluster, q, 2) == live[0]
+    # And the other instance, which never saw that prompt, loads it from the one that holds it.
+    other = pool[1]
+    before, mark = scrape(other), log_size(other)
+    assert complete(other.url, q) == reference(cluster, q)
     after = settle([other], [before], "p2p", 2 * BLOCK)[0]
+    if after.get("p2p", 0) - before.get("p2p", 0) < 2 * BLOCK and STALL in notes(other, mark):
+        pytest.xfail(f"known fault: the holder did not answer a lookup ({STALL!r} in the log)")
     assert after.get("p2p", 0) - before.get("p2p", 0) >= 2 * BLOCK, (before, after)
