@@ -139,33 +139,37 @@ impl Lookups {
 
     /// Waits, at most `limit`, until one of the lookups running now ends (at once when none runs).
     pub(crate) fn wait_any(&self, limit: Duration) {
-        let until = Instant::now() + limit;
-        let mut guard = lock(&self.entries);
         let running = |entries: &HashMap<String, Entry>| {
             entries
                 .values()
                 .filter(|e| matches!(e, Entry::Running(_)))
                 .count()
         };
-        let before = running(&guard.0);
-        while before > 0 && running(&guard.0) >= before {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            guard = self
-                .finished
-                .wait_timeout(guard, left)
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
+        // Counted under the same lock the wait then holds, so no lookup ends unseen in between.
+        let mut before = None;
+        self.wait_while(limit, |entries| {
+            let now = running(entries);
+            let before = *before.get_or_insert(now);
+            before > 0 && now >= before
+        });
     }
 
     /// Waits, at most `limit`, until `request`'s lookup is no longer running.
     pub(crate) fn wait(&self, request: &str, limit: Duration) {
+        self.wait_while(limit, |entries| {
+            matches!(entries.get(request), Some(Entry::Running(_)))
+        });
+    }
+
+    /// Waits, at most `limit`, while `waiting` holds of the table (checked again as each lookup ends).
+    fn wait_while(
+        &self,
+        limit: Duration,
+        mut waiting: impl FnMut(&HashMap<String, Entry>) -> bool,
+    ) {
         let until = Instant::now() + limit;
         let mut guard = lock(&self.entries);
-        while matches!(guard.0.get(request), Some(Entry::Running(_))) {
+        while waiting(&guard.0) {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return;
