@@ -106,6 +106,10 @@ pub struct ConnectorConfig {
     /// Requests that must have used a host victim for it to be demoted to disk rather than dropped
     /// (see [`policy::TierConfig::demote_min_sharers`]).
     pub disk_min_sharers: u32,
+    /// Keep KV events of the store (blocks entering and leaving host memory and disk, for a serving
+    /// engine's event stream: [`crate::KvWorker::take_kv_events`]); the scheduler half then sends each
+    /// saved block's tokens to the workers. Off by default.
+    pub kv_events: bool,
 }
 
 impl ConnectorConfig {
@@ -132,6 +136,7 @@ impl ConnectorConfig {
             hold_timeout: Duration::from_secs(60),
             disk: None,
             disk_min_sharers: 1,
+            kv_events: false,
         }
     }
 

@@ -71,6 +71,15 @@ pub struct BlockSpec {
     /// blocks from being dropped until a load of them completes or
     /// [`crate::ConnectorConfig::hold_timeout`] passes.
     pub hold: bool,
+    /// A save's origin for KV events ([`crate::ConnectorConfig::kv_events`]; empty otherwise): the
+    /// blocks' tokens, block after block.
+    pub tokens: Vec<u32>,
+    /// The serving engine's own hashes of the blocks, for the events, when they are not the keys'
+    /// (see [`crate::KvScheduler::set_engine_hashes`]; empty otherwise).
+    pub engine_hashes: Vec<BlockHash>,
+    /// The hash of the block before the first key, as the engine knows it (`None`: the prompt's first
+    /// block, or no events).
+    pub parent: Option<BlockHash>,
 }
 
 /// What the workers need for one step (vLLM's `KVConnectorMetadata`).
@@ -83,6 +92,10 @@ pub struct ConnectorMetadata {
     /// Requests the engine preempted since the last step: their blocks are being given to others, so
     /// nothing more of a load of theirs may land (see [`crate::KvWorker::handle_preemptions`]).
     pub preempted: Vec<String>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A stable 64-bit id for a request id (the tier manager counts sharers by it).
@@ -100,11 +113,19 @@ struct SpecOnWire {
     ns: u64,
     /// How many of the frame's keys are this spec's (they follow the previous spec's).
     keys: usize,
+    /// How many of the frame's keys after those are the engine's own hashes of the blocks.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    engine_hashes: usize,
     blocks: Vec<u32>,
     local: bool,
     producer: Option<KvTransferParams>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     hold: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    tokens: Vec<u32>,
+    /// Whether the frame's next key (after the engine's hashes) is [`BlockSpec::parent`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    parent: bool,
 }
 
 /// [`ConnectorMetadata`] as it travels between processes: a control frame's head (see
@@ -120,20 +141,30 @@ struct MetadataOnWire {
 impl SpecOnWire {
     fn from(s: &BlockSpec, hashes: &mut Vec<BlockHash>) -> Self {
         hashes.extend(s.keys.iter().map(|k| k.hash));
+        hashes.extend_from_slice(&s.engine_hashes);
+        hashes.extend(s.parent);
         SpecOnWire {
             request: s.request.clone(),
             ns: s.keys.first().map_or(0, |k| k.ns.0),
             keys: s.keys.len(),
+            engine_hashes: s.engine_hashes.len(),
             blocks: s.blocks.clone(),
             local: s.local,
             producer: s.producer.clone(),
             hold: s.hold,
+            tokens: s.tokens.clone(),
+            parent: s.parent.is_some(),
         }
     }
 
     fn into_spec(self, hashes: &mut std::vec::IntoIter<BlockHash>) -> Result<BlockSpec, String> {
         let mine: Vec<BlockHash> = hashes.by_ref().take(self.keys).collect();
-        if mine.len() < self.keys {
+        let engine_hashes: Vec<BlockHash> = hashes.by_ref().take(self.engine_hashes).collect();
+        let parent = if self.parent { hashes.next() } else { None };
+        if mine.len() < self.keys
+            || engine_hashes.len() < self.engine_hashes
+            || self.parent != parent.is_some()
+        {
             return Err(format!(
                 "request {:?} names {} keys, the frame holds fewer",
                 self.request, self.keys
@@ -146,6 +177,9 @@ impl SpecOnWire {
             local: self.local,
             producer: self.producer,
             hold: self.hold,
+            tokens: self.tokens,
+            engine_hashes,
+            parent,
         })
     }
 }
@@ -221,6 +255,9 @@ mod tests {
                 local: false,
                 producer: Some(params),
                 hold: false,
+                tokens: Vec::new(),
+                engine_hashes: Vec::new(),
+                parent: None,
             }],
             saves: vec![BlockSpec {
                 request: "r2".into(),
@@ -229,13 +266,16 @@ mod tests {
                 local: true,
                 producer: None,
                 hold: true,
+                tokens: vec![5, 6, 7],
+                engine_hashes: vec![BlockHash([4; 32])],
+                parent: Some(BlockHash([3; 32])),
             }],
             preempted: vec!["r3".into()],
         };
         let bytes = meta.to_bytes();
         assert_eq!(ConnectorMetadata::from_bytes(&bytes).unwrap(), meta);
-        // Three keys of 32 bytes travel raw, not 192 hex digits.
-        assert!(bytes.len() < 400, "{} bytes", bytes.len());
+        // Five hashes of 32 bytes (three keys, an engine's hash, a parent) travel raw, not as hex digits.
+        assert!(bytes.len() < 520, "{} bytes", bytes.len());
         assert!(ConnectorMetadata::from_bytes(b"{\"loads\":[]}").is_err());
         for cut in 0..bytes.len() {
             assert!(ConnectorMetadata::from_bytes(&bytes[..cut]).is_err());

@@ -8,7 +8,7 @@ use transfer_engine::{KvLayout, MemoryRegion};
 
 use crate::data_plane::PlaneSession;
 use crate::error::ConnectorError;
-use crate::keys::ScopedKey;
+use crate::keys::{BlockHash, ScopedKey};
 use crate::request::{ConnectorMetadata, KvTransferParams};
 
 /// A request the scheduler half follows until it finishes.
@@ -27,6 +27,11 @@ pub(crate) struct Tracked {
     pub(crate) save: Option<SavePlan>,
     /// Its saves are held for a decode ([`crate::KvScheduler::hold_for_decode`]).
     pub(crate) hold: bool,
+    /// The tokens of its full blocks, for the KV events of its saves ([`crate::ConnectorConfig::kv_events`];
+    /// empty otherwise).
+    pub(crate) tokens: Vec<u32>,
+    /// The engine's own hashes of its blocks when they are not the keys (for the events).
+    pub(crate) engine_hashes: Vec<BlockHash>,
 }
 
 /// A saving role's plan for one request: its block table and how far it was saved. Blocks are saved

@@ -78,6 +78,7 @@ pub struct TierStore {
     disk_stats: DiskTierStats,
     holds: hold::Holds,
     announcer: announce::Announcer,
+    events: events::KvEventLog,
 }
 
 impl TierStore {
@@ -131,6 +132,7 @@ impl TierStore {
             disk_stats: DiskTierStats::default(),
             holds: hold::Holds::default(),
             announcer: announce::Announcer::default(),
+            events: events::KvEventLog::default(),
         })
     }
 
@@ -463,8 +465,10 @@ mod announce;
 mod disk;
 #[cfg(test)]
 mod disk_tests;
+mod events;
 mod hold;
 #[cfg(test)]
 mod tests;
 
 pub use disk::DiskTierStats;
+pub use events::{BlockOrigin, KvEvent, Medium, PENDING_EVENTS};

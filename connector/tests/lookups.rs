@@ -228,6 +228,18 @@ fn with_the_index_a_lookup_asks_the_holder_it_names_and_not_the_peers() {
         started.elapsed()
     );
     assert!(c.scheduler.take_lookup_errors().is_empty());
+    // What an operator watches: the lookup answered by the index, the holder's publishes.
+    let seen = c.scheduler.snapshot();
+    assert_eq!((seen.index_lookups, seen.index_lookup_failures), (1, 0));
+    assert!(
+        c.scheduler
+            .prometheus()
+            .contains("kv_index_lookups_total 1\n")
+    );
+    let holder_seen = holder.snapshot();
+    assert!(holder_seen.index_published >= 2, "{holder_seen:?}");
+    assert_eq!(holder_seen.index_publish_dropped, 0);
+    assert!(holder.prometheus().contains("kv_index_published_total"));
 }
 
 #[test]
@@ -240,8 +252,14 @@ fn without_an_answer_from_the_index_a_lookup_asks_the_peers() {
     let p = producer_holding(&tokens, 2);
     let c = consumer(vec![p.control_addr().unwrap()], Duration::from_secs(5));
     c.scheduler.use_index(IndexConfig::new(url, "")).unwrap();
-    let (_c, found) = lookup(c, tokens);
+    let (c, found) = lookup(c, tokens);
     assert_eq!(found, (32, false));
+    assert_eq!(c.scheduler.snapshot().index_lookup_failures, 1);
+    assert!(
+        c.scheduler
+            .prometheus()
+            .contains("kv_index_lookup_failures_total 1\n")
+    );
 }
 
 /// A producer that has saved blocks `0..n` of `tokens`, publishing to the index at `url`.

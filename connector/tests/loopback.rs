@@ -6,7 +6,7 @@ mod common;
 use common::{
     Instance, Kv, begin_save, loopback_pair, loopback_pair_with, plan_load, request, returns,
 };
-use connector::{ConnectorConfig, KvRequest, KvRole, RequestExtras, namespace};
+use connector::{BlockHash, ConnectorConfig, KvRequest, KvRole, RequestExtras, namespace};
 use transfer_engine::MemoryRegion;
 
 const KV: Kv = Kv {
@@ -267,4 +267,50 @@ fn a_preempted_request_stops_saving_and_its_running_load_ends_cleanly() {
     c.wait_for_all_loads().unwrap();
     assert_eq!(c.get_finished().1, vec!["pre".to_string()]);
     assert!(c.failed_blocks().is_empty());
+}
+
+#[test]
+fn a_prompt_saved_in_chunks_reports_each_block_with_its_tokens_and_parent_as_kv_events() {
+    let (p, _c) = loopback_pair_with(&KV, 16, |cfg| cfg.kv_events = true);
+    let bytes = KV.pool_bytes();
+    p.register_kv_caches(MemoryRegion::zeroed(bytes), POOL)
+        .unwrap();
+    let tokens: Vec<u32> = (100..100 + 16 * 3 + 5).collect();
+    let extras = RequestExtras::default();
+    let keys = p.scheduler.request_keys(&request("a", &tokens, &extras));
+    p.get_num_new_matched_tokens(&request("a", &tokens, &extras), 0)
+        .unwrap();
+    // The engine's own hashes of the blocks, which its events name them by.
+    let theirs: Vec<BlockHash> = (0..3).map(|i| BlockHash([i + 1; 32])).collect();
+    assert!(p.scheduler.set_engine_hashes("a", theirs.clone()));
+    p.update_state_after_alloc("a", &[0, 1], 0).unwrap();
+    // Two steps of a chunked prefill: 20 tokens (one full block), then the rest.
+    let mut events = Vec::new();
+    for (new_blocks, computed) in [(vec![], 20), (vec![2, 3], tokens.len())] {
+        assert!(p.record_step("a", &new_blocks, false, computed));
+        p.bind_connector_metadata(p.build_connector_meta());
+        for layer in 0..LAYERS {
+            p.save_kv_layer(layer).unwrap();
+        }
+        p.wait_for_save().unwrap();
+        p.clear_connector_metadata();
+        events.extend(p.take_kv_events());
+    }
+    assert_eq!(events.len(), 3, "{events:?}");
+    for (i, e) in events.iter().enumerate() {
+        let connector::store::KvEvent::Stored {
+            key,
+            hash,
+            medium,
+            origin,
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((*key, *medium), (keys[i], connector::store::Medium::Host));
+        assert_eq!(*hash, theirs[i]);
+        assert_eq!(origin.parent, i.checked_sub(1).map(|j| theirs[j]));
+        assert_eq!(&origin.tokens[..], &tokens[16 * i..16 * (i + 1)]);
+    }
+    assert!(p.take_kv_events().is_empty(), "taken once");
 }

@@ -106,5 +106,13 @@ pub(crate) fn snapshot(s: &MetricsSnapshot) -> HashMap<&'static str, u64> {
         ("same_host_fallbacks", s.same_host_fallbacks),
         ("held_blocks", s.held_blocks),
         ("hold_expired_blocks", s.hold_expired_blocks),
+        ("index_lookups", s.index_lookups),
+        ("index_lookup_failures", s.index_lookup_failures),
+        ("index_stale_entries", s.index_stale_entries),
+        ("index_published", s.index_published),
+        ("index_publish_dropped", s.index_publish_dropped),
+        ("index_renew_failures", s.index_renew_failures),
+        ("index_resyncs", s.index_resyncs),
+        ("kv_events_dropped", s.kv_events_dropped),
     ])
 }

@@ -122,6 +122,13 @@ impl PyScheduler {
             && ours.iter().zip(&theirs).all(|(a, b)| a.hash == *b))
     }
 
+    /// The serving engine's own hashes of `request_id`'s blocks (32 bytes each) when they are not this
+    /// connector's keys: the KV events of its saves (setting `kv_events`) name the blocks by them. Call
+    /// it once `get_num_new_matched_tokens` answered. Returns whether the request is tracked.
+    fn set_engine_hashes(&self, request_id: &str, block_hashes: Vec<Vec<u8>>) -> PyResult<bool> {
+        Ok(self.0.set_engine_hashes(request_id, hashes(&block_hashes)?))
+    }
+
     /// Whether `request_id`'s lookup runs (`get_num_new_matched_tokens` would answer `None`): a cheap
     /// question for a caller asking every step, which then need not pass the prompt again.
     fn lookup_running(&self, request_id: &str) -> bool {
@@ -276,9 +283,9 @@ impl PyScheduler {
         self.0.set_weight_version(version);
     }
 
-    /// The scheduler's metrics as numbers, by name (lookups and their hits).
+    /// The scheduler's metrics as numbers, by name (lookups and their hits, its index lookups).
     fn metrics(&self) -> HashMap<&'static str, u64> {
-        snapshot(&self.0.metrics().snapshot())
+        snapshot(&self.0.snapshot())
     }
 
     /// Every metric as Prometheus text.

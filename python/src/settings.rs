@@ -48,7 +48,7 @@ impl PySettings {
 }
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 23] = [
+const KEYS: [&str; 24] = [
     "role",
     "model",
     "weight_version",
@@ -72,6 +72,7 @@ const KEYS: [&str; 23] = [
     "disk_path",
     "disk_bytes",
     "disk_min_sharers",
+    "kv_events",
 ];
 
 /// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
@@ -134,6 +135,7 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
     set!("store_blocks", cfg.store_blocks);
     set!("prefetch_depth", cfg.prefetch_depth);
     set!("async_loads", cfg.async_loads);
+    set!("kv_events", cfg.kv_events);
     let rate: u64 = get(settings, "kv_bandwidth")
         .map_err(|e| bad("kv_bandwidth", e))?
         .unwrap_or(0);

@@ -6,8 +6,9 @@ use std::collections::HashMap;
 
 use backends::tcp::TcpConfig;
 use connector::KvWorker;
+use connector::store::KvEvent;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::connector::{PyConnectorMetadata, addr, snapshot};
 use crate::errors::{config, err};
@@ -214,6 +215,53 @@ impl PyWorker {
     /// vLLM's `get_block_ids_with_load_errors`: blocks to recompute.
     fn failed_blocks(&self) -> Vec<u32> {
         self.0.failed_blocks()
+    }
+
+    /// The store's KV events since the last call (setting `kv_events`), oldest first: `(kind, hash,
+    /// parent, tokens, medium)` with kind `"stored"` or `"removed"`, hashes of 32 bytes (`parent`
+    /// `None` for a prompt's first block or unknown, `tokens` empty when unknown or removed), medium
+    /// vLLM's name (`"CPU"` for host memory, `"STORAGE"` for the disk tier).
+    #[allow(clippy::type_complexity)]
+    fn take_kv_events<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> Vec<(
+        &'static str,
+        Bound<'py, PyBytes>,
+        Option<Bound<'py, PyBytes>>,
+        Vec<u32>,
+        &'static str,
+    )> {
+        self.0
+            .take_kv_events()
+            .into_iter()
+            .map(|e| match e {
+                KvEvent::Stored {
+                    hash,
+                    medium,
+                    origin,
+                    ..
+                } => (
+                    "stored",
+                    PyBytes::new(py, &hash.0),
+                    origin.parent.map(|p| PyBytes::new(py, &p.0)),
+                    origin.tokens.to_vec(),
+                    medium.vllm_name(),
+                ),
+                KvEvent::Removed { hash, medium, .. } => (
+                    "removed",
+                    PyBytes::new(py, &hash.0),
+                    None,
+                    Vec::new(),
+                    medium.vllm_name(),
+                ),
+            })
+            .collect()
+    }
+
+    /// KV events dropped because they were not taken in time.
+    fn kv_events_dropped(&self) -> u64 {
+        self.0.kv_events_dropped()
     }
 
     /// Why loads could not start since the last call (their blocks are failed blocks), as exceptions of

@@ -2,7 +2,8 @@
 instances publishing to one Redis index (``"index"`` in the extra config), behind ``kv_transfer.proxy``,
 once routing in turn (so later turns land on other instances and must load their history from the one
 that holds it) and once by cache and load. Every answer is token for token the answer of one instance
-without a connector. Then one instance is killed mid-run, and Redis is killed and started again.
+without a connector. One instance publishes KV cache events over ZMQ, read as a KV-aware router reads
+them. Then one instance is killed mid-run, and Redis is killed and started again.
 
 Slow (about four minutes here: four ``vllm serve`` processes on two cores, started together, and the
 waits for leases to lapse); the tests of this module share them, in order."""
@@ -19,6 +20,7 @@ import pytest
 
 from kv_transfer import ClusterIndex, ConnectorSettings
 
+from kv_events import Subscriber
 from redis_server import RedisServer
 from serving import BLOCK, Server, connector, free_port, start_proxy
 
@@ -97,8 +99,12 @@ def routes(proxy_url):
 def cluster(model):
     redis = RedisServer().start()
     ports = [free_port() for _ in range(3)]
+    # The third instance publishes KV cache events (vLLM's ZMQ publisher) to a subscriber listening first.
+    events_at = f"tcp://127.0.0.1:{free_port()}"
+    subscriber = Subscriber(events_at, topic="kv")
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": events_at, "topic": "kv"}
     pool = []
-    for port in ports:
+    for i, port in enumerate(ports):
         kv = connector("kv_both", port)
         kv["kv_load_failure_policy"] = "recompute"
         # Generous timeouts for index lookups (50 ms by default) and lookups at a holder (1 s): four vLLM
@@ -106,7 +112,8 @@ def cluster(model):
         # see STALL.)
         extra = {"index": redis.url, "index_timeout": 1.0, "lookup_timeout": 5.0, "load_timeout": 10.0}
         kv["kv_connector_extra_config"] = extra
-        pool.append(Server(model, kv, own_group=True))
+        args = ["--kv-events-config", json.dumps(events)] if i == 2 else []
+        pool.append(Server(model, kv, args=args, own_group=True))
     single = Server(model)
     proxies = []
     try:
@@ -123,6 +130,7 @@ def cluster(model):
         yield {
             "pool": pool, "kv": [f"127.0.0.1:{p}" for p in ports], "single": single, "redis": redis,
             "turns": proxies[0][1], "routed": proxies[1][1], "index": index, "want": {},
+            "events": subscriber,
         }
     finally:
         for proc, _ in proxies:
@@ -130,6 +138,7 @@ def cluster(model):
             proc.wait(timeout=30)
         for s in (*pool, single):
             s.close()
+        subscriber.close()
         redis.kill()
 
 
@@ -179,6 +188,36 @@ def test_later_turns_on_other_instances_load_their_history_from_the_one_that_hol
         prompt = prompt + answer + " " + words(turn + 10, BLOCK)
     # In turn: each turn on another instance.
     assert len(set(served)) == 3, served
+
+
+def test_an_instances_host_store_reaches_a_kv_event_subscriber_as_vllm_names_its_blocks(cluster):
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core import kv_cache_utils
+
+    server = cluster["pool"][2]
+    prompt = words(400, 3 * BLOCK + 5)
+    assert complete(server.url, prompt) == reference(cluster, prompt)
+    tokens = [int(w[1:]) for w in prompt.split()]
+    # vLLM's own hashes of the prompt's full blocks (its default sha256), as its events give them.
+    hash_fn = get_hash_fn_by_name("sha256")
+    kv_cache_utils.init_none_hash(hash_fn)
+    want, parent = [], None
+    for i in range(3):
+        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[i * BLOCK:(i + 1) * BLOCK])
+        want.append(kv_cache_utils.maybe_convert_block_hash(parent))
+
+    def stored(events):
+        mine = [e for e in events if e["type"] == "BlockStored" and e["medium"] == "CPU" and set(e["block_hashes"]) & set(want)]
+        return mine if sum(len(e["block_hashes"]) for e in mine) >= 3 else None
+
+    mine = cluster["events"].wait_for(stored)
+    assert mine, f"no BlockStored of the prompt's blocks; events: {cluster['events'].events[-10:]}"
+    # In the host store: every full block once, in order, with its tokens, the chain from the prompt's start.
+    assert [h for e in mine for h in e["block_hashes"]] == want, mine
+    assert [t for e in mine for t in e["token_ids"]] == tokens[: 3 * BLOCK], mine
+    assert mine[0]["parent_block_hash"] is None and all(e["block_size"] == BLOCK for e in mine), mine
+    seqs = cluster["events"].sequences
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
 
 
 def test_a_prompt_set_run_twice_through_cache_and_load_routing_hits_on_the_second_pass(cluster):

@@ -33,6 +33,7 @@ ROLE, LAYOUT, PORT = sys.argv[1], sys.argv[2], int(sys.argv[3])
 EXTRA = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 BATCH = int(sys.argv[5]) if len(sys.argv) > 5 else 256
 POOL = int(sys.argv[6]) if len(sys.argv) > 6 else None
+KV_EVENTS = os.environ.get("HARNESS_KV_EVENTS") == "1"
 os.environ["VLLM_KV_CACHE_LAYOUT"] = LAYOUT
 
 from vllm import SamplingParams  # noqa: E402
@@ -41,7 +42,7 @@ from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
 
 from instance_config import BLOCK, HEAD, HEADS, NAMES, instance_config  # noqa: E402
 
-config, worker_plan, sched_plan, layout = instance_config(ROLE, PORT, EXTRA, BATCH, POOL)
+config, worker_plan, sched_plan, layout = instance_config(ROLE, PORT, EXTRA, BATCH, POOL, KV_EVENTS)
 
 # Every call vLLM makes to the connector, in order (`name` or `name:request id`), and the block ids each
 # request was allocated with: what the tests check the call order and block ids against.
@@ -84,6 +85,17 @@ import prometheus_client  # noqa: E402
 from vllm.v1.metrics.loggers import PrometheusStatLogger  # noqa: E402
 
 prom = PrometheusStatLogger(config, [0])
+
+# What vLLM's KV event publisher is handed (with HARNESS_KV_EVENTS=1), as its ZMQ publisher encodes it
+# (msgpack) and a router decodes it: each batch ``[ts, [event, ...], dp_rank]``, an event a map with its
+# ``type``.
+import msgspec  # noqa: E402
+
+PUBLISHED: list = []
+_encode = msgspec.msgpack.Encoder().encode
+_publish = scheduler.kv_event_publisher.publish
+scheduler.kv_event_publisher.publish = lambda batch: (PUBLISHED.append(msgspec.msgpack.decode(_encode(batch))),
+                                                      _publish(batch))[1]
 
 from vllm.distributed.kv_transfer import kv_transfer_state  # noqa: E402
 from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment  # noqa: E402
@@ -140,7 +152,7 @@ for n in NAMES:
     config.compilation_config.static_forward_context[n] = Layer(n)
 
 from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 init_none_hash(sha256)
@@ -268,6 +280,7 @@ def run(asks: list[dict]) -> dict:
     for ask in asks:
         scheduler.add_request(request(ask))
     CALLS.clear()
+    PUBLISHED.clear()
     report = {
         "pickled_steps": 0, "invalid_blocks": 0, "computed_from": {}, "stats": {}, "finished_recving": 0,
         "waiting_steps": 0, "idle_steps": 0, "preempted": [], "hits_by_source": {}, "finished": {},
@@ -296,6 +309,9 @@ def run(asks: list[dict]) -> dict:
     pool = scheduler.kv_cache_manager.block_pool
     report["free_blocks"], report["all_blocks"] = pool.get_num_free_blocks(), pool.num_gpu_blocks
     report["prom"], report["handshake"] = scraped(), HANDSHAKE
+    report["kv_events"] = [e for batch in PUBLISHED for e in batch[1]]
+    # Each prompt's block hashes as vLLM's own events give them.
+    report["block_hashes"] = {a["id"]: [maybe_convert_block_hash(h) for h in request(a).block_hashes] for a in asks}
     return report
 
 

@@ -44,15 +44,16 @@ def model_dir() -> str:
 
 
 def instance_config(
-    role: str, port: int, extra: dict[str, Any], batch: int = 256, pool: int | None = None
+    role: str, port: int, extra: dict[str, Any], batch: int = 256, pool: int | None = None, kv_events: bool = False
 ) -> tuple[Any, Any, Any, Any]:
     """``(config, worker_plan, scheduler_plan, layout)`` of an instance of `role` (``producer``,
     ``consumer``, ``both``) with this package's connector on `port`, `extra` its extra config, `batch`
     vLLM's ``max_num_batched_tokens``, `pool` its blocks of KV cache (``POOL`` if ``None``; the layout
-    comes from ``VLLM_KV_CACHE_LAYOUT``)."""
+    comes from ``VLLM_KV_CACHE_LAYOUT``), with KV cache events on (the null publisher) if `kv_events`."""
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
+        KVEventsConfig,
         KVTransferConfig,
         ModelConfig,
         SchedulerConfig,
@@ -84,6 +85,7 @@ def instance_config(
             kv_connector_extra_config={"load_timeout": 20.0, **extra},
         ),
         device_config=DeviceConfig("cpu"),
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None,
     )
     specs = {
         n: FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD, dtype=torch.float32) for n in NAMES

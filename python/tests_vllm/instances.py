@@ -15,13 +15,17 @@ BLOCK = 16
 
 
 class Instance:
-    """``harness.py ROLE LAYOUT PORT EXTRA BATCH [POOL]`` in a process of its own."""
+    """``harness.py ROLE LAYOUT PORT EXTRA BATCH [POOL]`` in a process of its own (KV cache events on
+    with `kv_events`)."""
 
-    def __init__(self, role, layout, port, extra=None, batch=256, pool=None):
+    def __init__(self, role, layout, port, extra=None, batch=256, pool=None, kv_events=False):
         args = [sys.executable, HARNESS, role, layout, str(port), json.dumps(extra or {}), str(batch)]
         if pool is not None:
             args.append(str(pool))
-        self.p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env = dict(os.environ, HARNESS_KV_EVENTS="1" if kv_events else "0")
+        self.p = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
 
     def ask(self, **request):
         """Runs one request (or, given ``batch=[...]``, several together): the harness's report."""

@@ -75,6 +75,45 @@ def test_hits_from_an_instances_own_store_are_host_or_disk(tmp_path):
         both.close()
 
 
+def test_the_host_and_disk_tiers_reach_vllms_kv_event_publisher_as_routers_decode_them(tmp_path):
+    # KV cache events on: what vLLM's publisher is handed, msgpack-encoded and decoded as a router does.
+    extra = {"store_blocks": 4, "disk_path": str(tmp_path), "disk_bytes": 1 << 20}
+    both = Instance("both", "LBNHC", free_port(), extra, kv_events=True)
+    others = [[(29 * j + 101 * i) % 4000 + 3 for j in range(3 * BLOCK + 1)] for i in range(2)]
+    try:
+        a = both.ask(id="a", prompt=PROMPT)
+        mine = [e for e in a["kv_events"] if e["medium"] != "GPU"]
+        # One store of the prompt's chain: vLLM's own block hashes, the blocks' tokens, host memory.
+        assert mine == [{
+            "type": "BlockStored", "block_hashes": a["block_hashes"]["a"], "parent_block_hash": None,
+            "token_ids": PROMPT[: 3 * BLOCK], "block_size": BLOCK, "lora_id": None, "medium": "CPU", "lora_name": None,
+        }], mine
+        later = []
+        for rid, prompt in (("b", others[0]), ("c", others[1])):
+            later += [e for e in both.ask(id=rid, prompt=prompt)["kv_events"] if e["medium"] != "GPU"]
+        # Replayed as a router keeps them: where each block is, by medium.
+        held = {"CPU": set(a["block_hashes"]["a"]), "STORAGE": set()}
+        for e in later:
+            for h in e["block_hashes"]:
+                if e["type"] == "BlockStored":
+                    assert h not in held[e["medium"]], e
+                    held[e["medium"]].add(h)
+                    assert len(e["token_ids"]) == BLOCK * len(e["block_hashes"]), e
+                else:
+                    assert e["type"] == "BlockRemoved" and h in held[e["medium"]], e
+                    held[e["medium"]].discard(h)
+        # The first prompt's blocks went down to disk (reported there before they left host memory), the
+        # last prompt's are in host memory, and no more than the store's four blocks are.
+        down = [i for i, e in enumerate(later) if e["type"] == "BlockStored" and e["medium"] == "STORAGE"]
+        gone = [i for i, e in enumerate(later) if e["type"] == "BlockRemoved" and e["medium"] == "CPU"]
+        assert down and gone and min(down) < min(gone), later
+        assert set(a["block_hashes"]["a"]) & held["STORAGE"] and not set(a["block_hashes"]["a"]) & held["CPU"], held
+        c = both.ask(id="c2", prompt=others[1])
+        assert set(c["block_hashes"]["c2"]) <= held["CPU"] and len(held["CPU"]) <= 4, held
+    finally:
+        both.close()
+
+
 def test_ranks_reach_the_scheduler_through_vllms_handshake_metadata():
     port = free_port()
     producer = Instance("producer", "LBNHC", port)

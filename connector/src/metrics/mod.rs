@@ -32,6 +32,14 @@
 //! | `kv_disk_promote_failed_blocks_total` | counter | disk blocks that could not be read back (recomputed) |
 //! | `kv_disk_corrupt_blocks_total` | counter | disk records that failed their check (never served) |
 //! | `kv_disk_write_failures_total` | counter | disk writes that failed (a full disk included) |
+//! | `kv_index_lookups_total` | counter | cluster-index lookups answered (scheduler side) |
+//! | `kv_index_lookup_failures_total` | counter | cluster-index lookups that failed or timed out (peers asked instead) |
+//! | `kv_index_stale_entries_total` | counter | index entries lookups skipped: their instance's lease lapsed, or an old epoch |
+//! | `kv_index_published_total` | counter | block events this instance published to the index |
+//! | `kv_index_publish_dropped_total` | counter | block events dropped (queue full, Redis failing); a re-sync repairs them |
+//! | `kv_index_lease_renewal_failures_total` | counter | lease renewals that failed (past the lease, the index stops naming this instance) |
+//! | `kv_index_resyncs_total` | counter | full re-syncs of this instance's holdings into the index |
+//! | `kv_events_dropped_total` | counter | KV events (for the engine's event stream) dropped, not taken in time |
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -98,6 +106,21 @@ pub struct Metrics {
     held_blocks: Gauge,
     hold_expired: Counter,
     disk: DiskCounters,
+    index: IndexCounters,
+    kv_events_dropped: Counter,
+}
+
+/// The cluster index client's totals, copied from its counters when metrics are read: the lookups from
+/// the scheduler half's client, the publishing from the worker's.
+#[derive(Debug, Default)]
+struct IndexCounters {
+    lookups: Counter,
+    lookup_failures: Counter,
+    stale_entries: Counter,
+    published: Counter,
+    dropped: Counter,
+    renew_failures: Counter,
+    resyncs: Counter,
 }
 
 /// The disk tier's totals, copied from the store when metrics are read.
@@ -179,6 +202,22 @@ pub struct MetricsSnapshot {
     /// Loads whose consumer named this host but could not be reached there (served over the main
     /// transport instead).
     pub same_host_fallbacks: u64,
+    /// Cluster-index lookups answered, and those that failed (the peers were asked instead).
+    pub index_lookups: u64,
+    /// See [`MetricsSnapshot::index_lookups`].
+    pub index_lookup_failures: u64,
+    /// Index entries lookups skipped as stale (their instance's lease lapsed, or an old epoch).
+    pub index_stale_entries: u64,
+    /// Block events published to the index, and those dropped (a re-sync repairs them).
+    pub index_published: u64,
+    /// See [`MetricsSnapshot::index_published`].
+    pub index_publish_dropped: u64,
+    /// Lease renewals that failed.
+    pub index_renew_failures: u64,
+    /// Full re-syncs into the index.
+    pub index_resyncs: u64,
+    /// KV events dropped because the engine did not take them in time.
+    pub kv_events_dropped: u64,
 }
 
 impl MetricsSnapshot {
@@ -278,6 +317,26 @@ impl Metrics {
         copy_total(&d.write_failures, s.disk.write_errors + s.disk.disk_full);
     }
 
+    /// The scheduler half's index lookups, copied in before the metrics are read.
+    pub(crate) fn set_index_lookups(&self, c: &cluster::IndexCounts) {
+        copy_total(&self.index.lookups, c.lookups);
+        copy_total(&self.index.lookup_failures, c.lookup_failures);
+        copy_total(&self.index.stale_entries, c.stale_entries);
+    }
+
+    /// The worker's publishing to the index, copied in before the metrics are read.
+    pub(crate) fn set_index_publishing(&self, c: &cluster::IndexCounts) {
+        copy_total(&self.index.published, c.published);
+        copy_total(&self.index.dropped, c.dropped);
+        copy_total(&self.index.renew_failures, c.renew_failures);
+        copy_total(&self.index.resyncs, c.resyncs);
+    }
+
+    /// The store's dropped KV events, copied in before the metrics are read.
+    pub(crate) fn set_kv_events_dropped(&self, total: u64) {
+        copy_total(&self.kv_events_dropped, total);
+    }
+
     /// A snapshot of the counters.
     #[must_use]
     pub fn snapshot(&self) -> MetricsSnapshot {
@@ -301,6 +360,14 @@ impl Metrics {
             hold_expired_blocks: self.hold_expired.get(),
             same_host_loads: self.same_host_loads.get(),
             same_host_fallbacks: self.same_host_fallbacks.get(),
+            index_lookups: self.index.lookups.get(),
+            index_lookup_failures: self.index.lookup_failures.get(),
+            index_stale_entries: self.index.stale_entries.get(),
+            index_published: self.index.published.get(),
+            index_publish_dropped: self.index.dropped.get(),
+            index_renew_failures: self.index.renew_failures.get(),
+            index_resyncs: self.index.resyncs.get(),
+            kv_events_dropped: self.kv_events_dropped.get(),
         }
     }
 

@@ -8,7 +8,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::{ByteLabels, CLASSES, DiskCounters, LATENCY_BUCKETS, Labels, Metrics, TIERS};
+use super::{
+    ByteLabels, CLASSES, DiskCounters, IndexCounters, LATENCY_BUCKETS, Labels, Metrics, TIERS,
+};
 
 /// Registers a labelled family and returns it with the counters or gauges of each label value, created
 /// now so the hot path never looks one up.
@@ -182,6 +184,48 @@ impl Default for Metrics {
                 "Disk writes that failed (a full disk included)",
             ),
         };
+        let index = IndexCounters {
+            lookups: counter(
+                &mut r,
+                "kv_index_lookups",
+                "Cluster-index lookups answered (scheduler side)",
+            ),
+            lookup_failures: counter(
+                &mut r,
+                "kv_index_lookup_failures",
+                "Cluster-index lookups that failed or timed out; the peers were asked instead",
+            ),
+            stale_entries: counter(
+                &mut r,
+                "kv_index_stale_entries",
+                "Index entries lookups skipped: their instance's lease lapsed, or an old epoch",
+            ),
+            published: counter(
+                &mut r,
+                "kv_index_published",
+                "Block events this instance published to the cluster index",
+            ),
+            dropped: counter(
+                &mut r,
+                "kv_index_publish_dropped",
+                "Block events dropped (queue full, Redis failing); a re-sync repairs what they said",
+            ),
+            renew_failures: counter(
+                &mut r,
+                "kv_index_lease_renewal_failures",
+                "Lease renewals that failed; past the lease the index stops naming this instance",
+            ),
+            resyncs: counter(
+                &mut r,
+                "kv_index_resyncs",
+                "Full re-syncs of this instance's holdings into the cluster index",
+            ),
+        };
+        let kv_events_dropped = counter(
+            &mut r,
+            "kv_events_dropped",
+            "KV events for the serving engine's event stream dropped, not taken in time",
+        );
         Self {
             registry: r,
             hit_rate,
@@ -206,6 +250,8 @@ impl Default for Metrics {
             held_blocks,
             hold_expired,
             disk,
+            index,
+            kv_events_dropped,
         }
     }
 }

@@ -57,11 +57,20 @@ fn a_parser_reads_every_documented_metric_with_its_type_and_value() {
     });
     m.set_retransmits(9);
     m.set_retransmits(4);
+    // The index client's counters: the scheduler's lookups and the worker's publishing, each setting
+    // only its own (they share one set of metrics in one process).
+    let mut lookups = cluster::IndexCounts::default();
+    (lookups.lookups, lookups.lookup_failures, lookups.published) = (11, 2, 99);
+    let mut publishing = cluster::IndexCounts::default();
+    (publishing.published, publishing.dropped, publishing.lookups) = (40, 3, 99);
+    m.set_index_lookups(&lookups);
+    m.set_index_publishing(&publishing);
+    m.set_kv_events_dropped(5);
     let text = m.prometheus();
     let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("parses");
 
     let documented = documented();
-    assert_eq!(documented.len(), 25, "the table in the module docs");
+    assert_eq!(documented.len(), 33, "the table in the module docs");
     for (name, ty) in &documented {
         let samples: Vec<_> = scrape
             .samples
@@ -110,6 +119,11 @@ fn a_parser_reads_every_documented_metric_with_its_type_and_value() {
     );
     assert_eq!(value(&scrape, "kv_held_blocks", &[]), 1.0);
     assert_eq!(value(&scrape, "kv_hold_expired_blocks_total", &[]), 7.0);
+    assert_eq!(value(&scrape, "kv_index_lookups_total", &[]), 11.0);
+    assert_eq!(value(&scrape, "kv_index_lookup_failures_total", &[]), 2.0);
+    assert_eq!(value(&scrape, "kv_index_published_total", &[]), 40.0);
+    assert_eq!(value(&scrape, "kv_index_publish_dropped_total", &[]), 3.0);
+    assert_eq!(value(&scrape, "kv_events_dropped_total", &[]), 5.0);
     let latency = scrape
         .samples
         .iter()

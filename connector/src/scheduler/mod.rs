@@ -180,7 +180,21 @@ impl KvScheduler {
     /// Every metric as Prometheus text.
     #[must_use]
     pub fn prometheus(&self) -> String {
+        self.refresh_index_counters();
         self.metrics.prometheus()
+    }
+
+    /// The metrics as numbers, the index client's lookups read now.
+    #[must_use]
+    pub fn snapshot(&self) -> crate::MetricsSnapshot {
+        self.refresh_index_counters();
+        self.metrics.snapshot()
+    }
+
+    fn refresh_index_counters(&self) {
+        if let Some(index) = self.index() {
+            self.metrics.set_index_lookups(&index.stats().counts());
+        }
     }
 
     /// The keys of `req`'s full blocks in the current namespace: the serving engine's own if it gave

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::KvScheduler;
 use super::lookup::Found;
 use crate::error::ConnectorError;
+use crate::keys::BlockHash;
 use crate::producer::lock;
 use crate::request::{BlockSpec, ConnectorMetadata, KvRequest};
 use crate::state::{SavePlan, SchedulerState, Tracked};
@@ -36,6 +37,11 @@ impl KvScheduler {
         }
         let new_tokens = (matched * bs).saturating_sub(num_computed);
         let load_async = self.cfg.async_loads && new_tokens > 0;
+        let tokens = if self.cfg.kv_events && self.cfg.role.saves() {
+            req.tokens[..(keys.len() * bs).min(req.tokens.len())].to_vec()
+        } else {
+            Vec::new()
+        };
         lock(&self.state).requests.insert(
             req.id.to_owned(),
             Tracked {
@@ -48,6 +54,8 @@ impl KvScheduler {
                 load_async,
                 save: None,
                 hold: false,
+                tokens,
+                engine_hashes: Vec::new(),
             },
         );
         (new_tokens, load_async)
@@ -67,6 +75,22 @@ impl KvScheduler {
             .ok_or_else(|| ConnectorError::UnknownRequest(request.into()))?;
         t.hold = self.cfg.role.saves();
         Ok(())
+    }
+
+    /// The serving engine's own hashes of `request`'s blocks (vLLM's `request.block_hashes`), when they
+    /// are not this connector's keys: the KV events of its saves name the blocks by them
+    /// ([`crate::ConnectorConfig::kv_events`]), so that they match the engine's own events. Call it
+    /// after [`KvScheduler::get_num_new_matched_tokens`]. Returns whether the request is tracked.
+    pub fn set_engine_hashes(&self, request: &str, hashes: Vec<BlockHash>) -> bool {
+        if !self.cfg.kv_events {
+            return lock(&self.state).requests.contains_key(request);
+        }
+        let mut sched = lock(&self.state);
+        let Some(t) = sched.requests.get_mut(request) else {
+            return false;
+        };
+        t.engine_hashes = hashes;
+        true
     }
 
     /// vLLM's `update_state_after_alloc`: the engine allocated `block_ids` (the request's whole block
@@ -100,6 +124,9 @@ impl KvScheduler {
                     local: t.local,
                     producer: t.producer.clone(),
                     hold: false,
+                    tokens: Vec::new(),
+                    engine_hashes: Vec::new(),
+                    parent: None,
                 });
                 loading_async = t.load_async;
             } else if t.load_async {
@@ -111,6 +138,9 @@ impl KvScheduler {
                     local: t.local,
                     producer: None,
                     hold: false,
+                    tokens: Vec::new(),
+                    engine_hashes: Vec::new(),
+                    parent: None,
                 });
             }
         }
@@ -189,6 +219,21 @@ impl KvScheduler {
                     local: false,
                     producer: None,
                     hold: t.hold,
+                    tokens: t
+                        .tokens
+                        .get(plan.saved * bs..upto * bs)
+                        .map(<[u32]>::to_vec)
+                        .unwrap_or_default(),
+                    engine_hashes: t
+                        .engine_hashes
+                        .get(plan.saved..upto)
+                        .map(<[BlockHash]>::to_vec)
+                        .unwrap_or_default(),
+                    parent: plan
+                        .saved
+                        .checked_sub(1)
+                        .filter(|_| !t.tokens.is_empty())
+                        .map(|i| t.engine_hashes.get(i).copied().unwrap_or(t.keys[i].hash)),
                 });
                 plan.saved = upto;
             }

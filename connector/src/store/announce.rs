@@ -55,8 +55,10 @@ impl TierStore {
         }
     }
 
-    /// Tells the publisher where `key` is now (called after every change of it).
-    pub(super) fn announce(&self, key: &ScopedKey) {
+    /// Tells the publisher where `key` is now, and the KV-event log where it is held (called after every
+    /// change of it).
+    pub(super) fn announce(&mut self, key: &ScopedKey) {
+        self.announce_event(key);
         let Some(publisher) = &self.announcer.0 else {
             return;
         };

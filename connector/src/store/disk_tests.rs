@@ -280,3 +280,156 @@ fn a_prompt_on_disk_comes_back_whole_past_hotter_blocks() {
     drop(s);
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Where each block is held according to `events` (host, disk), applied to `view`.
+fn replay(view: &mut HashMap<ScopedKey, (bool, bool)>, events: &[KvEvent]) {
+    for e in events {
+        let (key, medium, now) = match e {
+            KvEvent::Stored { key, medium, .. } => (key, medium, true),
+            KvEvent::Removed { key, medium, .. } => (key, medium, false),
+        };
+        let held = view.entry(*key).or_default();
+        let was = match medium {
+            Medium::Host => std::mem::replace(&mut held.0, now),
+            Medium::Disk => std::mem::replace(&mut held.1, now),
+        };
+        assert_ne!(was, now, "{e:?} repeats what was reported");
+        if *held == (false, false) {
+            view.remove(key);
+        }
+    }
+}
+
+/// Where the store holds each block.
+fn held(s: &TierStore) -> HashMap<ScopedKey, (bool, bool)> {
+    s.by_tier
+        .values()
+        .map(|k| {
+            let host = s.index.get(k).is_some_and(|e| e.layers == LAYERS);
+            (*k, (host, s.disk_holds(k)))
+        })
+        .filter(|(_, h)| *h != (false, false))
+        .collect()
+}
+
+#[test]
+fn kv_events_follow_every_block_into_host_memory_down_to_disk_and_out() {
+    let d = dir("events");
+    let mut s = store(4, &d, 4, 1);
+    s.keep_kv_events();
+    let src = caches();
+    let tokens: Vec<u32> = (1000..1064).collect();
+    let mut view = HashMap::new();
+    let first = keys(0..4);
+    // The engine knows the blocks by hashes of its own (the first block's only, say).
+    let theirs = [BlockHash([200; 32])];
+    s.describe_saves(&first[1..], &theirs, Some(first[0].hash), &tokens[16..], 16);
+    save(&mut s, &first[1..], 1, &src, 1);
+    s.end_described_saves();
+    let events = s.take_kv_events();
+    replay(&mut view, &events);
+    assert_eq!(view, held(&s));
+    // Each block once, into host memory, with its tokens and its parent (the first's is the one given).
+    assert_eq!(events.len(), 3, "{events:?}");
+    for (i, e) in events.iter().enumerate() {
+        let KvEvent::Stored {
+            key,
+            hash,
+            medium: Medium::Host,
+            origin,
+        } = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!(*key, first[i + 1]);
+        let (want, parent) = match i {
+            0 => (theirs[0], first[0].hash),
+            1 => (first[2].hash, theirs[0]),
+            _ => (first[i + 1].hash, first[i].hash),
+        };
+        assert_eq!((*hash, origin.parent), (want, Some(parent)));
+        assert_eq!(&origin.tokens[..], &tokens[16 * (i + 1)..16 * (i + 2)]);
+    }
+    // Later saves (undescribed) push the first ones to disk, then off it: every change is reported, a
+    // block moving down is stored below before it leaves above, and its origin goes with it.
+    let mut off_disk = 0;
+    for (n, ids) in [(2u64, 4..8), (3, 8..12), (4, 12..16)] {
+        let k = keys(ids.clone());
+        save(&mut s, &k, u32::from(ids.start), &src, n);
+        let events = s.take_kv_events();
+        off_disk += events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    KvEvent::Removed {
+                        medium: Medium::Disk,
+                        ..
+                    }
+                )
+            })
+            .count();
+        for (i, e) in events.iter().enumerate() {
+            if let KvEvent::Removed {
+                key,
+                medium: Medium::Host,
+                ..
+            } = e
+                && held(&s).get(key).is_some_and(|h| h.1)
+            {
+                assert!(
+                    events[..i].iter().any(|x| matches!(x,
+                        KvEvent::Stored { key: k, medium: Medium::Disk, .. } if k == key)),
+                    "{key:?} left host memory before it was reported on disk: {events:?}"
+                );
+            }
+            if let KvEvent::Stored {
+                key,
+                hash,
+                medium: Medium::Disk,
+                origin,
+            } = e
+                && first[1..].contains(key)
+            {
+                assert_eq!(
+                    origin.tokens.len(),
+                    16,
+                    "{key:?} lost its tokens on the way down"
+                );
+                assert_eq!(*key == first[1], *hash == theirs[0], "{key:?} as {hash:?}");
+            }
+        }
+        replay(&mut view, &events);
+        assert_eq!(view, held(&s), "after saving request {n}");
+    }
+    assert!(
+        view.values().any(|h| h.1) && off_disk > 0,
+        "blocks went to disk and left it: {view:?}"
+    );
+    assert_eq!(s.kv_events_dropped(), 0);
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn kv_events_are_kept_only_when_asked_and_recovered_blocks_are_reported_at_once() {
+    let d = dir("events-recovered");
+    let src = caches();
+    {
+        let mut s = store(4, &d, 16, 1);
+        save(&mut s, &keys(0..4), 0, &src, 1);
+        save(&mut s, &keys(4..8), 4, &src, 2);
+        assert!(s.take_kv_events().is_empty(), "no events unless asked");
+    }
+    let mut s = store(8, &d, 16, 1);
+    s.keep_kv_events();
+    let events = s.take_kv_events();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(events.iter().all(|e| matches!(e,
+        KvEvent::Stored { medium: Medium::Disk, origin, .. } if origin.tokens.is_empty())));
+    let mut view = HashMap::new();
+    replay(&mut view, &events);
+    assert_eq!(view, held(&s));
+    drop(s);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -43,6 +43,7 @@ impl KvWorker {
         }
         let client =
             Arc::new(IndexClient::new(cfg).map_err(|e| ConnectorError::Config(e.to_string()))?);
+        *lock(&self.index_stats) = Some(client.stats().clone());
         let namespace = *lock(&core.namespace);
         let holdings = Arc::new(StoreHoldings(Arc::downgrade(core)));
         let _entered = self.rt.enter();

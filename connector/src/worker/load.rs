@@ -14,12 +14,14 @@ use crate::state::ActiveLoad;
 impl KvWorker {
     /// vLLM's `bind_connector_metadata`: the scheduler's plan for this step.
     pub fn bind_connector_metadata(&self, meta: ConnectorMetadata) {
+        self.describe_saves(&meta.saves);
         lock(&self.worker).meta = meta;
     }
 
     /// vLLM's `clear_connector_metadata`: the step is over.
     pub fn clear_connector_metadata(&self) {
         lock(&self.worker).meta = ConnectorMetadata::default();
+        self.end_described_saves();
     }
 
     /// vLLM's `start_load_kv`: asks the producer for every planned load, straight into the given blocks
@@ -45,6 +47,9 @@ impl KvWorker {
                 local,
                 producer,
                 hold: _,
+                tokens: _,
+                engine_hashes: _,
+                parent: _,
             } = spec;
             let number = request_number(&request);
             let started = Instant::now();

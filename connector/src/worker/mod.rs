@@ -3,6 +3,7 @@
 //! with the control server that serves consumers. It loads ([`load`]) and saves ([`save`]) what the
 //! scheduler half's metadata plans; how one is made over each transport is [`open`].
 
+mod events;
 mod index;
 mod load;
 mod open;
@@ -44,6 +45,8 @@ pub struct KvWorker {
     pub(crate) worker: Mutex<WorkerState>,
     /// The registered KV caches of a consumer, as its producer addresses them.
     pub(crate) kv_handle: Mutex<Option<RegionHandle>>,
+    /// The counters of the index client this worker publishes through ([`KvWorker::publish_to_index`]).
+    pub(crate) index_stats: Mutex<Option<Arc<cluster::IndexStats>>>,
 }
 
 impl std::fmt::Debug for KvWorker {
@@ -89,6 +92,9 @@ impl KvWorker {
                 let tier = DiskTier::open(disk.clone(), BlockFormat::of(&layout))?;
                 store = store.with_disk(tier, cfg.disk_min_sharers)?;
             }
+            if cfg.kv_events {
+                store.keep_kv_events();
+            }
             let store_handle = transport.register(layout, store.memory().clone())?;
             metrics.set_host_capacity(u64::from(cfg.store_blocks));
             Some(Arc::new(ProducerCore {
@@ -125,6 +131,7 @@ impl KvWorker {
             metrics,
             worker: Mutex::default(),
             kv_handle: Mutex::new(None),
+            index_stats: Mutex::new(None),
         })
     }
 
@@ -187,11 +194,16 @@ impl KvWorker {
                 held_blocks: store.held() as u64,
                 hold_expired: store.holds_expired(),
             });
+            self.metrics
+                .set_kv_events_dropped(store.kv_events_dropped());
             if let Some(d) = store.disk_stats() {
                 self.metrics.set_disk(&d);
             }
         }
         self.metrics.set_retransmits(self.transport.retransmits());
+        if let Some(stats) = lock(&self.index_stats).as_ref() {
+            self.metrics.set_index_publishing(&stats.counts());
+        }
     }
 
     /// Leading blocks of `keys` this worker's own tier store holds whole (a producer's prefix reuse:

@@ -105,10 +105,15 @@ support (``"cuda" in kv_transfer.FEATURES``; ``kv_buffer_device`` is ignored: th
 vLLM put them). The engine copies them on its own CUDA stream; ``save_kv_layer`` first waits for the
 stream that computed the layer.
 
-Optional methods of vLLM's interface left at their defaults: ``take_events`` and
-``get_kv_connector_kv_cache_events`` (the cluster index, not this connector, is where blocks are
-published), the hybrid-allocator calls (``request_finished_all_groups``, ``get_loaded_kv_cache_group_ids``:
-one group of full attention is supported), ``get_mem_pool_context``, sleep mode and ``reset_cache``.
+With KV cache events on (vLLM's ``--kv-events-config '{"enable_kv_cache_events": true, ...}'``), the
+workers report their host store and disk tier as vLLM's ``BlockStored`` and ``BlockRemoved`` events
+(medium ``"CPU"`` and ``"STORAGE"``, with each block's tokens and parent;
+``get_kv_connector_kv_cache_events``), and ``take_events`` hands them to vLLM's publisher beside its own
+GPU events: see :mod:`kv_transfer.vllm.events`.
+
+Optional methods of vLLM's interface left at their defaults: the hybrid-allocator calls
+(``request_finished_all_groups``, ``get_loaded_kv_cache_group_ids``: one group of full attention is
+supported), ``get_mem_pool_context``, sleep mode and ``reset_cache``.
 """
 
 from __future__ import annotations

@@ -59,12 +59,18 @@ class KvTransferConnector(KVConnectorBase_V1):
         self._block_size = int(vllm_config.cache_config.block_size)
         self._model = str(vllm_config.model_config.model)
         self._dtype = dtype_name(vllm_config.model_config.dtype)
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        self._kv_events = bool(kv_events is not None and kv_events.enable_kv_cache_events)
+        self._events: list[Any] = []
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             layers, block_bytes = _cache_shape(kv_cache_config)
             settings = self._settings(layers, block_bytes, 0, {})
-            self._scheduler = SchedulerSide(settings, self._opts, self._kv_role, port, self._namespace_key())
+            self._scheduler = SchedulerSide(
+                settings, self._opts, self._kv_role, port, self._namespace_key(),
+                kv_events=self._kv_events and self._kv_role != "consumer",
+            )
         else:
             self._worker = WorkerSide(self._opts, self._kv_role, port, self._tp_size, self._settings,
                                       self._namespace_key())
@@ -82,6 +88,7 @@ class KvTransferConnector(KVConnectorBase_V1):
             block_bytes=block_bytes,
             tp_rank=rank,
             tp_size=self._tp_size,
+            kv_events=self._kv_events and self._kv_role != "consumer",
         )
         if self._kv_role == "consumer":
             s["store_blocks"] = 0
@@ -125,6 +132,12 @@ class KvTransferConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._sched().update_connector_output(connector_output)
+        events = getattr(connector_output, "kv_cache_events", None)
+        if self._kv_events and events is not None:
+            from .events import KvTransferKVEvents
+
+            if isinstance(events, KvTransferKVEvents):
+                self._events.extend(events.aggregate().get_all_events())
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self._sched().request_finished(request)
@@ -139,7 +152,10 @@ class KvTransferConnector(KVConnectorBase_V1):
             self._scheduler.set_rank_handshakes(handshakes)
 
     def take_events(self) -> Iterable[Any]:
-        return ()
+        """The host and disk tiers' KV events the workers reported since the last call (see
+        :mod:`kv_transfer.vllm.events`)."""
+        events, self._events = self._events, []
+        return events
 
     # ---- worker side ----
 
@@ -182,6 +198,13 @@ class KvTransferConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         return self._worker.get_finished() if self._worker is not None else (None, None)
+
+    def get_kv_connector_kv_cache_events(self) -> Any:
+        if self._worker is None or not self._kv_events:
+            return None
+        from .events import worker_events
+
+        return worker_events(self._worker.take_kv_events(), self._block_size, self._tp_size)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.failed_blocks() if self._worker is not None else set()

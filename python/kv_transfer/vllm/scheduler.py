@@ -28,8 +28,10 @@ IDLE_STEP_WAIT = 0.01
 class SchedulerSide:
     """What vLLM's scheduler-role connector does, over a native :class:`Scheduler`."""
 
-    def __init__(self, settings: ConnectorSettings, opts: Options, role: str, port: int, namespace: str) -> None:
-        self.opts, self.role = opts, role
+    def __init__(
+        self, settings: ConnectorSettings, opts: Options, role: str, port: int, namespace: str, kv_events: bool = False
+    ) -> None:
+        self.opts, self.role, self.kv_events = opts, role, kv_events
         own = opts.control(port) if role != "consumer" else None
         self.native = Scheduler(settings, peers=list(opts.peers), own=own)
         self.registry: Registry | None = None
@@ -85,6 +87,11 @@ class SchedulerSide:
                 return None, False  # the lookup runs; vLLM asks again on a later step
             if self.role != "consumer" and isinstance(params, dict) and params.get("do_remote_decode"):
                 self.native.hold_for_decode(request.request_id)
+            if self.kv_events and not self.hashes_usable:
+                # The KV events of its saves then name its blocks as vLLM's own events do.
+                theirs = [bytes(h) for h in getattr(request, "block_hashes", None) or ()]
+                if theirs and all(len(h) == 32 for h in theirs):
+                    self.native.set_engine_hashes(request.request_id, theirs)
             return answer
         finally:
             self.seconds += time.perf_counter() - started
@@ -155,7 +162,8 @@ class SchedulerSide:
 
     def stats(self) -> dict[str, float]:
         """What the scheduler half did since the last call (lookups, and its own time)."""
-        now = {k: float(v) for k, v in self.native.metrics().items() if k in ("lookup_blocks", "lookup_hits")}
+        mine = ("lookup_blocks", "lookup_hits", "index_lookups", "index_lookup_failures", "index_stale_entries")
+        now = {k: float(v) for k, v in self.native.metrics().items() if k in mine}
         now["scheduler_seconds"] = self.seconds
         delta = {k: v - self.reported.get(k, 0.0) for k, v in now.items()}
         self.reported = now

@@ -25,6 +25,14 @@ STAT_COUNTERS: dict[str, str] = {
     "retransmits": "Frames the transfer engine sent again.",
     "same_host_loads": "Loads served over shared memory to a consumer on this host.",
     "hold_expired_blocks": "Blocks held for a decode that never came.",
+    "index_lookups": "Cluster-index lookups answered (scheduler).",
+    "index_lookup_failures": "Cluster-index lookups that failed or timed out; the peers were asked instead.",
+    "index_stale_entries": "Index entries skipped: their instance's lease lapsed (it left or stalled).",
+    "index_published": "Block events published to the cluster index (rank 0).",
+    "index_publish_dropped": "Block events dropped (queue full, Redis failing); a re-sync repairs them.",
+    "index_renew_failures": "Lease renewals that failed: past the lease the index stops naming this instance.",
+    "index_resyncs": "Full re-syncs of this instance's store into the index.",
+    "kv_events_dropped": "KV events of the host and disk tiers dropped, not taken in time.",
 }
 
 

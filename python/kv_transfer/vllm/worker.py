@@ -214,6 +214,12 @@ class WorkerSide:
             return None, set(received)
         return None, None
 
+    def take_kv_events(self) -> list[tuple[str, bytes, bytes | None, list[int], str]]:
+        """The store's KV events since the last call (none before registration or for a consumer)."""
+        if self.native is None or self.role == "consumer":
+            return []
+        return self.native.take_kv_events()
+
     def failed_blocks(self) -> set[int]:
         if self.native is None:
             return set()
@@ -229,8 +235,8 @@ class WorkerSide:
         if self.native is None:
             return {}
         now: dict[str, float] = {k: float(v) for k, v in self.native.metrics().items() if k in STAT_COUNTERS}
-        now.pop("lookup_blocks", None)
-        now.pop("lookup_hits", None)
+        for scheduler_side in ("lookup_blocks", "lookup_hits", "index_lookups", "index_lookup_failures", "index_stale_entries"):
+            now.pop(scheduler_side, None)
         now["call_seconds"] = self.call_seconds
         now["load_wait_seconds"] = self.wait_seconds
         now["calls"] = float(self.calls)
