@@ -25,6 +25,8 @@ if [ ! -x "$env_dir/bin/python" ] || [ "$(cat "$env_dir/.pins" 2>/dev/null)" != 
   "$env_dir/bin/python" -c 'import vllm, torch' >&2
   echo "$pins" > "$env_dir/.pins"
 fi
-PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation \
-  --force-reinstall --no-deps ./python >&2
+# Built with the features the other environments' builds have (scripts/python-env.sh), so that maturin reuses
+# their compiled crates instead of building them again with other features.
+MATURIN_PEP517_ARGS="--features etcd,rdma" PATH="$env_dir/bin:$PATH" "$env_dir/bin/python" -m pip install --quiet \
+  --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps ./python >&2
 echo "$env_dir"
