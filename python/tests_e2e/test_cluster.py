@@ -26,11 +26,12 @@ from serving import BLOCK, Server, connector, free_port, start_proxy
 
 MAX_TOKENS = 6
 LEASE = 5.0  # the connector's lease in the index (IndexConfig's default)
-#: The connector's warning when a holder named by the index does not answer a lookup in time. A known fault,
-#: not yet understood: here (four vLLM processes on two cores) the instance that served the previous turn
-#: sometimes answers no control connection for seconds, though its runtime sits idle; the lookup then finds
-#: nothing and the prompt is computed (right tokens, no history loaded). The multi-turn test reports it as
-#: an expected failure, naming it, rather than pass or fail on it.
+#: The connector's warning when a holder named by the index does not answer a lookup in time. A fault seen
+#: here (four vLLM processes on two cores) until the control server stopped relying on the runtime alone to
+#: report new connections (``ACCEPT_RECHECK`` in ``connector/src/control/server.rs``: inside vLLM's worker a
+#: connection's readiness was sometimes lost and it waited 6 s in the listen queue). Should it come back the
+#: multi-turn test reports it as an expected failure, naming it (the answer's tokens are right either way),
+#: rather than pass or fail on it; any other shortfall fails.
 STALL = "no answer"
 
 
@@ -108,8 +109,7 @@ def cluster(model):
         kv = connector("kv_both", port)
         kv["kv_load_failure_policy"] = "recompute"
         # Generous timeouts for index lookups (50 ms by default) and lookups at a holder (1 s): four vLLM
-        # processes share two cores here. (A holder that does not answer for seconds is a known fault:
-        # see STALL.)
+        # processes share two cores here (see STALL).
         extra = {"index": redis.url, "index_timeout": 1.0, "lookup_timeout": 5.0, "load_timeout": 10.0}
         kv["kv_connector_extra_config"] = extra
         args = ["--kv-events-config", json.dumps(events)] if i == 2 else []

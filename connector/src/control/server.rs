@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use backends::transport::BadAddress;
 use backends::{PeerAddress, TransportError};
@@ -29,13 +30,38 @@ fn class_from(code: u8) -> TrafficClass {
         .unwrap_or(TrafficClass::BulkKv)
 }
 
+/// How long the accept loop trusts the runtime to report a connection before it asks the socket itself.
+///
+/// Inside vLLM's CPU worker a connection sometimes waited 6 s in the listen queue while the runtime
+/// polled on (gdb: its I/O driver in `epoll_wait` every few ms, the listener registered in its epoll,
+/// `ss`: one connection queued). The edge-triggered readiness was lost, most likely taken by foreign code
+/// in the process: entries that are not tokio's (level-triggered) turned up in the runtime's epoll
+/// instance. Asking the socket every so often bounds what a lost edge costs a new connection.
+const ACCEPT_RECHECK: Duration = Duration::from_millis(50);
+
 /// Serves control connections for `core` on `listener` until the runtime stops.
 pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
     let peers: Arc<Peers> = Arc::default();
-    while let Ok((stream, _)) = listener.accept().await {
+    loop {
+        let stream = match tokio::time::timeout(ACCEPT_RECHECK, listener.accept()).await {
+            Ok(Ok((stream, _))) => stream,
+            Ok(Err(_)) => return,
+            Err(_) => match accept_now(&listener) {
+                Some(stream) => stream,
+                None => continue,
+            },
+        };
         let _ = stream.set_nodelay(true);
         tokio::spawn(connection(core.clone(), peers.clone(), stream));
     }
+}
+
+/// A connection waiting in `listener`'s queue, taken by the accept call itself whatever the runtime
+/// believes of its readiness (`None`: none waits, or it could not be taken over).
+fn accept_now(listener: &TcpListener) -> Option<TcpStream> {
+    let (socket, _) = socket2::SockRef::from(listener).accept().ok()?;
+    socket.set_nonblocking(true).ok()?;
+    TcpStream::from_std(std::net::TcpStream::from(socket)).ok()
 }
 
 async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStream) {
@@ -199,4 +225,28 @@ async fn reach(core: &ProducerCore, via: Via, addr: &str) -> Result<Destination,
         peer: info.peer,
         region,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_queued_connection_is_taken_without_the_runtime_reporting_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert!(accept_now(&listener).is_none(), "nothing waits yet");
+        let addr = listener.local_addr().unwrap();
+        let client = std::thread::spawn(move || std::net::TcpStream::connect(addr).unwrap());
+        let _client = client.join().unwrap();
+        // Never polled by `accept`: only the socket itself says the connection is there.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let stream = loop {
+            if let Some(s) = accept_now(&listener) {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "never taken");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(stream.local_addr().unwrap(), addr);
+    }
 }
