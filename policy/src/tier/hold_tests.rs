@@ -1,4 +1,5 @@
 use super::*;
+use transfer_engine::policy::TierPolicy;
 
 const T0: Duration = Duration::ZERO;
 const NS: NamespaceId = NamespaceId::DEFAULT;

@@ -26,7 +26,7 @@
 //! With [`NearestOrder::Continuation`] the nearest tier's victims come from the conversation-continuation
 //! index instead ([`crate::continuation`], see [below](self#continuation-order)); the
 //! farther tiers keep heat. Drive it with [`TierManager::request`] (the
-//! [`TierPolicy::on_request`] hook) so it sees whole requests.
+//! [`TierPolicy::on_request`](transfer_engine::policy::TierPolicy::on_request) hook) so it sees whole requests.
 //!
 //! # Continuation order
 //!
@@ -38,7 +38,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
-use transfer_engine::policy::{BlockKey, RequestInfo, Tier, TierMove, TierPolicy};
+use transfer_engine::policy::{BlockKey, Tier, TierMove};
 
 use crate::error::PolicyError;
 use crate::heat::{Heat, HeatClock};
@@ -50,6 +50,7 @@ mod farther;
 mod hold;
 mod load;
 mod near;
+mod policy;
 mod segments;
 
 use block::{Block, Candidate, Rank};
@@ -466,34 +467,6 @@ impl TierManager {
             }
             b.entry = want;
         }
-    }
-}
-
-impl TierPolicy for TierManager {
-    /// Inserts in namespace `ns`; a parent of another namespace is not linked (see
-    /// [`TierManager::insert_unsettled`]).
-    fn on_insert(
-        &mut self,
-        ns: NamespaceId,
-        key: BlockKey,
-        parent: Option<BlockKey>,
-        request: u64,
-        now: Duration,
-    ) -> Vec<TierMove> {
-        self.insert(ns, key, parent, request, now)
-    }
-
-    fn on_access(&mut self, key: BlockKey, request: u64, now: Duration) -> Vec<TierMove> {
-        self.access(key, request, now)
-    }
-
-    fn tier_of(&self, key: BlockKey) -> Option<Tier> {
-        self.blocks.get(&key).map(|b| TIERS[b.tier])
-    }
-
-    /// Stores or touches the whole request, then settles once (see [`TierManager::request`]).
-    fn on_request(&mut self, request: &RequestInfo<'_>, now: Duration) -> Vec<TierMove> {
-        self.request(request, now)
     }
 }
 

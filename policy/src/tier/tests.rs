@@ -1,4 +1,5 @@
 use super::*;
+use transfer_engine::policy::{RequestInfo, TierPolicy};
 
 const T0: Duration = Duration::ZERO;
 
