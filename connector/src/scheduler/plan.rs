@@ -82,14 +82,13 @@ impl KvScheduler {
     /// ([`crate::ConnectorConfig::kv_events`]), so that they match the engine's own events. Call it
     /// after [`KvScheduler::get_num_new_matched_tokens`]. Returns whether the request is tracked.
     pub fn set_engine_hashes(&self, request: &str, hashes: Vec<BlockHash>) -> bool {
-        if !self.cfg.kv_events {
-            return lock(&self.state).requests.contains_key(request);
-        }
         let mut sched = lock(&self.state);
         let Some(t) = sched.requests.get_mut(request) else {
             return false;
         };
-        t.engine_hashes = hashes;
+        if self.cfg.kv_events {
+            t.engine_hashes = hashes;
+        }
         true
     }
 

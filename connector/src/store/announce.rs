@@ -40,13 +40,16 @@ impl TierStore {
             .collect()
     }
 
-    /// Where `key` is loadable from now: host memory (stored whole), disk, or nowhere.
-    fn placement(&self, key: &ScopedKey) -> Option<IndexTier> {
-        if self
-            .index
+    /// Whether host memory holds `key` whole (every layer saved).
+    pub(super) fn whole_in_host(&self, key: &ScopedKey) -> bool {
+        self.index
             .get(key)
             .is_some_and(|e| e.layers == self.layout.layers)
-        {
+    }
+
+    /// Where `key` is loadable from now: host memory (stored whole), disk, or nowhere.
+    fn placement(&self, key: &ScopedKey) -> Option<IndexTier> {
+        if self.whole_in_host(key) {
             Some(IndexTier::Host)
         } else if self.disk_holds(key) {
             Some(IndexTier::Disk)

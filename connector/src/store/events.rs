@@ -165,11 +165,7 @@ impl TierStore {
         if !self.events.on {
             return;
         }
-        let host = self
-            .index
-            .get(key)
-            .is_some_and(|e| e.layers == self.layout.layers);
-        let disk = self.disk_holds(key);
+        let (host, disk) = (self.whole_in_host(key), self.disk_holds(key));
         self.events.observe(key, host, disk);
     }
 

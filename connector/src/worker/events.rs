@@ -27,11 +27,10 @@ impl KvWorker {
 
     /// Hands the store the origins of this step's saves (their events carry them).
     pub(super) fn describe_saves(&self, saves: &[BlockSpec]) {
-        let Some(core) = &self.producer else { return };
-        let mut store = lock(&core.store);
-        if !store.keeps_kv_events() {
+        let Some(core) = self.producer.as_ref().filter(|_| self.cfg.kv_events) else {
             return;
-        }
+        };
+        let mut store = lock(&core.store);
         let block = self.cfg.namespace.block_size as usize;
         for s in saves {
             store.describe_saves(&s.keys, &s.engine_hashes, s.parent, &s.tokens, block);
@@ -40,7 +39,7 @@ impl KvWorker {
 
     /// The step is over: origins of saves that did not complete are forgotten.
     pub(super) fn end_described_saves(&self) {
-        if let Some(core) = &self.producer {
+        if let Some(core) = self.producer.as_ref().filter(|_| self.cfg.kv_events) {
             lock(&core.store).end_described_saves();
         }
     }
