@@ -3,11 +3,13 @@
 use crate::disk::DiskConfig;
 use std::time::Duration;
 
+use backends::tcp::Secret;
 use policy::Namespace;
 use transfer_engine::{
     BlockPlacement, ChunkSplit, Dtype, KvHeads, KvKind, KvLayout, ShapingConfig, TrafficClass,
 };
 
+use crate::control::ControlIdentity;
 use crate::error::ConnectorError;
 use crate::keys::{ExtraKeyLayout, VllmHasher, root_hash};
 use crate::tp::TpRank;
@@ -110,9 +112,33 @@ pub struct ConnectorConfig {
     /// engine's event stream: [`crate::KvWorker::take_kv_events`]); the scheduler half then sends each
     /// saved block's tokens to the workers. Off by default.
     pub kv_events: bool,
+    /// The shared secret of the control channel and of a TCP node the connector starts (its lanes'
+    /// HMAC handshake): with it, a producer answers only consumers that prove they hold it, and sends
+    /// only to engines that do. `None`: neither is authenticated (run on a network only the serving
+    /// cluster reaches). Its `Debug` never prints the bytes.
+    pub secret: Option<Secret>,
 }
 
 impl ConnectorConfig {
+    /// The namespace lanes and control connections check: the model, block size and dtype (weight
+    /// versions are told apart by the keys, so a rolling update serves two at once).
+    #[must_use]
+    pub fn lane_namespace(&self) -> Namespace {
+        Namespace {
+            weight_version: 0,
+            ..self.namespace.clone()
+        }
+    }
+
+    /// What this connector says of itself on the control channel, receiving loads on `engines`.
+    pub(crate) fn control_identity(&self, engines: Vec<u32>) -> ControlIdentity {
+        ControlIdentity {
+            secret: self.secret.clone(),
+            ns: self.lane_namespace().id().0,
+            engines,
+        }
+    }
+
     /// Defaults for `role` in `namespace`: 32 layers, 64 KiB blocks, a 1024-block store, prefetch 2.
     #[must_use]
     pub fn new(role: KvRole, namespace: Namespace) -> ConnectorConfig {
@@ -128,6 +154,7 @@ impl ConnectorConfig {
             store_blocks: if role.saves() { 1024 } else { 0 },
             store_segments: false,
             prefetch_depth: 2,
+            secret: None,
             async_loads: false,
             class: TrafficClass::UrgentKv,
             shaping: None,

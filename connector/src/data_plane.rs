@@ -173,6 +173,12 @@ impl DataPlane {
         std::iter::once(&self.main).chain(self.same_host.as_ref().map(|s| &s.transport))
     }
 
+    /// The engine ids of its transports (the main one first): a producer sends a consumer's loads only
+    /// to these.
+    pub(crate) fn engines(&self) -> Vec<u32> {
+        self.all().map(|t| t.engine_id()).collect()
+    }
+
     /// The main transport's backend name.
     pub(crate) fn backend(&self) -> &'static str {
         self.main.backend()

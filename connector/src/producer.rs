@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use policy::NamespaceId;
 use transfer_engine::{TrafficClass, TransferRequest};
 
+use crate::control::ControlIdentity;
 use crate::data_plane::{DataPlane, Destination, PlaneRegion, PlaneSession, Via};
 use crate::error::ConnectorError;
 use crate::keys::ScopedKey;
@@ -62,6 +63,8 @@ pub(crate) struct ProducerCore {
     pub(crate) streams: Mutex<Vec<Stream>>,
     /// This worker's tensor-parallel rank: consumers of another rank are refused.
     pub(crate) rank: RankKv,
+    /// What its control server checks of consumers (secret, lane namespace).
+    pub(crate) control: ControlIdentity,
 }
 
 impl ProducerCore {

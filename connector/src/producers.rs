@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::control::ControlClient;
+use crate::control::{ControlClient, ControlIdentity};
 use crate::producer::lock;
 
 /// Most producers a half keeps a control connection to.
@@ -16,13 +16,16 @@ pub(crate) const MAX_PRODUCERS: usize = 256;
 pub(crate) struct Producers {
     /// Longest one control call may take.
     timeout: Duration,
+    /// What this half says of itself to producers.
+    identity: ControlIdentity,
     clients: Mutex<Vec<(SocketAddr, Arc<ControlClient>)>>,
 }
 
 impl Producers {
-    pub(crate) fn new(timeout: Duration) -> Producers {
+    pub(crate) fn new(timeout: Duration, identity: ControlIdentity) -> Producers {
         Producers {
             timeout,
+            identity,
             clients: Mutex::new(Vec::new()),
         }
     }
@@ -36,7 +39,11 @@ impl Producers {
         if clients.len() >= MAX_PRODUCERS {
             clients.remove(0);
         }
-        let c = Arc::new(ControlClient::new(addr, self.timeout));
+        let c = Arc::new(ControlClient::new(
+            addr,
+            self.timeout,
+            self.identity.clone(),
+        ));
         clients.push((addr, c.clone()));
         c
     }

@@ -7,7 +7,9 @@ use tokio::io::BufReader;
 use tokio::net::TcpStream;
 use transfer_engine::{SessionId, TrafficClass};
 
+use super::auth::{self, ControlIdentity};
 use super::frame::{self, FrameError};
+use super::rechecked::RecheckedRead;
 use super::{ErrorKind, Reply, Request, class_code, hashes};
 use crate::data_plane::{Endpoints, PlaneSession};
 use crate::error::ConnectorError;
@@ -20,19 +22,21 @@ pub(crate) struct ControlClient {
     addr: SocketAddr,
     /// Longest a call may take (connect, ask, answer).
     timeout: std::time::Duration,
-    conn: tokio::sync::Mutex<
-        Option<(
-            BufReader<tokio::net::tcp::OwnedReadHalf>,
-            tokio::net::tcp::OwnedWriteHalf,
-        )>,
-    >,
+    /// What it says of itself in each connection's handshake.
+    identity: ControlIdentity,
+    conn: tokio::sync::Mutex<Option<(BufReader<RecheckedRead>, tokio::net::tcp::OwnedWriteHalf)>>,
 }
 
 impl ControlClient {
-    pub(crate) fn new(addr: SocketAddr, timeout: std::time::Duration) -> ControlClient {
+    pub(crate) fn new(
+        addr: SocketAddr,
+        timeout: std::time::Duration,
+        identity: ControlIdentity,
+    ) -> ControlClient {
         ControlClient {
             addr,
             timeout,
+            identity,
             conn: tokio::sync::Mutex::new(None),
         }
     }
@@ -64,7 +68,11 @@ impl ControlClient {
                     .map_err(|e| self.err(format!("cannot connect: {e}")))?;
                 let _ = s.set_nodelay(true);
                 let (r, w) = s.into_split();
-                (BufReader::new(r), w)
+                let (mut r, mut w) = (BufReader::new(RecheckedRead::new(r)), w);
+                auth::consumer(&mut r, &mut w, &self.identity)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                (r, w)
             }
         };
         let io = async {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::keys::BlockHash;
 
 /// The control protocol version this build speaks (1: JSON lines with hex keys; 2: these frames).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Longest head accepted (1 MiB).
 pub const MAX_HEAD: u32 = 1 << 20;
 /// Longest key part accepted (16 MiB: 524,288 keys, a prompt of 8 million tokens in 16-token blocks).
@@ -70,11 +70,15 @@ impl Frame {
 
 /// The bytes of a frame of `head` and `keys`.
 pub(crate) fn encode(head: &impl Serialize, keys: &[BlockHash]) -> Vec<u8> {
-    let json = serde_json::to_vec(head).expect("heads serialise");
+    encode_raw(&serde_json::to_vec(head).expect("heads serialise"), keys)
+}
+
+/// The bytes of a frame of a head already serialised (`json`) and `keys`.
+fn encode_raw(json: &[u8], keys: &[BlockHash]) -> Vec<u8> {
     let mut out = Vec::with_capacity(9 + json.len() + keys.len() * KEY);
     out.push(VERSION);
     out.extend_from_slice(&u32::try_from(json.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(&json);
+    out.extend_from_slice(json);
     out.extend_from_slice(
         &u32::try_from(keys.len() * KEY)
             .unwrap_or(u32::MAX)
@@ -93,6 +97,15 @@ pub(crate) async fn write(
     keys: &[BlockHash],
 ) -> std::io::Result<()> {
     w.write_all(&encode(head, keys)).await
+}
+
+/// Writes one frame whose head is serialised already (a handshake MACs those bytes).
+pub(crate) async fn write_raw(
+    w: &mut (impl AsyncWrite + Unpin),
+    json: &[u8],
+    keys: &[BlockHash],
+) -> std::io::Result<()> {
+    w.write_all(&encode_raw(json, keys)).await
 }
 
 /// Reads one frame; `Ok(None)` when the connection ended cleanly between frames.
@@ -207,8 +220,8 @@ mod tests {
             Err(FrameError::Version1)
         ));
         assert!(matches!(
-            block_on(read(&mut &[3u8, 0, 0][..])),
-            Err(FrameError::Version(3))
+            block_on(read(&mut &[4u8, 0, 0][..])),
+            Err(FrameError::Version(4))
         ));
         let mut long = vec![VERSION];
         long.extend_from_slice(&(MAX_HEAD + 1).to_le_bytes());

@@ -21,8 +21,10 @@
 //! longer than [`frame::MAX_HEAD`] or [`frame::MAX_KEY_BYTES`] ends the connection (memory stays
 //! bounded); a malformed head is answered with an error.
 
+mod auth;
 mod client;
 pub mod frame;
+mod rechecked;
 mod server;
 
 use policy::NamespaceId;
@@ -33,6 +35,7 @@ use crate::data_plane::{SameHostEndpoint, Via};
 use crate::keys::{BlockHash, ScopedKey};
 use crate::tp::RankKv;
 
+pub(crate) use auth::ControlIdentity;
 pub(crate) use client::ControlClient;
 pub(crate) use server::serve;
 
@@ -42,6 +45,14 @@ pub const KV_SEGMENT: &str = "kv";
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Request {
+    /// The consumer's first frame ([`auth`]); its key part is the consumer's nonce.
+    Hello {
+        ns: u64,
+        engines: Vec<u32>,
+        authenticated: bool,
+    },
+    /// The consumer's answer to the challenge; its key part is the consumer's MAC.
+    Auth,
     Lookup {
         ns: u64,
         tp: RankKv,
@@ -64,6 +75,10 @@ pub(crate) enum Request {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub(crate) enum Reply {
+    /// The producer's answer to a hello; its key part is the producer's nonce and MAC.
+    Challenge { authenticated: bool },
+    /// The handshake passed.
+    Welcome,
     Found {
         blocks: usize,
         /// Of those, how many only the producer's disk tier holds.
@@ -162,7 +177,7 @@ mod tests {
         }
         assert_eq!(
             (requests, replies),
-            (4, 5),
+            (6, 7),
             "the examples were not all found"
         );
     }

@@ -2,6 +2,7 @@
 //! connect, remembering where each consumer's KV pool is.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use transfer_engine::TrafficClass;
 
+use super::auth;
 use super::frame::{self, FrameError};
+use super::rechecked::RecheckedRead;
 use super::{ErrorKind, KV_SEGMENT, Reply, Request, scoped_keys};
 use crate::data_plane::{Destination, SameHostEndpoint, Via};
 use crate::error::ConnectorError;
@@ -39,9 +42,21 @@ fn class_from(code: u8) -> TrafficClass {
 /// instance. Asking the socket every so often bounds what a lost edge costs a new connection.
 const ACCEPT_RECHECK: Duration = Duration::from_millis(50);
 
+/// Control connections a producer serves at once; one beyond it is closed at once (a connect flood
+/// costs a socket for a moment, never a task each).
+const MAX_CONNECTIONS: usize = 1024;
+
+/// Time a connection has to complete its handshake ([`super::auth`]).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The answer to a handshake frame after the handshake.
+const HANDSHAKE_OVER: &str =
+    "control channel: the handshake is over; a second hello or auth is refused";
+
 /// Serves control connections for `core` on `listener` until the runtime stops.
 pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
     let peers: Arc<Peers> = Arc::default();
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match tokio::time::timeout(ACCEPT_RECHECK, listener.accept()).await {
             Ok(Ok((stream, _))) => stream,
@@ -51,8 +66,16 @@ pub(crate) async fn serve(core: Arc<ProducerCore>, listener: TcpListener) {
                 None => continue,
             },
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(connection(core.clone(), peers.clone(), stream));
+        let (core, peers) = (core.clone(), peers.clone());
+        tokio::spawn(async move {
+            connection(core, peers, stream).await;
+            drop(slot);
+        });
     }
 }
 
@@ -64,31 +87,59 @@ fn accept_now(listener: &TcpListener) -> Option<TcpStream> {
     TcpStream::from_std(std::net::TcpStream::from(socket)).ok()
 }
 
+/// The next frame of a connection; `None` when it ended, or must end: a frame this producer cannot
+/// read is answered with the reason first.
+async fn next_frame(
+    read: &mut (impl tokio::io::AsyncRead + Unpin),
+    write: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> Option<frame::Frame> {
+    match frame::read(read).await {
+        Ok(Some(f)) => Some(f),
+        Ok(None) | Err(FrameError::Closed(_)) => None,
+        Err(FrameError::Version1) => {
+            // Told in its own protocol (a JSON line), then the connection ends.
+            let reply = Reply::error(FrameError::Version1.to_string());
+            let mut line = serde_json::to_vec(&reply).expect("replies serialise");
+            line.push(b'\n');
+            let _ = write.write_all(&line).await;
+            None
+        }
+        Err(e) => {
+            // Another version, or a frame over the limits: told why, then the connection ends.
+            let reply = Reply::error(e.to_string());
+            let _ = frame::write(write, &reply, &[]).await;
+            None
+        }
+    }
+}
+
 async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStream) {
+    let Ok(from) = stream.peer_addr() else {
+        return;
+    };
     let (read, mut write) = stream.into_split();
-    let mut read = tokio::io::BufReader::new(read);
+    let mut read = tokio::io::BufReader::new(RecheckedRead::new(read));
+    let handshake = async {
+        let hello = next_frame(&mut read, &mut write).await?;
+        auth::producer(hello, &mut read, &mut write, &core.control)
+            .await
+            .ok()
+    };
+    let consumer = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Some(consumer)) => Asker {
+            engines: consumer.engines,
+            from: from.ip(),
+        },
+        // Refused (and told why), or silent too long: the connection ends.
+        Ok(None) | Err(_) => return,
+    };
     loop {
-        let frame = match frame::read(&mut read).await {
-            Ok(Some(f)) => f,
-            Ok(None) | Err(FrameError::Closed(_)) => return,
-            Err(FrameError::Version1) => {
-                // Told in its own protocol (a JSON line), then the connection ends.
-                let reply = Reply::error(FrameError::Version1.to_string());
-                let mut line = serde_json::to_vec(&reply).expect("replies serialise");
-                line.push(b'\n');
-                let _ = write.write_all(&line).await;
-                return;
-            }
-            Err(e) => {
-                // Another version, or a frame over the limits: told why, then the connection ends.
-                let reply = Reply::error(e.to_string());
-                let _ = frame::write(&mut write, &reply, &[]).await;
-                return;
-            }
+        let Some(frame) = next_frame(&mut read, &mut write).await else {
+            return;
         };
         let reply = match frame.head::<Request>() {
             Err(message) => Reply::error(message),
-            Ok(req) => answer(&core, &peers, req, frame.keys).await,
+            Ok(req) => answer(&core, &peers, &consumer, req, frame.keys).await,
         };
         if frame::write(&mut write, &reply, &[]).await.is_err() {
             return;
@@ -96,20 +147,67 @@ async fn connection(core: Arc<ProducerCore>, peers: Arc<Peers>, stream: TcpStrea
     }
 }
 
+/// The consumer at the other end of a connection, as its handshake showed it.
+struct Asker {
+    /// The engines it receives on.
+    engines: Vec<u32>,
+    /// The address its connection came from.
+    from: IpAddr,
+}
+
+impl Asker {
+    /// Why a load naming `engine_addr` cannot go there, if it cannot. Without a secret nothing the
+    /// consumer says is proven, so its KV goes only to the host its connection came from; with one,
+    /// the lanes' handshake proves the engine reached holds the secret (and [`Asker::owns`] that it is
+    /// the consumer's own).
+    fn refuses_address(&self, engine_addr: &str, authenticated: bool) -> Option<String> {
+        let Ok(PeerAddress::Tcp(addr)) = engine_addr.parse::<PeerAddress>() else {
+            return None;
+        };
+        (!authenticated && addr.ip() != self.from).then(|| {
+            format!(
+                "a load names engine address {addr}, not on the host its control connection came \
+                 from ({}): without a shared secret KV goes only there",
+                self.from
+            )
+        })
+    }
+
+    /// Why this consumer may not be sent to `dst`, if it may not: the engine reached there is none
+    /// of the engines it receives on.
+    fn owns(&self, dst: &Destination, addr: &str) -> Result<(), String> {
+        if u32::try_from(dst.peer.0).is_ok_and(|e| self.engines.contains(&e)) {
+            return Ok(());
+        }
+        Err(format!(
+            "engine {} answered at {addr}, which is not an engine of the consumer that asked (its \
+             engines: {:?}): a producer sends KV only to the consumer that asked",
+            dst.peer.0, self.engines
+        ))
+    }
+}
+
 async fn answer(
     core: &Arc<ProducerCore>,
     peers: &Peers,
+    asker: &Asker,
     req: Request,
     hashes: Vec<BlockHash>,
 ) -> Reply {
-    let (Request::Lookup { tp, .. } | Request::Load { tp, .. }) = &req;
-    if let Err(message) = check_pairing(core.rank, *tp) {
+    let tp = match &req {
+        Request::Lookup { tp, .. } | Request::Load { tp, .. } => *tp,
+        Request::Hello { .. } | Request::Auth => {
+            return Reply::error(HANDSHAKE_OVER);
+        }
+    };
+    if let Err(message) = check_pairing(core.rank, tp) {
         return Reply::Error {
             message,
             kind: Some(ErrorKind::Pairing),
         };
     }
     match req {
+        Request::Hello { .. } | Request::Auth => Reply::error(HANDSHAKE_OVER),
         Request::Lookup { ns, whole, .. } => {
             let (blocks, disk) = core.lookup_tiers(&scoped_keys(ns, hashes), whole);
             Reply::Found { blocks, disk }
@@ -123,10 +221,14 @@ async fn answer(
             same_host,
             ..
         } => {
+            let authenticated = core.control.secret.is_some();
+            if let Some(message) = asker.refuses_address(&engine_addr, authenticated) {
+                return Reply::error(message);
+            }
             let keys = scoped_keys(ns, hashes);
             let class = class_from(class);
             let (mut dst, mut fell_back) =
-                match choose(core, peers, &engine_addr, same_host.as_ref(), false).await {
+                match choose(core, peers, asker, &engine_addr, same_host.as_ref(), false).await {
                     Ok(d) => d,
                     Err(message) => return Reply::error(message),
                 };
@@ -137,11 +239,19 @@ async fn answer(
             {
                 // The consumer was found unreachable, or its node forgot this one: reach it afresh
                 // (which asks it to answer again) and try once more.
-                (dst, fell_back) =
-                    match choose(core, peers, &engine_addr, same_host.as_ref(), true).await {
-                        Ok(d) => d,
-                        Err(message) => return Reply::error(message),
-                    };
+                (dst, fell_back) = match choose(
+                    core,
+                    peers,
+                    asker,
+                    &engine_addr,
+                    same_host.as_ref(),
+                    true,
+                )
+                .await
+                {
+                    Ok(d) => d,
+                    Err(message) => return Reply::error(message),
+                };
                 started = core.load(&keys, dst, &blocks, class, request);
             }
             if fell_back {
@@ -166,6 +276,7 @@ async fn answer(
 async fn choose(
     core: &ProducerCore,
     peers: &Peers,
+    asker: &Asker,
     engine_addr: &str,
     same_host: Option<&SameHostEndpoint>,
     fresh: bool,
@@ -175,15 +286,14 @@ async fn choose(
         && core.transport.shares_host(&end.host)
     {
         match route(core, peers, Via::SameHost, &end.addr, fresh).await {
-            Ok(d) => return Ok((d, false)),
+            Ok(d) => return asker.owns(&d, &end.addr).map(|()| (d, false)),
             // Same host by name, yet not reachable there (another container, say): the main transport.
             Err(_) => fell_back = true,
         }
     }
-    Ok((
-        route(core, peers, Via::Main, engine_addr, fresh).await?,
-        fell_back,
-    ))
+    let d = route(core, peers, Via::Main, engine_addr, fresh).await?;
+    asker.owns(&d, engine_addr)?;
+    Ok((d, fell_back))
 }
 
 /// The consumer at `addr` on transport `via`, as this producer addresses it: remembered from an earlier

@@ -111,7 +111,10 @@ impl KvScheduler {
             namespace: Mutex::new(cfg.namespace.clone()),
             hasher: cfg.hasher(),
             rt: Arc::new(OwnRuntime::new()?),
-            producers: Arc::new(Producers::new(cfg.load_timeout)),
+            producers: Arc::new(Producers::new(
+                cfg.load_timeout,
+                cfg.control_identity(Vec::new()),
+            )),
             sources: Mutex::new(sources),
             lookups: Arc::default(),
             state: Mutex::default(),

@@ -113,6 +113,7 @@ impl KvWorker {
                     tp: cfg.tp,
                     mla: cfg.is_mla(),
                 },
+                control: cfg.control_identity(Vec::new()),
             }))
         } else {
             None
@@ -122,7 +123,7 @@ impl KvWorker {
         }
         Ok(KvWorker {
             namespace: Mutex::new(cfg.namespace.clone()),
-            producers: Producers::new(cfg.load_timeout),
+            producers: Producers::new(cfg.load_timeout, cfg.control_identity(transport.engines())),
             cfg,
             rt,
             transport,
@@ -157,6 +158,12 @@ impl KvWorker {
     #[must_use]
     pub fn control_addr(&self) -> Option<SocketAddr> {
         self.control_addr
+    }
+
+    /// Where this worker's main transport is reached (what its loads name as their destination).
+    #[must_use]
+    pub fn address(&self) -> Option<backends::PeerAddress> {
+        self.transport.address()
     }
 
     /// The connector's metrics.

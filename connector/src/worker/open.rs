@@ -66,6 +66,17 @@ impl KvWorker {
             weight_version: 0,
             ..ns.clone()
         };
+        match (&tcp.security.secret, &cfg.secret) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ConnectorError::Config(
+                    "TcpConfig's secret differs from the connector's: give one (the connector's \
+                     secret is the lanes' too)"
+                        .into(),
+                ));
+            }
+            (None, Some(s)) => tcp.security.secret = Some(s.clone()),
+            _ => {}
+        }
         if tcp.namespace != Namespace::default() && lanes(&tcp.namespace) != lanes(&cfg.namespace) {
             return Err(ConnectorError::Config(format!(
                 "TcpConfig::namespace is {} but the connector's is {}: leave TcpConfig::namespace at its \
@@ -73,7 +84,7 @@ impl KvWorker {
                 tcp.namespace, cfg.namespace
             )));
         }
-        tcp.namespace = lanes(&cfg.namespace);
+        tcp.namespace = cfg.lane_namespace();
         let node = rt.block_on(TcpNode::start(tcp))?;
         if cfg.role.loads() && node.local_addr().is_none() {
             return Err(ConnectorError::Config(
