@@ -48,7 +48,7 @@ impl PySettings {
 }
 
 /// Settings keys a connector takes, with what each means (the package docs list their defaults).
-const KEYS: [&str; 24] = [
+const KEYS: [&str; 25] = [
     "role",
     "model",
     "weight_version",
@@ -73,6 +73,7 @@ const KEYS: [&str; 24] = [
     "disk_bytes",
     "disk_min_sharers",
     "kv_events",
+    "secret_file",
 ];
 
 /// A connector's settings from a dict of [`KEYS`]; an unknown key or a bad value names itself.
@@ -184,6 +185,11 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
             }
         };
     }
+    let secret_file: Option<std::path::PathBuf> =
+        get(settings, "secret_file").map_err(|e| bad("secret_file", e))?;
+    if let Some(path) = secret_file {
+        cfg.secret = Some(read_secret(&path)?);
+    }
     let disk_path: Option<std::path::PathBuf> =
         get(settings, "disk_path").map_err(|e| bad("disk_path", e))?;
     let disk_bytes: Option<u64> = get(settings, "disk_bytes").map_err(|e| bad("disk_bytes", e))?;
@@ -201,4 +207,25 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
     set!("disk_min_sharers", cfg.disk_min_sharers);
     cfg.validate().map_err(err)?;
     Ok(cfg)
+}
+
+/// The shared secret in the file at `path` (a trailing newline is not part of it). Named by path so that
+/// the secret itself is in no command line, configuration dump or log.
+fn read_secret(path: &std::path::Path) -> PyResult<backends::tcp::Secret> {
+    let mut bytes = std::fs::read(path).map_err(|e| {
+        invalid(format!(
+            "connector setting \"secret_file\": cannot read {}: {e}",
+            path.display()
+        ))
+    })?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    if bytes.is_empty() {
+        return Err(invalid(format!(
+            "connector setting \"secret_file\": {} is empty",
+            path.display()
+        )));
+    }
+    Ok(backends::tcp::Secret::new(bytes))
 }

@@ -281,3 +281,31 @@ def test_a_producer_with_a_disk_tier_serves_blocks_that_left_host_memory(tmp_pat
     assert "kv_disk_promoted_blocks_total 3" in producer.prometheus()
     with pytest.raises(ValueError, match="disk_path"):
         settings("producer", disk_path=str(tmp_path))
+
+
+def test_a_secret_file_lets_its_holders_in_and_keeps_strangers_out(tmp_path):
+    key, other, empty = tmp_path / "key", tmp_path / "other", tmp_path / "empty"
+    key.write_text("correct horse battery staple\n")
+    other.write_text("a different secret\n")
+    empty.write_text("\n")
+    with pytest.raises(kt.ConfigurationError, match='"secret_file": cannot read'):
+        settings("producer", secret_file=str(tmp_path / "missing"))
+    with pytest.raises(kt.ConfigurationError, match='"secret_file": .* is empty'):
+        settings("producer", secret_file=str(empty))
+    producer = made(settings("producer", secret_file=str(key)), kt.Worker.tcp, 1, listen=None)
+    consumer = made(settings("consumer", secret_file=str(key)), kt.Worker.tcp, 2)
+    prefill_kv = (np.arange(LAYERS * POOL * BLOCK) % 229).astype(np.uint8)
+    decode_kv = np.zeros(LAYERS * POOL * BLOCK, dtype=np.uint8)
+    producer.register_kv_caches(prefill_kv, blocks=POOL)
+    consumer.register_kv_caches(decode_kv, blocks=POOL)
+    run(producer, consumer, prefill_kv, decode_kv, transfer_params_from_producer=True)
+    # The producer still holds r1's blocks; neither a consumer with another secret nor one with none finds them.
+    params = {"producer": producer.control_addr}
+    for stranger_settings, why in [
+        (settings("consumer", secret_file=str(other)), "the producer failed shared-secret authentication"),
+        (settings("consumer"), "the producer authenticates with a shared secret and the consumer has none"),
+    ]:
+        stranger = kt.Scheduler(stranger_settings)
+        assert stranger.wait_matched_tokens("s", list(range(50)), 0, params) == (0, False)
+        errors = stranger.take_lookup_errors()
+        assert len(errors) == 1 and why in str(errors[0]), errors

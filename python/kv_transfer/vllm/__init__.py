@@ -83,6 +83,11 @@ blocks stay loadable until the store evicts them (``store_blocks``, least valuab
   recomputed);
 - ``disk_min_sharers`` (``1``): requests that must have used a block for it to move to disk rather than
   be dropped when it leaves host memory (``2`` keeps one-off prompts off the disk).
+- ``secret_file`` (``""``: none): a file holding the cluster's shared secret (a trailing newline is not
+  part of it). With it every control connection and every TCP lane is authenticated (HMAC-SHA256 both
+  ways), an instance answers only instances with the same secret, sends KV only to the engines of the
+  one that asked, and ``kv_ip`` may be an address other hosts reach; without it ``kv_ip`` must be a
+  loopback address and a load's KV goes only to the host its control connection came from.
 
 By default a load is synchronous: the request is scheduled at once and its layers stream during the forward
 pass (``wait_for_layer_load`` waits for layer *l* while the next ones are on their way). A block that

@@ -40,6 +40,7 @@ EXTRA_CONFIG: dict[str, Any] = {
     "disk_path": "",
     "disk_bytes": 0,
     "disk_min_sharers": 1,
+    "secret_file": "",
 }
 
 #: The keys that are connector settings of the same name (checked by ``ConnectorSettings``).
@@ -83,11 +84,14 @@ class Options:
     disk_path: str
     disk_bytes: int
     disk_min_sharers: int
+    secret_file: str
 
     def tuning(self) -> dict[str, Any]:
         """The connector settings these options give (beside the model's shape and the rank)."""
         s: dict[str, Any] = {k: getattr(self, k) for k in TUNING}
         s["kv_bandwidth"] = int(self.kv_bandwidth_gbps * 1e9 / 8)
+        if self.secret_file:
+            s["secret_file"] = self.secret_file
         return s
 
     def control(self, port: int) -> str:
@@ -133,7 +137,8 @@ def parse(extra: dict[str, Any]) -> Options:
     for key in ("async_loads", "shm_same_host"):
         if not isinstance(o[key], bool):
             raise _bad(key, o[key], " is not true or false")
-    for key in ("kv_ip", "index", "backend", "rdma_provider", "rdma_domain", "shm_socket_dir", "disk_path"):
+    for key in ("kv_ip", "index", "backend", "rdma_provider", "rdma_domain", "shm_socket_dir", "disk_path",
+                "secret_file"):
         if not isinstance(o[key], str):
             raise _bad(key, o[key], " is not a string")
     o["peers"] = _addresses("peers", o["peers"])
