@@ -27,11 +27,13 @@ from serving import BLOCK, Server, connector, free_port, start_proxy
 MAX_TOKENS = 6
 LEASE = 5.0  # the connector's lease in the index (IndexConfig's default)
 #: The connector's warning when a holder named by the index does not answer a lookup in time. A fault seen
-#: here (four vLLM processes on two cores) until the control server stopped relying on the runtime alone to
-#: report new connections (``ACCEPT_RECHECK`` in ``connector/src/control/server.rs``: inside vLLM's worker a
-#: connection's readiness was sometimes lost and it waited 6 s in the listen queue). Should it come back the
-#: multi-turn test reports it as an expected failure, naming it (the answer's tokens are right either way),
-#: rather than pass or fail on it; any other shortfall fails.
+#: here (four vLLM processes on two cores), still unexplained: the control server asks its listening
+#: socket for queued connections past tokio's readiness (``ACCEPT_RECHECK`` in
+#: ``connector/src/control/server.rs``) and every control read asks its socket directly every 50 ms
+#: (``connector/src/control/rechecked.rs``), and a lookup still goes unanswered for its 5 s now and then,
+#: most often while something else loads the two cores. Should it come back the multi-turn test reports it
+#: as an expected failure, naming it (the answer's tokens are right either way), rather than pass or fail on
+#: it; any other shortfall fails.
 STALL = "no answer"
 
 
