@@ -5,7 +5,9 @@
 //!   first handshake: that lane's Welcome carries a fresh random token, and every later lane of the peer
 //!   (in either direction) must present it while the group has live lanes. With a secret, the HMAC
 //!   handshake authenticates every lane besides.
-//! - At most `max_lanes_per_peer` lanes per peer are admitted.
+//! - At most `max_lanes_per_peer` lanes per peer are admitted, and at most `max_lanes` in all: at the
+//!   bound the address holding the most lanes gives up its idlest for a newcomer from an address
+//!   holding fewer ([`super::lane_shares`]).
 //! - One IP address has at most `max_peers_per_address` engines connected at once.
 //! - A served region belongs to the peer that asked for it: the engine refuses any other peer's open
 //!   ([`super::served`]).
@@ -40,14 +42,12 @@ pub(crate) async fn accept_loop(node: Arc<NodeState>, listener: TcpListener) {
             accepted = listener.accept() => match accepted {
                 Ok((stream, from)) => {
                     let c = &node.ctx.counters;
-                    let lanes = c.lanes_opened.load(Ordering::Relaxed)
-                        .saturating_sub(c.lanes_closed.load(Ordering::Relaxed));
-                    let admitted = if lanes >= node.ctx.cfg.limits.max_lanes as u64 {
-                        Err(format!("this node already has {lanes} lanes, its most"))
-                    } else {
-                        node.admission
-                            .admit(from.ip(), node.ctx.cfg.limits.max_connections_per_address)
-                    };
+                    let limits = &node.ctx.cfg.limits;
+                    let admitted = node.admission.admit(
+                        from.ip(),
+                        limits.max_connections_per_address,
+                        limits.max_lanes,
+                    );
                     let slot = match admitted {
                         Ok(slot) => slot,
                         Err(reason) => {
@@ -245,6 +245,17 @@ async fn welcome(
     let admitted = slot
         .join(id, node.ctx.cfg.limits.max_peers_per_address)
         .and_then(|()| admit(node, &link, peer))
+        .and_then(|token| {
+            if let Some(shed) = slot.take_seat(node.ctx.cfg.limits.max_lanes)? {
+                node.ctx.counters.lanes_shed.fetch_add(1, Ordering::Relaxed);
+                node.ctx
+                    .core
+                    .log
+                    .note(LogKind::HandshakeRefused, None, shed.reason.clone());
+                shed.lane.shed(shed.reason);
+            }
+            Ok(token)
+        })
         .and_then(|token| {
             // A new group's predecessor goes first (its sessions end, its regions are freed), so a
             // restarted process finds the room its earlier self held.

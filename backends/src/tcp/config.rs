@@ -116,7 +116,10 @@ impl Default for Dialing {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct StrangerLimits {
-    /// Most lanes of this node in all (inbound and outbound); a connection beyond it is closed at once.
+    /// Most lanes of this node in all (inbound and outbound), a hard bound taken atomically at admission.
+    /// At the bound an inbound lane sheds the idlest lane of the address holding the most, if that holds
+    /// at least two more than the newcomer's address; otherwise it is refused with the reason. Lanes this
+    /// node dials always get in, and count.
     pub max_lanes: usize,
     /// Most lanes (connections) to one peer.
     pub max_lanes_per_peer: usize,

@@ -22,6 +22,7 @@ pub(crate) struct LaneCounters {
     pub(crate) control_frames_throttled: AtomicU64,
     pub(crate) data_frames_throttled: AtomicU64,
     pub(crate) peers_forgotten: AtomicU64,
+    pub(crate) lanes_shed: AtomicU64,
 }
 
 /// The lane tasks' view of their node.

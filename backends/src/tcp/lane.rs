@@ -102,6 +102,13 @@ pub(crate) fn start(
         address_budget: slot.as_ref().and_then(|s| s.control_budget()),
         address_data_budget: slot.as_ref().and_then(|s| s.data_budget()),
     });
+    let seat = match &slot {
+        Some(slot) => {
+            slot.seat_lane(&state);
+            None
+        }
+        None => Some(node.admission.outbound_seat()),
+    };
     let (rd, wr) = stream.into_split();
     let mut lanes = lock(&link.lanes);
     // A dial or accept that completes after the node shut down (its lanes were closed under this lock,
@@ -128,6 +135,7 @@ pub(crate) fn start(
             state,
             tasks: vec![r.abort_handle(), w.abort_handle()],
             _slot: slot,
+            _outbound: seat,
         },
     );
     drop(lanes);

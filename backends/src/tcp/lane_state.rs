@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use transfer_engine::wire::{FrameKind, Header};
 
+use super::context::lock;
 use crate::transport::CloseReason;
 
 /// One lane's shared state between its reader and writer.
@@ -24,7 +26,23 @@ pub(crate) struct LaneState {
     pub(crate) address_data_budget: Option<super::budget::SharedBudget>,
 }
 
+/// A `Reject` frame on `session` (0: the lane as a whole) whose payload is `text`.
+pub(crate) fn reject_frame(session: u64, text: &str) -> Vec<u8> {
+    let mut reject = Header::new(FrameKind::Reject, session);
+    reject.length = text.len() as u32;
+    reject.crc = transfer_engine::crc32c(text.as_bytes());
+    let mut bytes = reject.encode().to_vec();
+    bytes.extend_from_slice(text.as_bytes());
+    bytes
+}
+
 impl LaneState {
+    /// Closes the lane to give its seat to a newcomer: the peer is sent a `Reject` saying why first.
+    pub(crate) fn shed(&self, reason: String) {
+        *lock(&self.goodbye) = Some(reject_frame(0, &reason));
+        self.close(&CloseReason::Shed(reason));
+    }
+
     pub(crate) fn close(&self, reason: &CloseReason) {
         self.closed.send_if_modified(|r| {
             if r.is_none() {

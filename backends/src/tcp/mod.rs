@@ -74,6 +74,7 @@ mod forget;
 mod group;
 pub mod handshake;
 mod lane;
+mod lane_shares;
 mod lane_state;
 mod node;
 mod peer_link;

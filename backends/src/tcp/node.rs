@@ -32,6 +32,9 @@ pub struct NodeStats {
     pub lanes_opened: u64,
     /// Lanes closed.
     pub lanes_closed: u64,
+    /// Inbound lanes shed at the lane bound for a newcomer from an address holding fewer (of those
+    /// closed).
+    pub lanes_shed: u64,
     /// Connections refused in the handshake.
     pub handshakes_refused: u64,
     /// Refused connections closed without a Reject, because `StrangerLimits::max_pending_refusals` were being
@@ -239,6 +242,7 @@ impl Node<TcpDriver> {
             engine: state.ctx.core.station.engine().stats(),
             lanes_opened: c.lanes_opened.load(Ordering::Relaxed),
             lanes_closed: c.lanes_closed.load(Ordering::Relaxed),
+            lanes_shed: c.lanes_shed.load(Ordering::Relaxed),
             handshakes_refused: c.handshakes_refused.load(Ordering::Relaxed),
             refusals_unanswered: c.refusals_unanswered.load(Ordering::Relaxed),
             lanes_closed_for_bad_frames: c.bad_frames.load(Ordering::Relaxed),

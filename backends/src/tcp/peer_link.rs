@@ -57,6 +57,8 @@ pub(crate) struct LaneHandle {
     pub(crate) tasks: Vec<AbortHandle>,
     /// An inbound lane's hold on its address's connections, released with the lane.
     pub(crate) _slot: Option<super::admission::ConnectionSlot>,
+    /// A dialed lane's seat among the node's lanes, released with the lane.
+    pub(crate) _outbound: Option<super::admission::OutboundSeat>,
 }
 
 impl PeerLink {

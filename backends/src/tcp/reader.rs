@@ -315,12 +315,7 @@ fn refuse(
     );
     // The peer is told why before the lane closes: on the frame's session, or on session 0 when the
     // header itself could not be read.
-    let text = reason.clone().into_bytes();
-    let mut reject = Header::new(FrameKind::Reject, header.map_or(0, |h| h.session));
-    reject.length = text.len() as u32;
-    reject.crc = transfer_engine::crc32c(&text);
-    let mut bytes = reject.encode().to_vec();
-    bytes.extend_from_slice(&text);
+    let bytes = super::lane_state::reject_frame(header.map_or(0, |h| h.session), &reason);
     *lock(&lane.goodbye) = Some(bytes);
     // Wake the writer so it sends the goodbye and closes.
     lane.closed.send_modify(|_| {});

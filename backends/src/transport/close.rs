@@ -18,6 +18,9 @@ pub enum CloseReason {
     PeerClosed(String),
     /// A read or write failed otherwise.
     Io(String),
+    /// This node was at its lane bound and gave the lane's seat to a newcomer from an address holding
+    /// fewer lanes (the peer was told why in a `Reject`).
+    Shed(String),
 }
 
 impl CloseReason {
@@ -60,6 +63,7 @@ impl fmt::Display for CloseReason {
             CloseReason::Stalled(why) => write!(f, "stalled: {why}"),
             CloseReason::PeerClosed(why) => write!(f, "closed by the peer: {why}"),
             CloseReason::Io(why) => write!(f, "I/O failed: {why}"),
+            CloseReason::Shed(why) => write!(f, "shed: {why}"),
         }
     }
 }
