@@ -263,10 +263,10 @@ fn strangers_are_refused_with_a_reason_and_the_node_keeps_serving() {
     // Garbage instead of a hello: refused, with the reason, and closed.
     let mut raw = UnixStream::connect(&path).unwrap();
     raw.set_read_timeout(Some(STEP_LIMIT)).unwrap();
-    raw.write_all(&[9, 0, 0, 0, 0, 1, 2, 3]).unwrap();
+    raw.write_all(&[0x7E, 0, 0, 0, 0, 1, 2, 3]).unwrap();
     let mut answer = Vec::new();
     raw.read_to_end(&mut answer).unwrap();
-    assert!(String::from_utf8_lossy(&answer).contains("unknown message tag 9"));
+    assert!(String::from_utf8_lossy(&answer).contains("unknown message tag 126"));
 
     // A node whose rule allows only another user refuses this process at once.
     let mut cfg = ShmConfig::new(3, None);

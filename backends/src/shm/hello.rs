@@ -1,15 +1,20 @@
 //! The hello and welcome of the shm handshake: protocol version, engine id, whether this end wants
-//! checksums, its listening path, the segments it offers, and a probe word for cross-memory attach.
+//! checksums, its listening path, a probe word for cross-memory attach, the KV namespace it serves,
+//! whether it authenticates with a shared secret, a fresh nonce for the MACs, and the segments it offers.
 
 use std::path::PathBuf;
 
-use transfer_engine::PeerId;
+use transfer_engine::{Dtype, Namespace, PeerId};
 
 use crate::codec::{ByteReader, put_bytes, put_named_handle};
 use crate::transport::Segment;
 
-/// Version of this backend's protocol (the envelopes and these messages).
-pub(crate) const VERSION: u16 = 1;
+/// Version of this backend's protocol (the envelopes and these messages). 2: the namespace, the
+/// authentication flag and the nonce, and the MAC exchange after the welcome.
+pub(crate) const VERSION: u16 = 2;
+
+/// Bytes of a hello's nonce.
+pub(crate) const NONCE_LEN: usize = 16;
 
 /// A hello or a welcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +26,12 @@ pub(crate) struct Hello {
     /// Address and value of a word in the sender's memory: the other end reads it back to prove that it
     /// may copy from this process, and that the process the kernel names is the one that sent it.
     pub(crate) probe: (u64, u64),
+    /// The KV namespace the sender serves.
+    pub(crate) namespace: Namespace,
+    /// Whether the sender authenticates with a shared secret.
+    pub(crate) authenticated: bool,
+    /// Fresh for every handshake, so a recorded one cannot be replayed.
+    pub(crate) nonce: [u8; NONCE_LEN],
     pub(crate) segments: Vec<Segment>,
 }
 
@@ -34,6 +45,12 @@ impl Hello {
         put_bytes(&mut out, path.unwrap_or_default().as_bytes());
         out.extend_from_slice(&self.probe.0.to_le_bytes());
         out.extend_from_slice(&self.probe.1.to_le_bytes());
+        put_bytes(&mut out, self.namespace.model.as_bytes());
+        out.extend_from_slice(&self.namespace.weight_version.to_le_bytes());
+        out.extend_from_slice(&self.namespace.block_size.to_le_bytes());
+        out.push(self.namespace.dtype.code());
+        out.push(u8::from(self.authenticated));
+        out.extend_from_slice(&self.nonce);
         let n = self.segments.len().min(usize::from(u16::MAX));
         out.extend_from_slice(&(n as u16).to_le_bytes());
         for s in &self.segments[..n] {
@@ -58,6 +75,18 @@ impl Hello {
         };
         let path = r.str()?;
         let probe = (r.u64()?, r.u64()?);
+        let namespace = Namespace {
+            model: r.str()?,
+            weight_version: r.u64()?,
+            block_size: r.u32()?,
+            dtype: Dtype::from_code(r.u8()?).ok_or("unknown dtype code in the namespace")?,
+        };
+        let authenticated = match r.u8()? {
+            0 => false,
+            1 => true,
+            f => return Err(format!("authentication flag {f} is neither 0 nor 1")),
+        };
+        let nonce = r.take(NONCE_LEN)?.try_into().expect("took NONCE_LEN bytes");
         let n = r.u16()?;
         let mut segments = Vec::with_capacity(usize::from(n));
         for _ in 0..n {
@@ -72,6 +101,9 @@ impl Hello {
             checksum,
             path: (!path.is_empty()).then(|| PathBuf::from(path)),
             probe,
+            namespace,
+            authenticated,
+            nonce,
             segments,
         })
     }
@@ -94,6 +126,9 @@ mod tests {
             checksum: true,
             path: Some("/tmp/x.sock".into()),
             probe: (0x1000, 42),
+            namespace: Namespace::default(),
+            authenticated: true,
+            nonce: [7; NONCE_LEN],
             segments: vec![Segment {
                 name: "kv".into(),
                 handle: RegionHandle {

@@ -73,22 +73,41 @@ fn honest_transfers(path: &std::path::Path, victim: &ShmNode) {
     }
 }
 
-/// Links to the node at `path` as engine `engine_id` with a true hello (its probe word lies in this
-/// process), and returns the connection and the node's answer.
-fn link_as(path: &std::path::Path, engine_id: u32) -> (UnixStream, Envelope) {
-    let probe: &'static u64 = Box::leak(Box::new(0xC0FF_EE00 ^ u64::from(engine_id)));
-    let hello = Hello {
+/// A hello of engine `engine_id` (no secret, the default namespace) with probe `probe`.
+fn hello_of(engine_id: u32, probe: (u64, u64)) -> Hello {
+    Hello {
         engine_id,
         checksum: true,
         path: None,
-        probe: (std::ptr::from_ref(probe) as usize as u64, *probe),
+        probe,
+        namespace: transfer_engine::Namespace::default(),
+        authenticated: false,
+        nonce: [1; super::hello::NONCE_LEN],
         segments: Vec::new(),
-    };
+    }
+}
+
+/// Links to the node at `path` as engine `engine_id` with a true hello (its probe word lies in this
+/// process) and the handshake's MAC (zeros: no secret), and returns the connection and the node's last
+/// answer (`Admitted`, or the refusal).
+fn link_as(path: &std::path::Path, engine_id: u32) -> (UnixStream, Envelope) {
+    let probe: &'static u64 = Box::leak(Box::new(0xC0FF_EE00 ^ u64::from(engine_id)));
+    let hello = hello_of(
+        engine_id,
+        (std::ptr::from_ref(probe) as usize as u64, *probe),
+    );
     let mut stream = UnixStream::connect(path).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .unwrap();
     Envelope::Hello(hello.encode())
+        .write_to(&mut stream)
+        .unwrap();
+    let welcome = Envelope::read_from(&mut stream).unwrap();
+    assert!(matches!(welcome, Envelope::Welcome(_)), "{welcome:?}");
+    let mac = Envelope::read_from(&mut stream).unwrap();
+    assert!(matches!(mac, Envelope::Auth(_)), "{mac:?}");
+    Envelope::Auth([0; super::wire::MAC_LEN])
         .write_to(&mut stream)
         .unwrap();
     let answer = Envelope::read_from(&mut stream).unwrap();
@@ -110,7 +129,7 @@ fn wait_for(node: &ShmNode, what: &str, limit: Duration) -> String {
 fn a_peer_that_floods_and_never_reads_is_dropped_while_an_honest_one_is_served() {
     let (node, path) = victim("flood");
     let (mut flood, answer) = link_as(&path, 66);
-    assert!(matches!(answer, Envelope::Welcome(_)), "{answer:?}");
+    assert!(matches!(answer, Envelope::Admitted), "{answer:?}");
     // Opens with a garbage description: every one is answered with a Reject the flooder never reads.
     let flooder = std::thread::spawn(move || {
         let mut burst = Vec::new();
@@ -158,7 +177,7 @@ fn garbage_lies_and_impostors_are_refused_and_an_honest_peer_is_served() {
     let (node, path) = victim("lies");
     // A unit whose bytes lie at an address the peer does not map: refused, the link kept.
     let (mut liar, answer) = link_as(&path, 70);
-    assert!(matches!(answer, Envelope::Welcome(_)), "{answer:?}");
+    assert!(matches!(answer, Envelope::Admitted), "{answer:?}");
     let mut h = Header::new(FrameKind::Data, 12345);
     h.length = 4096;
     Envelope::Data(h, 0x10).write_to(&mut liar).unwrap();
@@ -183,7 +202,7 @@ fn garbage_lies_and_impostors_are_refused_and_an_honest_peer_is_served() {
 
     // A second claimant of a linked engine id is refused with the reason.
     let (_first, answer) = link_as(&path, 71);
-    assert!(matches!(answer, Envelope::Welcome(_)), "{answer:?}");
+    assert!(matches!(answer, Envelope::Admitted), "{answer:?}");
     let (_second, answer) = link_as(&path, 71);
     match answer {
         Envelope::Refuse(why) => assert!(why.contains("already connected"), "{why}"),
@@ -191,13 +210,7 @@ fn garbage_lies_and_impostors_are_refused_and_an_honest_peer_is_served() {
     }
     // A hello whose probe word is not what its process holds.
     let mut stream = UnixStream::connect(&path).unwrap();
-    let hello = Hello {
-        engine_id: 72,
-        checksum: true,
-        path: None,
-        probe: (std::ptr::from_ref(&node) as usize as u64, 0xDEAD_BEEF),
-        segments: Vec::new(),
-    };
+    let hello = hello_of(72, (std::ptr::from_ref(&node) as usize as u64, 0xDEAD_BEEF));
     Envelope::Hello(hello.encode())
         .write_to(&mut stream)
         .unwrap();

@@ -27,7 +27,9 @@
 //! connection claiming an engine id that is connected is refused, so no peer can speak for another's
 //! sessions. Cross-memory attach needs ptrace access to the peer (same user, no Yama restriction, or
 //! `CAP_SYS_PTRACE`): each end probes it in the handshake and refuses the peer with the reason when the
-//! kernel says no.
+//! kernel says no. Both ends must serve the same KV namespace ([`ShmConfig::namespace`]); with a
+//! [`ShmConfig::secret`] each proves it holds the secret (HMAC-SHA256 both ways over both hellos, each
+//! with a fresh nonce, so a recorded handshake does not verify again), as TCP lanes do.
 //!
 //! # Dead peers
 //! A peer that exits or is killed closes its socket: its sessions end at once with recompute, reasons
@@ -124,6 +126,12 @@ pub struct ShmConfig {
     pub socket_path: Option<PathBuf>,
     /// Which peers may connect (checked on both ends).
     pub allowed: CredentialRule,
+    /// The KV namespace served: a peer serving another is refused in the handshake.
+    pub namespace: transfer_engine::Namespace,
+    /// A shared secret: with one, each side proves it holds it (HMAC-SHA256 over both hellos and their
+    /// fresh nonces, both ways), and a peer without it, or with another, is refused. Both sides must
+    /// have one, or neither.
+    pub secret: Option<crate::tcp::Secret>,
     /// Take CRC-32C of every unit (default on). Off only when both ends turn it off.
     pub checksum: bool,
     /// Bytes the receiver copies per `process_vm_readv` call, each checksummed while in cache.
@@ -149,6 +157,8 @@ impl ShmConfig {
             engine: shm_engine_config(engine_id),
             socket_path,
             allowed: CredentialRule::SameUser,
+            namespace: transfer_engine::Namespace::default(),
+            secret: None,
             checksum: true,
             pull_chunk: 256 << 10,
             copy_path: CopyPath::Measure,

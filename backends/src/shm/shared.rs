@@ -104,14 +104,20 @@ impl Shared {
     }
 
     /// This node's hello (or welcome).
-    pub(crate) fn hello(&self) -> Hello {
-        Hello {
+    /// This node's hello (or welcome), with a fresh nonce.
+    pub(crate) fn hello(&self) -> Result<Hello, String> {
+        let mut nonce = [0u8; super::hello::NONCE_LEN];
+        getrandom::fill(&mut nonce).map_err(|e| format!("no randomness for a nonce: {e}"))?;
+        Ok(Hello {
             engine_id: self.engine_id(),
             checksum: self.cfg.checksum,
             path: self.cfg.socket_path.clone(),
             probe: self.ctx.probe(),
+            namespace: self.cfg.namespace.clone(),
+            authenticated: self.cfg.secret.is_some(),
+            nonce,
             segments: self.core.segments.list(),
-        }
+        })
     }
 
     /// The live link to the peer listening at `path`, if any.

@@ -18,6 +18,11 @@ const DATA: u8 = 5;
 const SEAL: u8 = 6;
 const GRANT: u8 = 7;
 const GPU_GRANT: u8 = 8;
+const AUTH: u8 = 9;
+const ADMITTED: u8 = 10;
+
+/// Bytes of a handshake MAC.
+pub(crate) const MAC_LEN: usize = crate::node::handshake::MAC_LEN;
 
 /// Bytes of a CUDA IPC memory handle (the driver's `CUipcMemHandle`).
 pub(crate) const GPU_HANDLE_LEN: usize = 64;
@@ -43,6 +48,11 @@ pub(crate) enum Envelope {
     /// The sender grants a GPU allocation: its device address there, its length and its CUDA IPC
     /// handle (opened by a receiver built with the `cuda` feature).
     GpuGrant(u64, u64, Box<[u8; GPU_HANDLE_LEN]>),
+    /// A side's MAC over the handshake's transcript (the hello's and the welcome's bodies): the
+    /// listener's follows its welcome, the dialer's answers it.
+    Auth([u8; MAC_LEN]),
+    /// The listener admitted the dialer (after its auth verified): the link is up.
+    Admitted,
 }
 
 impl Envelope {
@@ -53,6 +63,8 @@ impl Envelope {
             Envelope::Hello(b) => (HELLO, b),
             Envelope::Welcome(b) => (WELCOME, b),
             Envelope::Refuse(r) => (REFUSE, r.as_bytes()),
+            Envelope::Auth(mac) => (AUTH, &mac[..]),
+            Envelope::Admitted => (ADMITTED, &[][..]),
             Envelope::Control(h, payload) => {
                 buf.extend_from_slice(&[CONTROL, 0, 0, 0, 0]);
                 buf.extend_from_slice(&h.encode());
@@ -103,6 +115,8 @@ impl Envelope {
             SEAL => HEADER_LEN,
             GRANT => 16,
             GPU_GRANT => 16 + GPU_HANDLE_LEN,
+            AUTH => MAC_LEN,
+            ADMITTED => 0,
             t => return Err(bad(format!("unknown message tag {t}"))),
         };
         if len > limit || ((CONTROL..=SEAL).contains(&head[0]) && len < HEADER_LEN) {
@@ -130,6 +144,10 @@ impl Envelope {
                 Envelope::Data(header()?, u64::from_le_bytes(a))
             }
             SEAL if len == HEADER_LEN => Envelope::Seal(header()?),
+            AUTH if len == MAC_LEN => {
+                Envelope::Auth(body[..].try_into().expect("a MAC's length was checked"))
+            }
+            ADMITTED => Envelope::Admitted,
             GRANT if len == 16 => Envelope::Grant(word(0), word(8)),
             GPU_GRANT if len == 16 + GPU_HANDLE_LEN => {
                 let mut handle = Box::new([0; GPU_HANDLE_LEN]);
@@ -189,6 +207,8 @@ mod tests {
             Envelope::Seal(header()),
             Envelope::Grant(0x7000_0000, 1 << 30),
             Envelope::GpuGrant(0x7f00_0000_0000, 1 << 32, Box::new([5; GPU_HANDLE_LEN])),
+            Envelope::Auth([3; MAC_LEN]),
+            Envelope::Admitted,
         ];
         let mut bytes = Vec::new();
         for e in &all {
@@ -203,7 +223,9 @@ mod tests {
             io::ErrorKind::UnexpectedEof
         );
         for garbage in [
-            &[9u8, 0, 0, 0, 0][..],
+            &[0x7Eu8, 0, 0, 0, 0][..],
+            &[AUTH, 4, 0, 0, 0, 1, 2, 3, 4],
+            &[ADMITTED, 1, 0, 0, 0, 0],
             &[DATA, 4, 0, 0, 0, 1, 2, 3, 4],
             &[CONTROL, 0xff, 0xff, 0xff, 0x7f],
             &[HELLO, 0, 0, 2, 0],

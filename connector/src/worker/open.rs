@@ -50,9 +50,54 @@ impl KvWorker {
     ) -> Result<KvWorker, ConnectorError> {
         let rt = runtime()?;
         let node = Self::tcp_node(&cfg, &rt, tcp)?;
-        let same_host = SameHostTransport::new(Arc::new(backends::shm::ShmNode::start(shm)?));
+        let same_host = SameHostTransport::new(Self::shm_node(&cfg, shm)?);
         let plane = DataPlane::with_same_host(node, same_host);
         Self::remote(cfg, rt, plane, control_listen)
+    }
+
+    /// Gives a backend's handshake the connector's secret and lane namespace: a backend config that names
+    /// its own (`what`) must agree with the connector's.
+    fn lane_security(
+        cfg: &ConnectorConfig,
+        what: &str,
+        secret: &mut Option<backends::tcp::Secret>,
+        namespace: &mut Namespace,
+    ) -> Result<(), ConnectorError> {
+        // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
+        // handshake checks the model, block size and dtype only.
+        let lanes = |ns: &Namespace| Namespace {
+            weight_version: 0,
+            ..ns.clone()
+        };
+        match (&*secret, &cfg.secret) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(ConnectorError::Config(format!(
+                    "{what}'s secret differs from the connector's: give one (the connector's secret is \
+                     the lanes' too)"
+                )));
+            }
+            (None, Some(s)) => *secret = Some(s.clone()),
+            _ => {}
+        }
+        if *namespace != Namespace::default() && lanes(namespace) != lanes(&cfg.namespace) {
+            return Err(ConnectorError::Config(format!(
+                "{what}::namespace is {namespace} but the connector's is {}: leave {what}::namespace at \
+                 its default (the connector sets it) or give it the connector's",
+                cfg.namespace
+            )));
+        }
+        *namespace = cfg.lane_namespace();
+        Ok(())
+    }
+
+    /// The same-host node of `shm`, with the connector's secret and lane namespace.
+    #[cfg(target_os = "linux")]
+    fn shm_node(
+        cfg: &ConnectorConfig,
+        mut shm: backends::shm::ShmConfig,
+    ) -> Result<Arc<backends::shm::ShmNode>, ConnectorError> {
+        Self::lane_security(cfg, "ShmConfig", &mut shm.secret, &mut shm.namespace)?;
+        Ok(Arc::new(backends::shm::ShmNode::start(shm)?))
     }
 
     fn tcp_node(
@@ -60,31 +105,12 @@ impl KvWorker {
         rt: &OwnRuntime,
         mut tcp: TcpConfig,
     ) -> Result<Arc<dyn Transport>, ConnectorError> {
-        // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
-        // handshake checks the model, block size and dtype only.
-        let lanes = |ns: &Namespace| Namespace {
-            weight_version: 0,
-            ..ns.clone()
-        };
-        match (&tcp.security.secret, &cfg.secret) {
-            (Some(a), Some(b)) if a != b => {
-                return Err(ConnectorError::Config(
-                    "TcpConfig's secret differs from the connector's: give one (the connector's \
-                     secret is the lanes' too)"
-                        .into(),
-                ));
-            }
-            (None, Some(s)) => tcp.security.secret = Some(s.clone()),
-            _ => {}
-        }
-        if tcp.namespace != Namespace::default() && lanes(&tcp.namespace) != lanes(&cfg.namespace) {
-            return Err(ConnectorError::Config(format!(
-                "TcpConfig::namespace is {} but the connector's is {}: leave TcpConfig::namespace at its \
-                 default (the connector sets it) or give it the connector's",
-                tcp.namespace, cfg.namespace
-            )));
-        }
-        tcp.namespace = cfg.lane_namespace();
+        Self::lane_security(
+            cfg,
+            "TcpConfig",
+            &mut tcp.security.secret,
+            &mut tcp.namespace,
+        )?;
         let node = rt.block_on(TcpNode::start(tcp))?;
         if cfg.role.loads() && node.local_addr().is_none() {
             return Err(ConnectorError::Config(
@@ -118,8 +144,8 @@ impl KvWorker {
         shm: backends::shm::ShmConfig,
         control_listen: Option<SocketAddr>,
     ) -> Result<KvWorker, ConnectorError> {
-        let node = backends::shm::ShmNode::start(shm)?;
-        Self::over(cfg, Arc::new(node), control_listen)
+        let node = Self::shm_node(&cfg, shm)?;
+        Self::over(cfg, node, control_listen)
     }
 
     /// A worker over a transport the caller started (any backend), with the control channel of
