@@ -15,7 +15,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import peer  # noqa: E402
-from attack_case import HONEST_BOUND_S, TINY, AttackCase  # noqa: E402
+from attack_case import HONEST_BOUND_S, TINY, AttackCase, read_frames  # noqa: E402
 from peer import CLOSE, OPEN  # noqa: E402
 
 
@@ -154,6 +154,41 @@ class EnginesPerAddress(AttackCase):
         held.pop().close()
         time.sleep(0.3)
         self.honest(3001, bound=HONEST_BOUND_S + 1)
+
+
+class LanesAcrossAddresses(AttackCase):
+    """(c) Engine ids from four addresses fill the node's 256 lanes (within every per-address
+    limit); a host from a fifth still gets in: the address holding the most gives up its idlest
+    lane, told why in a Reject (11.3a), and a node at its bound never holds more than 256."""
+
+    def test_a_full_node_sheds_the_biggest_holder_for_a_newcomer(self):
+        held = {}
+        for a in range(4):
+            ip = "127.0.0.%d" % (2 + a)
+            for k in range(64):
+                s = peer.dial(self.srv.addr, source_ip=ip)
+                self.addCleanup(s.close)
+                peer.handshake(s, 4000 + 64 * a + k)
+                held[(ip, k)] = s
+        # Full, and every address holds 64: one more from any of them is refused with the reason.
+        s = peer.dial(self.srv.addr, source_ip="127.0.0.2")
+        self.addCleanup(s.close)
+        with self.assertRaises(peer.HandshakeRejected) as refused:
+            peer.handshake(s, 4999)
+        self.assertIn("already has 256 lanes, its most", refused.exception.reason)
+        # A newcomer is served promptly, on a lane the busiest address gave up.
+        self.honest(5000, source_ip="127.0.0.9")
+        # The lane shed for it was the idlest (the oldest) of the lowest of the biggest addresses;
+        # its peer was told why.
+        frames, how = read_frames(held[("127.0.0.2", 0)], 2.0)
+        self.assertEqual(how, "eof", frames)
+        self.assertTrue(frames, "the shed lane was closed without a Reject")
+        self.assertEqual(frames[0][0].kind, peer.REJECT)
+        self.assertIn("lane shed: this node is at its lane bound and address 127.0.0.2 held the "
+                      "most lanes (64)", frames[0][1].decode(errors="replace"))
+        # The others kept theirs.
+        frames, how = read_frames(held[("127.0.0.3", 0)], 0.2)
+        self.assertEqual((frames, how), ([], "timeout"))
 
 
 if __name__ == "__main__":

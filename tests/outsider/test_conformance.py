@@ -369,6 +369,26 @@ class SecretConformance(unittest.TestCase):
             s.close()
             self.assertIn("requires shared-secret authentication and the peer has no secret",
                           e.exception.reason)
+            # a recorded handshake replayed: the dialer's Hello and Auth, sent again on a new
+            # connection, do not verify, since the acceptor's nonce is fresh (11.5)
+            s = peer.dial(srv.addr)
+            mine = peer.Hello(55, authenticated=True)
+            hello_body = mine.encode()
+            peer.send_msg(s, hello_body)
+            challenge = peer.recv_msg(s)
+            auth = peer.encode_auth(peer.auth_mac(b"s3cret", "dialer", hello_body, challenge))
+            peer.send_msg(s, auth)
+            self.assertNotEqual(peer.recv_msg(s)[0], peer.HS_REJECT)
+            s2 = peer.dial(srv.addr)
+            peer.send_msg(s2, hello_body)
+            peer.recv_msg(s2)
+            peer.send_msg(s2, auth)
+            answer = peer.recv_msg(s2)
+            self.assertEqual(answer[0], peer.HS_REJECT)
+            self.assertIn("the dialer failed shared-secret authentication",
+                          peer.decode_reject_msg(answer))
+            s.close()
+            s2.close()
             # and the honest client still transfers
             with peer.Client(srv.addr, 54, want=SMALL, secret=b"s3cret") as c:
                 res = c.transfer(PACKETIZED, slice_bytes=64 << 10)
