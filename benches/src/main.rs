@@ -33,6 +33,7 @@ mod sim;
 mod stream;
 mod sweep;
 mod tcp;
+mod verify;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};

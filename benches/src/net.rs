@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::tcp::{BlockingNode, Secret, TcpConfig};
-use backends::{IncomingSession, Outcome, Received};
+use backends::{IncomingSession, Outcome};
 use benches::socket_copy_gbps;
 use clap::Args;
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -20,6 +20,7 @@ use transfer_engine::{
 use crate::args::{fmt_size, parse_size};
 use crate::report::print_rows;
 use crate::run::{ModeArg, RUN_COLUMNS, RunRow, layout_for, row};
+use crate::verify::Verifier;
 
 /// Arguments of `te-bench serve`.
 #[derive(Debug, Args)]
@@ -210,10 +211,10 @@ pub(crate) trait ServedNode {
     fn subscribe(&self) -> broadcast::Receiver<Event>;
     /// The next incoming session; `None` once the node is shut down.
     async fn next_incoming(&self) -> Option<IncomingSession>;
-    /// Waits until receiving session `session` is over.
-    async fn received(&self, session: SessionId) -> Result<Received, String>;
     /// The memory behind a registered region.
     fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion>;
+    /// The layout of a registered region, if it has one.
+    fn layout(&self, id: RegionId) -> Option<KvLayout>;
     /// The node's log lines after the first `seen`, and how many there are now (none by default).
     fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
         (Vec::new(), seen)
@@ -227,19 +228,20 @@ impl ServedNode for backends::tcp::TcpNode {
     async fn next_incoming(&self) -> Option<IncomingSession> {
         backends::tcp::TcpNode::next_incoming(self).await.ok()
     }
-    async fn received(&self, session: SessionId) -> Result<Received, String> {
-        self.wait_received(session).await.map_err(|e| e.to_string())
-    }
     fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
         Ok(backends::tcp::TcpNode::memory(self, id)?)
+    }
+    fn layout(&self, id: RegionId) -> Option<KvLayout> {
+        self.region_layout(id).ok().flatten()
     }
     fn log_after(&self, seen: u64) -> (Vec<String>, u64) {
         backends::tcp::TcpNode::log_after(self, seen)
     }
 }
 
-/// Prints a line per accepted session and per finished one (with `verify`, whether the bytes that landed
-/// are the client's), and the node's log every half second, until `stop` (or forever).
+/// Prints a line per accepted session and per finished one (with `verify`, whether the bytes it wrote
+/// are its client's, checked by [`Verifier`], with a summary line whenever the tally changed), and the
+/// node's log every half second, until `stop` (or forever).
 pub(crate) async fn serve_events(
     node: &impl ServedNode,
     verify: bool,
@@ -248,25 +250,43 @@ pub(crate) async fn serve_events(
     let mut events = node.subscribe();
     let mut logged = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let mut verifier = Verifier::default();
+    let mut told = verifier.tally();
     loop {
         let until = stop.map_or(Duration::from_secs(3600), |t| {
             t.saturating_duration_since(Instant::now())
         });
+        // Notices first: a session's notice is queued before its end is.
         tokio::select! {
+            biased;
             incoming = node.next_incoming() => {
                 let Some(s) = incoming else { return Ok(()) };
                 print_incoming(&s);
+                if verify && let Some(line) = verifier.incoming(&s) {
+                    println!("{line}");
+                }
             }
             event = events.recv() => match event {
                 Ok(event) => {
                     if let Some(session) = print_event(&event)
                         && verify
+                        && let Event::Completed { stats, .. } = &event
                     {
-                        let check = verdict(node.received(session).await, |r| node.memory(r));
-                        println!("session {session}: {check}");
+                        let line = verifier.completed(
+                            session,
+                            stats.recompute_blocks,
+                            |r| node.memory(r),
+                            |r| node.layout(r),
+                        );
+                        println!("{line}");
+                    } else if verify && let Event::Aborted { session, .. } = &event {
+                        verifier.aborted(*session);
                     }
                 }
-                Err(RecvError::Lagged(n)) => eprintln!("(missed {n} events: printing fell behind)"),
+                Err(RecvError::Lagged(n)) => {
+                    eprintln!("(missed {n} events: printing fell behind)");
+                    verifier.missed(n);
+                }
                 Err(RecvError::Closed) => return Ok(()),
             },
             _ = tick.tick() => {
@@ -275,8 +295,17 @@ pub(crate) async fn serve_events(
                 for line in lines {
                     eprintln!("{line}");
                 }
+                if verify && verifier.tally() != told {
+                    told = verifier.tally();
+                    println!("{}", verifier.summary());
+                }
             }
-            () = tokio::time::sleep(until) => return Ok(()),
+            () = tokio::time::sleep(until) => {
+                if verify {
+                    println!("{}", verifier.summary());
+                }
+                return Ok(());
+            }
         }
     }
 }
@@ -317,30 +346,6 @@ pub(crate) fn print_event(event: &Event) -> Option<SessionId> {
             None
         }
         _ => None,
-    }
-}
-
-/// Checks a finished session's region (read through `memory`) against its client's pattern (seeded by the
-/// client's engine id).
-pub(crate) fn verdict(
-    received: Result<Received, String>,
-    memory: impl FnOnce(RegionId) -> anyhow::Result<MemoryRegion>,
-) -> String {
-    let received = match received {
-        Ok(r) => r,
-        Err(e) => return format!("not checked: {e}"),
-    };
-    if !received.recompute.is_empty() {
-        return format!(
-            "not checked: {} blocks to recompute",
-            received.recompute.len()
-        );
-    }
-    let seed = received.incoming.peer.0;
-    match memory(received.incoming.region).and_then(|m| crate::tcp::holds_pattern(&m, seed)) {
-        Ok(true) => format!("verified (engine {seed}'s pattern)"),
-        Ok(false) => format!("MISMATCH: the region does not hold engine {seed}'s pattern"),
-        Err(e) => format!("not checked: {e}"),
     }
 }
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use backends::rdma::RdmaNode;
-use backends::{IncomingSession, PeerAddress, Received, Transport};
+use backends::{IncomingSession, PeerAddress, Transport};
 use tokio::sync::broadcast;
-use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest};
+use transfer_engine::{Event, MemoryRegion, RegionId, TransferRequest};
 
 use crate::args::fmt_size;
 use crate::net::{ConnectArgs, ServeArgs, ServedNode, connect_modes, measure_modes, serve_events};
@@ -50,11 +50,11 @@ impl ServedNode for RdmaNode {
     async fn next_incoming(&self) -> Option<IncomingSession> {
         RdmaNode::next_incoming(self).await.ok()
     }
-    async fn received(&self, session: SessionId) -> Result<Received, String> {
-        self.wait_received(session).await.map_err(|e| e.to_string())
-    }
     fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
         Ok(RdmaNode::memory(self, id)?)
+    }
+    fn layout(&self, id: RegionId) -> Option<transfer_engine::KvLayout> {
+        self.region_layout(id).ok().flatten()
     }
 }
 

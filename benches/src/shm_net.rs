@@ -7,10 +7,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use backends::IncomingSession;
 use backends::shm::{ShmConfig, ShmNode};
-use backends::{IncomingSession, Received};
 use tokio::sync::broadcast;
-use transfer_engine::{Event, MemoryRegion, RegionId, SessionId, TransferRequest};
+use transfer_engine::{Event, MemoryRegion, RegionId, TransferRequest};
 
 use crate::args::fmt_size;
 use crate::net::{ConnectArgs, ServeArgs, ServedNode, measure_modes, serve_events};
@@ -60,11 +60,11 @@ impl ServedNode for ShmNode {
     async fn next_incoming(&self) -> Option<IncomingSession> {
         ShmNode::next_incoming(self).await.ok()
     }
-    async fn received(&self, session: SessionId) -> Result<Received, String> {
-        self.wait_received(session).await.map_err(|e| e.to_string())
-    }
     fn memory(&self, id: RegionId) -> anyhow::Result<MemoryRegion> {
         Ok(ShmNode::memory(self, id)?)
+    }
+    fn layout(&self, id: RegionId) -> Option<transfer_engine::KvLayout> {
+        self.region_layout(id).ok().flatten()
     }
 }
 

@@ -54,6 +54,11 @@ impl<D: Driver> Node<D> {
         Ok(self.station().engine().memory(id)?.clone())
     }
 
+    /// The layout a registered region was registered with (`None` for a region of plain bytes).
+    pub fn region_layout(&self, id: RegionId) -> Result<Option<KvLayout>, TransportError> {
+        Ok(self.station().engine().region(id)?.layout)
+    }
+
     /// Unregisters a region no live session uses and hands back its memory; it is no longer offered.
     pub fn unregister_region(&self, id: RegionId) -> Result<MemoryRegion, TransportError> {
         let memory = self.station().engine().unregister_region(id)?;
