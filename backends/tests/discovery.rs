@@ -18,6 +18,7 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
         let rx = TcpNode::start(TcpConfig::with_engine_id(2)).await.unwrap();
         let layout = KvLayout::new(2, 4, 64 << 10, 16, Dtype::F16).unwrap();
         let dst = rx.kv_region(layout).unwrap();
+        rx.publish_segment("kv", dst).unwrap();
         let lease = registry.grant(TTL).await.unwrap();
         // Taken after the grant: the lease started no later than this.
         let granted = Instant::now();
@@ -29,7 +30,9 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
                 &SegmentRecord {
                     owner: 2,
                     name: "kv".into(),
-                    handle: dst,
+                    region: dst.id,
+                    len: dst.len,
+                    layout: dst.layout,
                 },
                 lease,
             )
@@ -39,8 +42,16 @@ async fn peers_and_segments_are_found_and_expire_with_their_lease() {
         let tx = TcpNode::start(TcpConfig::with_engine_id(1)).await.unwrap();
         let src = tx.kv_region(layout).unwrap();
         let info = discovery::connect(&registry, &tx, 2).await.unwrap();
+        // The registry says which region; its key comes from the handshake alone.
         let seg = registry.segment(2, "kv").await.unwrap().unwrap();
-        let req = TransferRequest::whole(info.peer, &src, &seg.handle).unwrap();
+        assert_eq!((seg.region, seg.layout), (dst.id, dst.layout));
+        let handle = info
+            .segments
+            .iter()
+            .find(|s| s.handle.id == seg.region)
+            .unwrap()
+            .handle;
+        let req = TransferRequest::whole(info.peer, &src, &handle).unwrap();
         let out = tx.transfer(req, Duration::from_secs(10)).await.unwrap();
         assert!(out.recompute.is_empty());
 

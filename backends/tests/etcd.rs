@@ -10,8 +10,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use backends::discovery::{Discovery, DiscoveryError, Etcd, PeerRecord, SegmentRecord};
+use backends::tcp::Secret;
 use tokio::time::timeout;
-use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+use transfer_engine::{Dtype, KvLayout, RegionId};
 
 /// An etcd this test started (killed on drop), or none when `ETCD_ENDPOINT` names one.
 struct Server {
@@ -114,12 +115,9 @@ async fn etcd_registers_finds_and_expires_peers_and_segments() {
         let segment = SegmentRecord {
             owner: 7,
             name: "kv".into(),
-            handle: RegionHandle {
-                id: RegionId(3),
-                key: AccessKey(0xDEAD_BEEF),
-                len: 1 << 20,
-                layout: Some(KvLayout::new(4, 4, 64 << 10, 16, Dtype::Bf16).unwrap()),
-            },
+            region: RegionId(3),
+            len: 1 << 20,
+            layout: Some(KvLayout::new(4, 4, 64 << 10, 16, Dtype::Bf16).unwrap()),
         };
         // A long lease: registration and lookup.
         let long = etcd.grant(Duration::from_secs(60)).await.unwrap();
@@ -154,6 +152,53 @@ async fn etcd_registers_finds_and_expires_peers_and_segments() {
             etcd.put_peer(&peer, short).await,
             Err(DiscoveryError::UnknownLease(_))
         ));
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_cluster_secret_only_sealed_records_are_read() {
+    let server = server();
+    timeout(Duration::from_secs(40), async {
+        let prefix = format!("/kvte-sealed/{}", std::process::id());
+        let connect = || Etcd::connect(std::slice::from_ref(&server.endpoint), &prefix);
+        let cluster = connect().await.unwrap().with_secret(Secret::from("s3cret"));
+        let stranger = connect().await.unwrap().with_secret(Secret::from("other"));
+        let open = connect().await.unwrap();
+        let record = |engine_id, addr: &str| PeerRecord {
+            engine_id,
+            addr: addr.into(),
+            namespace: "ns".into(),
+        };
+        let lease = cluster.grant(Duration::from_secs(60)).await.unwrap();
+        cluster
+            .put_peer(&record(7, "127.0.0.1:4100"), lease)
+            .await
+            .unwrap();
+        // Written without the secret, or with another: a stranger pointing engine 8 at its own address.
+        open.put_peer(&record(8, "10.6.6.6:1"), lease)
+            .await
+            .unwrap();
+        stranger
+            .put_peer(&record(9, "10.6.6.6:2"), lease)
+            .await
+            .unwrap();
+        assert_eq!(
+            cluster.peers().await.unwrap(),
+            vec![record(7, "127.0.0.1:4100")]
+        );
+        assert_eq!(cluster.refused_records(), 2);
+        let forged = cluster.peer(8).await;
+        assert!(
+            matches!(&forged, Err(DiscoveryError::Malformed { reason, .. })
+                if reason.contains("not signed with this cluster's secret")),
+            "{forged:?}"
+        );
+        assert!(stranger.peer(7).await.is_err());
+        // The stored text names no secret.
+        assert!(!format!("{cluster:?}").contains("s3cret"));
+        cluster.revoke(lease).await.unwrap();
     })
     .await
     .unwrap();

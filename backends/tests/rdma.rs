@@ -238,13 +238,18 @@ fn peers_find_each_other_through_the_discovery_registry() {
         let segment = SegmentRecord {
             owner: 2,
             name: "kv".into(),
-            handle: dst,
+            region: dst.id,
+            len: dst.len,
+            layout: dst.layout,
         };
         registry.put_segment(&segment, lease).await.unwrap();
         // Found by engine id, then the segment by name; an engine nobody announced is a clear error.
         let peer = discovery::connect(&registry, &producer, 2).await.unwrap();
+        // The registry names the region; its key comes with the peer's welcome.
         let seg = registry.segment(2, "kv").await.unwrap().unwrap();
-        let req = TransferRequest::whole(peer.peer, &src, &seg.handle).unwrap();
+        let handle = peer.segment("kv").unwrap();
+        assert_eq!(handle.id, seg.region);
+        let req = TransferRequest::whole(peer.peer, &src, handle).unwrap();
         let out = producer
             .transfer(req, Duration::from_secs(30))
             .await

@@ -23,11 +23,22 @@ pub(crate) struct PyRegistry {
 #[pymethods]
 impl PyRegistry {
     /// Connects to the etcd cluster at `endpoints` (`"host:port"` or URLs); keys live under `prefix`.
-    /// Needs a build with feature `etcd`; without it the error says how to build one.
+    /// With `secret_file` (the cluster's shared secret, as the connector setting of that name) every
+    /// record it writes is sealed with a MAC and only sealed records are read, so whoever can write to
+    /// etcd without the secret cannot announce a producer. Needs a build with feature `etcd`; without it
+    /// the error says how to build one.
     #[staticmethod]
-    #[pyo3(signature = (endpoints, prefix = "kv-transfer"))]
-    fn etcd(py: Python<'_>, endpoints: Vec<String>, prefix: &str) -> PyResult<Self> {
-        etcd_registry(py, endpoints, prefix)
+    #[pyo3(signature = (endpoints, prefix = "kv-transfer", secret_file = None))]
+    fn etcd(
+        py: Python<'_>,
+        endpoints: Vec<String>,
+        prefix: &str,
+        secret_file: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
+        let secret = secret_file
+            .map(|path| crate::settings::read_secret(&path))
+            .transpose()?;
+        etcd_registry(py, endpoints, prefix, secret)
     }
 
     /// Registers `control_addr` (`"host:port"`) as producer `engine_id` in `namespace` for `ttl` seconds,
@@ -66,7 +77,12 @@ impl PyRegistry {
 }
 
 #[cfg(feature = "etcd")]
-fn etcd_registry(py: Python<'_>, endpoints: Vec<String>, prefix: &str) -> PyResult<PyRegistry> {
+fn etcd_registry(
+    py: Python<'_>,
+    endpoints: Vec<String>,
+    prefix: &str,
+    secret: Option<backends::tcp::Secret>,
+) -> PyResult<PyRegistry> {
     let urls: Vec<String> = endpoints
         .into_iter()
         .map(|e| {
@@ -80,7 +96,10 @@ fn etcd_registry(py: Python<'_>, endpoints: Vec<String>, prefix: &str) -> PyResu
     // The client connects lazily: one lookup proves the cluster answers, so a wrong endpoint fails here.
     let etcd = crate::block_on(py, async {
         use backends::discovery::Discovery;
-        let etcd = backends::discovery::Etcd::connect(&urls, prefix).await?;
+        let mut etcd = backends::discovery::Etcd::connect(&urls, prefix).await?;
+        if let Some(secret) = secret {
+            etcd = etcd.with_secret(secret);
+        }
         match tokio::time::timeout(std::time::Duration::from_secs(5), etcd.peers()).await {
             Ok(Ok(_)) => Ok(etcd),
             Ok(Err(e)) => Err(e),
@@ -97,7 +116,12 @@ fn etcd_registry(py: Python<'_>, endpoints: Vec<String>, prefix: &str) -> PyResu
 }
 
 #[cfg(not(feature = "etcd"))]
-fn etcd_registry(_py: Python<'_>, endpoints: Vec<String>, _prefix: &str) -> PyResult<PyRegistry> {
+fn etcd_registry(
+    _py: Python<'_>,
+    endpoints: Vec<String>,
+    _prefix: &str,
+    _secret: Option<backends::tcp::Secret>,
+) -> PyResult<PyRegistry> {
     Err(crate::errors::config(format!(
         "an etcd registry at {endpoints:?}: {}",
         no_etcd().value(_py)

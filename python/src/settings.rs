@@ -211,7 +211,7 @@ fn config(settings: &Bound<'_, PyDict>) -> PyResult<ConnectorConfig> {
 
 /// The shared secret in the file at `path` (a trailing newline is not part of it). Named by path so that
 /// the secret itself is in no command line, configuration dump or log.
-fn read_secret(path: &std::path::Path) -> PyResult<backends::tcp::Secret> {
+pub(crate) fn read_secret(path: &std::path::Path) -> PyResult<backends::tcp::Secret> {
     let mut bytes = std::fs::read(path).map_err(|e| {
         invalid(format!(
             "connector setting \"secret_file\": cannot read {}: {e}",

@@ -95,3 +95,25 @@ def test_a_scheduler_following_the_registry_asks_what_is_announced_in_its_namesp
     peers_become(scheduler, ["127.0.0.1:15000"])
     for lease in (own, elsewhere):
         registry.withdraw(lease)
+
+
+def test_with_a_secret_file_only_announcements_sealed_with_it_are_found(etcd, tmp_path):
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_text("cluster secret\n")
+    other.write_text("another secret\n")
+    cluster = kt.Registry.etcd([etcd], prefix="test-sealed", secret_file=str(key))
+    stranger = kt.Registry.etcd([etcd], prefix="test-sealed", secret_file=str(other))
+    open_registry = kt.Registry.etcd([etcd], prefix="test-sealed")
+    leases = [
+        (cluster, cluster.announce(7, "127.0.0.1:14579", NS, ttl=5.0)),
+        (stranger, stranger.announce(8, "10.6.6.6:1", NS, ttl=5.0)),
+        (open_registry, open_registry.announce(9, "10.6.6.6:2", NS, ttl=5.0)),
+    ]
+    # A holder of the secret finds only the holder's announcement; a registry with another secret finds
+    # only its own.
+    assert cluster.producers(NS) == ["127.0.0.1:14579"]
+    assert stranger.producers(NS) == ["10.6.6.6:1"]
+    with pytest.raises(kt.ConfigurationError, match='"secret_file": cannot read'):
+        kt.Registry.etcd([etcd], secret_file=str(tmp_path / "missing"))
+    for registry, lease in leases:
+        registry.withdraw(lease)

@@ -1,23 +1,32 @@
 //! Discovery through an etcd cluster: records under `{prefix}/peers/{engine}` and
 //! `{prefix}/segments/{owner}/{name}`, each bound to an etcd lease.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
 
+use super::seal::{open, seal};
 use super::{Discovery, DiscoveryError, Lease, PeerRecord, SegmentRecord};
+use crate::tcp::Secret;
 
 /// An etcd-backed registry. Clones share the connection.
 #[derive(Clone)]
 pub struct Etcd {
     client: Client,
     prefix: String,
+    /// The cluster's secret: records are sealed with it and read only when they verify.
+    secret: Option<Secret>,
+    /// Records refused because they did not verify.
+    refused: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Etcd")
             .field("prefix", &self.prefix)
+            .field("secret", &self.secret)
             .finish_non_exhaustive()
     }
 }
@@ -53,6 +62,34 @@ impl Etcd {
         Ok(Self {
             client,
             prefix: prefix.trim_end_matches('/').to_string(),
+            secret: None,
+            refused: Arc::default(),
+        })
+    }
+
+    /// Seals every record this client writes with the cluster's `secret` and reads only records sealed
+    /// with it: a record written without it, or altered, is refused as malformed (skipped by
+    /// [`Discovery::peers`], and counted in [`Etcd::refused_records`]).
+    #[must_use]
+    pub fn with_secret(mut self, secret: Secret) -> Self {
+        self.secret = Some(secret);
+        self
+    }
+
+    /// Records refused so far because they were not sealed with this client's secret.
+    #[must_use]
+    pub fn refused_records(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The text of the record stored under `key`, its seal checked (a refusal is counted).
+    fn opened<'a>(&self, key: &str, stored: &'a str) -> Result<&'a str, DiscoveryError> {
+        open(key, stored, self.secret.as_ref()).map_err(|reason| {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            DiscoveryError::Malformed {
+                key: key.into(),
+                reason,
+            }
         })
     }
 
@@ -119,12 +156,9 @@ impl Discovery for Etcd {
 
     async fn put_peer(&self, peer: &PeerRecord, lease: Lease) -> Result<(), DiscoveryError> {
         let opts = PutOptions::new().with_lease(lease.0);
-        match self
-            .client
-            .clone()
-            .put(self.peer_key(peer.engine_id), peer.encode(), Some(opts))
-            .await
-        {
+        let key = self.peer_key(peer.engine_id);
+        let text = seal(&key, &peer.encode(), self.secret.as_ref());
+        match self.client.clone().put(key, text, Some(opts)).await {
             Ok(_) => Ok(()),
             Err(e) => Err(lease_error(e, lease)),
         }
@@ -134,7 +168,7 @@ impl Discovery for Etcd {
         let key = self.peer_key(engine_id);
         self.get_one(&key)
             .await?
-            .map(|v| PeerRecord::decode(&key, &v))
+            .map(|v| PeerRecord::decode(&key, self.opened(&key, &v)?))
             .transpose()
     }
 
@@ -146,15 +180,18 @@ impl Discovery for Etcd {
             .get(prefix, Some(GetOptions::new().with_prefix()))
             .await
             .map_err(unavailable)?;
-        resp.kvs()
-            .iter()
-            .map(|kv| {
-                PeerRecord::decode(
-                    &String::from_utf8_lossy(kv.key()),
-                    &String::from_utf8_lossy(kv.value()),
-                )
-            })
-            .collect()
+        // A record that does not verify is skipped (and counted): one forged entry must not hide the rest.
+        let mut peers = Vec::new();
+        for kv in resp.kvs() {
+            let (key, value) = (
+                String::from_utf8_lossy(kv.key()),
+                String::from_utf8_lossy(kv.value()),
+            );
+            if let Ok(text) = self.opened(&key, &value) {
+                peers.push(PeerRecord::decode(&key, text)?);
+            }
+        }
+        Ok(peers)
     }
 
     async fn put_segment(
@@ -163,16 +200,9 @@ impl Discovery for Etcd {
         lease: Lease,
     ) -> Result<(), DiscoveryError> {
         let opts = PutOptions::new().with_lease(lease.0);
-        match self
-            .client
-            .clone()
-            .put(
-                self.segment_key(segment.owner, &segment.name),
-                segment.encode(),
-                Some(opts),
-            )
-            .await
-        {
+        let key = self.segment_key(segment.owner, &segment.name);
+        let text = seal(&key, &segment.encode(), self.secret.as_ref());
+        match self.client.clone().put(key, text, Some(opts)).await {
             Ok(_) => Ok(()),
             Err(e) => Err(lease_error(e, lease)),
         }
@@ -186,7 +216,7 @@ impl Discovery for Etcd {
         let key = self.segment_key(owner, name);
         self.get_one(&key)
             .await?
-            .map(|v| SegmentRecord::decode(&key, &v))
+            .map(|v| SegmentRecord::decode(&key, self.opened(&key, &v)?))
             .transpose()
     }
 }

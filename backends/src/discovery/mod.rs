@@ -7,6 +7,11 @@
 //! Every entry is put under a [`Lease`] with a time to live: a peer that stops calling
 //! [`Discovery::keep_alive`] (it crashed, or lost its network) has its entries expire.
 //!
+//! No record carries a secret or an access key (a region's key travels only in the authenticated
+//! handshake). With the cluster's shared secret (`Etcd::with_secret`) every record is sealed with a MAC
+//! over its key and text, and a record that does not verify is refused (counted and skipped in
+//! [`Discovery::peers`]), so whoever can write to etcd without the secret cannot redirect peers.
+//!
 //! [`announce`] and [`connect`] work for a node of every backend: a peer is registered under its
 //! [`PeerAddress`] as text (`IP:PORT`, `rdma:PROVIDER:HEX`, `shm:PATH`), and reached by it through
 //! [`Transport::connect`].
@@ -15,6 +20,8 @@ mod embedded;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod record;
+#[cfg(feature = "etcd")]
+mod seal;
 
 use std::future::Future;
 use std::time::Duration;

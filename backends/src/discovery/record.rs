@@ -1,6 +1,6 @@
 //! What the registry stores, and its text encoding (`key=value` lines, stable and readable in etcdctl).
 
-use transfer_engine::{AccessKey, Dtype, KvLayout, RegionHandle, RegionId};
+use transfer_engine::{Dtype, KvLayout, RegionId};
 
 use super::DiscoveryError;
 
@@ -15,15 +15,21 @@ pub struct PeerRecord {
     pub namespace: String,
 }
 
-/// A region a peer offers.
+/// A region a peer offers: which one, how long and laid out how. Not its access key: a peer that may write
+/// into it learns the key in the authenticated handshake ([`crate::Transport::connect`] returns the
+/// peer's segments, keys included), never from the registry, which anyone who reaches it can read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentRecord {
     /// Owning engine.
     pub owner: u32,
     /// Name of the segment.
     pub name: String,
-    /// The region: id, access key, length and layout on its owner.
-    pub handle: RegionHandle,
+    /// The region's id on its owner.
+    pub region: RegionId,
+    /// Its length in bytes.
+    pub len: u64,
+    /// Its layout, for a KV region.
+    pub layout: Option<KvLayout>,
 }
 
 impl PeerRecord {
@@ -51,12 +57,11 @@ impl SegmentRecord {
     /// The record as `key=value` lines.
     #[must_use]
     pub fn encode(&self) -> String {
-        let h = &self.handle;
         let mut s = format!(
-            "owner={}\nname={}\nregion={}\nkey={}\nlen={}\n",
-            self.owner, self.name, h.id.0, h.key.0, h.len
+            "owner={}\nname={}\nregion={}\nlen={}\n",
+            self.owner, self.name, self.region.0, self.len
         );
-        if let Some(l) = h.layout {
+        if let Some(l) = self.layout {
             s += &format!(
                 "layers={}\nblocks={}\nblock_bytes={}\ntokens={}\ndtype={}\n",
                 l.layers,
@@ -98,12 +103,9 @@ impl SegmentRecord {
         Ok(Self {
             owner: f.num(key, "owner")? as u32,
             name: f.get(key, "name")?.to_string(),
-            handle: RegionHandle {
-                id: RegionId(f.num(key, "region")? as u32),
-                key: AccessKey(f.num(key, "key")?),
-                len: f.num(key, "len")?,
-                layout,
-            },
+            region: RegionId(f.num(key, "region")? as u32),
+            len: f.num(key, "len")?,
+            layout,
         })
     }
 }
@@ -151,14 +153,15 @@ mod tests {
         let s = SegmentRecord {
             owner: 3,
             name: "kv".into(),
-            handle: RegionHandle {
-                id: RegionId(2),
-                key: AccessKey(u64::MAX),
-                len: 8192,
-                layout: Some(KvLayout::new(2, 1, 4096, 16, Dtype::F16).unwrap()),
-            },
+            region: RegionId(2),
+            len: 8192,
+            layout: Some(KvLayout::new(2, 1, 4096, 16, Dtype::F16).unwrap()),
         };
         assert_eq!(SegmentRecord::decode("k", &s.encode()).unwrap(), s);
+        assert!(
+            !s.encode().contains("key="),
+            "a record carries no access key"
+        );
         assert!(PeerRecord::decode("k", "engine_id=x").is_err());
     }
 }

@@ -37,7 +37,7 @@ class SchedulerSide:
         self.registry: Registry | None = None
         if role != "producer" and opts.discovery:
             try:
-                self.registry = Registry.etcd(list(opts.discovery))
+                self.registry = Registry.etcd(list(opts.discovery), secret_file=opts.secret_file or None)
             except KvTransferError as e:
                 raise ConfigurationError(f"kv_connector_extra_config['discovery'] = {list(opts.discovery)!r}: {e}") from e
             # Refreshed in Rust, in the background: a registry that is slow costs vLLM's thread nothing.

@@ -144,7 +144,7 @@ class WorkerSide:
             self.native.publish_to_index(self.opts.index, instance=self.opts.control(self.port))
         if not self.opts.discovery:
             return
-        self.registry = Registry.etcd(list(self.opts.discovery))
+        self.registry = Registry.etcd(list(self.opts.discovery), secret_file=self.opts.secret_file or None)
         control = self.opts.control(self.port)
         engine_id = zlib.crc32(control.encode()) & 0x7FFFFFFF
         self.lease = self.registry.announce(engine_id, control, self.namespace, self.opts.discovery_ttl)
