@@ -39,9 +39,9 @@ impl AsyncRead for RecheckedRead {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
-        if Pin::new(&mut this.half).poll_read(cx, buf).is_ready() {
+        if let Poll::Ready(result) = Pin::new(&mut this.half).poll_read(cx, buf) {
             this.recheck = None;
-            return Poll::Ready(Ok(()));
+            return Poll::Ready(result);
         }
         loop {
             let timer = this
