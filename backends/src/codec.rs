@@ -104,6 +104,18 @@ impl<'a> ByteReader<'a> {
     }
 }
 
+/// The bytes a text of hex digit pairs names (either case); `None` for an odd length or another
+/// character.
+pub(crate) fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || !hex.is_ascii() {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect()
+}
+
 /// Appends `bytes` with a u16 length before them (cut at 65,535 bytes).
 pub(crate) fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     let len = u16::try_from(bytes.len()).unwrap_or(u16::MAX);

@@ -4,12 +4,15 @@
 //! listener (the honest dialer's bytes, captured by a relay between the two) does not verify again.
 //! RDMA's connection setup does not authenticate yet (see docs/PROTOCOL.md), so it has no row here.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backends::Transport;
 use backends::TransportError;
 use backends::tcp::Secret;
+use common::runtime;
 use transfer_engine::Namespace;
 
 /// One side of a handshake: its secret and the model its namespace serves.
@@ -29,14 +32,6 @@ fn namespace(side: Side) -> Namespace {
         model: side.model.into(),
         ..Namespace::default()
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// What a backend needs for these checks: a listener and a dialer with given sides, and a relay that
@@ -323,28 +318,24 @@ impl Backend for Shm {
 /// One module per backend with one test per check.
 macro_rules! refusals {
     ($backend:ident, $fixture:expr) => {
+        refusals!(
+            @each $backend, $fixture,
+            holders_of_the_secret_connect,
+            another_secret_is_refused,
+            no_secret_is_refused_either_way,
+            another_namespace_is_refused,
+            a_replayed_handshake_does_not_verify
+        );
+    };
+    (@each $backend:ident, $fixture:expr, $($check:ident),+) => {
         mod $backend {
             use super::*;
-            #[test]
-            fn holders_of_the_secret_connect() {
-                super::holders_of_the_secret_connect(&$fixture);
-            }
-            #[test]
-            fn another_secret_is_refused() {
-                super::another_secret_is_refused(&$fixture);
-            }
-            #[test]
-            fn no_secret_is_refused_either_way() {
-                super::no_secret_is_refused_either_way(&$fixture);
-            }
-            #[test]
-            fn another_namespace_is_refused() {
-                super::another_namespace_is_refused(&$fixture);
-            }
-            #[test]
-            fn a_replayed_handshake_does_not_verify() {
-                super::a_replayed_handshake_does_not_verify(&$fixture);
-            }
+            $(
+                #[test]
+                fn $check() {
+                    super::$check(&$fixture);
+                }
+            )+
         }
     };
 }

@@ -3,13 +3,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use backends::tcp::{Secret, TcpConfig};
+use common::raw_control::{answer, connect, frame, handshake};
 use common::{Instance, Kv, begin_save, plan_load};
-use connector::control::frame::VERSION;
 use connector::{ConnectorConfig, KvRole, namespace};
 use transfer_engine::MemoryRegion;
 
@@ -80,39 +80,10 @@ fn a_producer_with_a_secret_serves_consumers_holding_it_and_no_one_else() {
 
 /// A raw control connection that passed the handshake without a secret, claiming `engines`.
 fn control_as(addr: SocketAddr, engines: &[u32]) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = connect(addr);
     let ns = config(KvRole::Consumer, None).lane_namespace().id().0;
-    let hello =
-        format!(r#"{{"op":"hello","ns":{ns},"engines":{engines:?},"authenticated":false}}"#);
-    s.write_all(&frame(hello.as_bytes(), &[1u8; 32])).unwrap();
-    assert!(answer(&mut s).contains("challenge"));
-    s.write_all(&frame(br#"{"op":"auth"}"#, &[0u8; 32]))
-        .unwrap();
-    assert!(answer(&mut s).contains("welcome"));
+    handshake(&mut s, ns, engines);
     s
-}
-
-fn frame(head: &[u8], keys: &[u8]) -> Vec<u8> {
-    let mut f = vec![VERSION];
-    f.extend_from_slice(&(head.len() as u32).to_le_bytes());
-    f.extend_from_slice(head);
-    f.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-    f.extend_from_slice(keys);
-    f
-}
-
-/// The head of the next reply.
-fn answer(s: &mut TcpStream) -> String {
-    let mut len = [0u8; 5];
-    s.read_exact(&mut len).unwrap();
-    let mut head = vec![0u8; u32::from_le_bytes(len[1..5].try_into().unwrap()) as usize];
-    s.read_exact(&mut head).unwrap();
-    let mut keys = [0u8; 4];
-    s.read_exact(&mut keys).unwrap();
-    let mut rest = vec![0u8; u32::from_le_bytes(keys) as usize];
-    s.read_exact(&mut rest).unwrap();
-    String::from_utf8(head).unwrap()
 }
 
 fn load(engine_addr: &str, ns: u64) -> Vec<u8> {

@@ -204,50 +204,20 @@ fn roles_refuse_what_they_never_do() {
 
 #[test]
 fn a_control_peer_sending_garbage_gets_an_error_and_the_producer_keeps_serving() {
-    use connector::control::frame::VERSION;
+    use common::raw_control::{self, answer, frame};
     use std::io::{Read, Write};
     let (p, c) = pair();
     let addr = p.control_addr().unwrap();
-    let frame = |head: &[u8], keys: &[u8]| {
-        let mut frame = vec![VERSION];
-        frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
-        frame.extend_from_slice(head);
-        frame.extend_from_slice(&(keys.len() as u32).to_le_bytes());
-        frame.extend_from_slice(keys);
-        frame
-    };
-    let answer = |s: &mut std::net::TcpStream| {
-        let mut len = [0u8; 5];
-        s.read_exact(&mut len).unwrap();
-        assert_eq!(len[0], VERSION);
-        let mut head = vec![0u8; u32::from_le_bytes(len[1..5].try_into().unwrap()) as usize];
-        s.read_exact(&mut head).unwrap();
-        let mut keys_len = [0u8; 4];
-        s.read_exact(&mut keys_len).unwrap();
-        let mut keys = vec![0u8; u32::from_le_bytes(keys_len) as usize];
-        s.read_exact(&mut keys).unwrap();
-        String::from_utf8_lossy(&head).into_owned()
-    };
-    let connect = || {
-        let s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s
-    };
     // Garbage before the handshake: told why, and the connection ends.
-    let mut s = connect();
+    let mut s = raw_control::connect(addr);
     s.write_all(&frame(b"{not json}", &[])).unwrap();
     let text = answer(&mut s);
     assert!(text.contains("\"reply\":\"error\""), "{text}");
     assert_eq!(s.read(&mut [0u8; 1]).unwrap(), 0, "the connection ended");
     // The handshake of a consumer without a secret (MACs of zeros) ...
-    let mut s = connect();
+    let mut s = raw_control::connect(addr);
     let ns = config(KvRole::Consumer).lane_namespace().id().0;
-    let hello = format!(r#"{{"op":"hello","ns":{ns},"engines":[],"authenticated":false}}"#);
-    s.write_all(&frame(hello.as_bytes(), &[7u8; 32])).unwrap();
-    assert!(answer(&mut s).contains("challenge"));
-    s.write_all(&frame(br#"{"op":"auth"}"#, &[0u8; 32]))
-        .unwrap();
-    assert!(answer(&mut s).contains("welcome"));
+    raw_control::handshake(&mut s, ns, &[]);
     // ... then a head that is not JSON, and one that is no request: each answered with an error, the
     // connection kept.
     for head in [&b"{not json}"[..], br#"{"op":"lookup","ns":1}"#] {

@@ -45,13 +45,9 @@ pub(super) fn open<'a>(
     let body = stored.strip_suffix('\n').unwrap_or(stored);
     let at = body.rfind('\n').map_or(0, |i| i + 1);
     let hex = body[at..].strip_prefix(FIELD).ok_or_else(unsigned)?;
-    let mut mac = [0u8; MAC_LEN];
-    if hex.len() != 2 * MAC_LEN || !hex.is_ascii() {
-        return Err(unsigned());
-    }
-    for (i, byte) in mac.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| unsigned())?;
-    }
+    let mac: [u8; MAC_LEN] = crate::codec::from_hex(hex)
+        .and_then(|bytes| bytes.try_into().ok())
+        .ok_or_else(unsigned)?;
     let text = &stored[..at];
     if verify_mac(Some(secret.as_bytes()), ROLE, &transcript(key, text), &mac) {
         Ok(text)

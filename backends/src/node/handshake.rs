@@ -113,6 +113,13 @@ impl Identity {
     }
 }
 
+/// `N` fresh random bytes (a handshake's nonce or a group's token); the error names `what` they were for.
+pub fn fresh<const N: usize>(what: &str) -> Result<[u8; N], String> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for {what}: {e}"))?;
+    Ok(bytes)
+}
+
 /// HMAC-SHA256 over a role label and a handshake `transcript`; all zeros without a secret.
 #[must_use]
 pub fn auth_mac(secret: Option<&[u8]>, role: &str, transcript: &[u8]) -> [u8; MAC_LEN] {

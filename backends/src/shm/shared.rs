@@ -106,8 +106,7 @@ impl Shared {
     /// This node's hello (or welcome).
     /// This node's hello (or welcome), with a fresh nonce.
     pub(crate) fn hello(&self) -> Result<Hello, String> {
-        let mut nonce = [0u8; super::hello::NONCE_LEN];
-        getrandom::fill(&mut nonce).map_err(|e| format!("no randomness for a nonce: {e}"))?;
+        let nonce = crate::node::handshake::fresh("a nonce")?;
         Ok(Hello {
             engine_id: self.engine_id(),
             checksum: self.cfg.checksum,

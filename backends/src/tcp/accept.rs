@@ -300,11 +300,7 @@ fn admit(node: &NodeState, link: &PeerLink, peer: &Hello) -> Result<[u8; TOKEN_L
             peer.engine_id
         )),
         Some(token) if peer.token == token && peer.token != NO_TOKEN => Ok(token),
-        _ => {
-            let mut token = [0u8; TOKEN_LEN];
-            getrandom::fill(&mut token).map_err(|e| format!("no randomness for a token: {e}"))?;
-            Ok(token)
-        }
+        _ => crate::node::handshake::fresh::<TOKEN_LEN>("a token"),
     }
 }
 

@@ -201,9 +201,7 @@ impl ConnectionSlot {
         let mut table = lock(&self.admission.table);
         let shed = if table.lanes >= max_lanes {
             let lanes = table.lanes;
-            let shed =
-                lane_shares::shed_for(&mut table, self.ip).ok_or_else(|| full(lanes, self.ip))?;
-            Some(shed)
+            Some(lane_shares::shed_for(&mut table, self.ip).ok_or_else(|| full(lanes, self.ip))?)
         } else {
             None
         };

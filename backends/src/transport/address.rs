@@ -73,13 +73,10 @@ impl FromStr for PeerAddress {
                 Some(_) => return Err(bad()),
                 None => (None, rest),
             };
-            if hex.is_empty() || hex.len() % 2 != 0 || !hex.is_ascii() {
+            if hex.is_empty() {
                 return Err(bad());
             }
-            let name = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| bad()))
-                .collect::<Result<_, _>>()?;
+            let name = crate::codec::from_hex(hex).ok_or_else(bad)?;
             return Ok(PeerAddress::Rdma { provider, name });
         }
         let tcp = s.strip_prefix("tcp:").unwrap_or(s);

@@ -24,6 +24,15 @@ unsafe impl RawMemory for ClaimsToBeGpu {
     }
 }
 
+/// A runtime of two worker threads with I/O and time, for tests that drive nodes from plain `#[test]`s.
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// `len` pseudo-random bytes of `seed` (xorshift), the same for the same seed.
 pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;

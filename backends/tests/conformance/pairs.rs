@@ -11,6 +11,7 @@ use transfer_engine::{
 
 #[cfg(feature = "rdma")]
 use super::common;
+use super::common::runtime;
 
 /// 4 layers x 8 blocks x 16 KiB: small enough for a debug build, several slices a block.
 pub(crate) fn layout() -> KvLayout {
@@ -39,14 +40,6 @@ impl Drop for Pair {
         self.sender.shutdown();
         self.receiver.shutdown();
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A source region on the sender, the receiver's pool (and a spare region) published, and the sender's

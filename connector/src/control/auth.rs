@@ -51,9 +51,7 @@ fn secret(id: &ControlIdentity) -> Option<&[u8]> {
 }
 
 fn nonce() -> Result<BlockHash, String> {
-    let mut n = [0u8; MAC_LEN];
-    getrandom::fill(&mut n).map_err(|e| format!("no randomness for a control nonce: {e}"))?;
-    Ok(BlockHash(n))
+    backends::node::handshake::fresh::<MAC_LEN>("a control nonce").map(BlockHash)
 }
 
 fn transcript(hello_head: &[u8], nonce_c: &BlockHash, nonce_p: &BlockHash) -> Vec<u8> {

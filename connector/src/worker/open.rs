@@ -63,12 +63,6 @@ impl KvWorker {
         secret: &mut Option<backends::tcp::Secret>,
         namespace: &mut Namespace,
     ) -> Result<(), ConnectorError> {
-        // Weight versions are told apart by the keys (a rolling update serves two at once), so the lane
-        // handshake checks the model, block size and dtype only.
-        let lanes = |ns: &Namespace| Namespace {
-            weight_version: 0,
-            ..ns.clone()
-        };
         match (&*secret, &cfg.secret) {
             (Some(a), Some(b)) if a != b => {
                 return Err(ConnectorError::Config(format!(
@@ -79,7 +73,13 @@ impl KvWorker {
             (None, Some(s)) => *secret = Some(s.clone()),
             _ => {}
         }
-        if *namespace != Namespace::default() && lanes(namespace) != lanes(&cfg.namespace) {
+        // The lane handshake checks the model, block size and dtype only (see `lane_namespace`): a
+        // backend namespace of another weight version still agrees.
+        let lanes = Namespace {
+            weight_version: 0,
+            ..namespace.clone()
+        };
+        if *namespace != Namespace::default() && lanes != cfg.lane_namespace() {
             return Err(ConnectorError::Config(format!(
                 "{what}::namespace is {namespace} but the connector's is {}: leave {what}::namespace at \
                  its default (the connector sets it) or give it the connector's",

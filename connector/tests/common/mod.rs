@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test file uses part of it
 
 pub(crate) mod instance;
+pub(crate) mod raw_control;
 
 use std::ops::Range;
 use std::sync::mpsc::{self, RecvTimeoutError};

@@ -52,10 +52,11 @@ pub struct Hello {
 impl Hello {
     /// A hello of this build for `engine_id` in `namespace`, with a fresh nonce.
     pub fn new(engine_id: u32, namespace: Namespace) -> Result<Self, TransportError> {
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| TransportError::Io {
-            backend: "tcp",
-            message: format!("no randomness: {e}"),
+        let nonce = crate::node::handshake::fresh::<16>("a nonce").map_err(|message| {
+            TransportError::Io {
+                backend: "tcp",
+                message,
+            }
         })?;
         Ok(Self {
             protocol: PROTOCOL_VERSION,
